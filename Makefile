@@ -1,0 +1,46 @@
+# radixray: `make serve` runs the main job, `make test` installs what it needs and runs every test.
+# Both create .venv on first use; a torch already importable in .venv is kept as it is.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of this exact version lies on disk on our machines; any other spec may pull a
+# multi-GB CUDA build. Override with `make TORCH_SPEC=... test` on a GPU machine.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test lint format serve bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check radixray tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format radixray tests benchmarks
+	$(VENV)/bin/ruff check --fix radixray tests benchmarks
+
+test: lint
+	RAY_AUTH_MODE=disabled $(PY) -m pytest $(PYTEST_ARGS)
+
+serve: $(STAMP)
+	@if $(PY) -c "import radixray.cli" 2>/dev/null; then \
+		$(VENV)/bin/radixray serve --workers 2 --model smollm2 --host 127.0.0.1 --port 8000; \
+	else \
+		echo "make serve: the serving layer (radixray.cli, issue 5) is not built yet"; exit 1; \
+	fi
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_cache_index.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,202 @@
+"""The router's approximate view of every worker's KV cache.
+
+One dict maps a block hash to a bitmask of the workers believed to hold it, so ``match`` walks the
+query's hashes once for all workers::
+
+    hashes   h0     h1     h2     h3
+    owners   0b111  0b101  0b001  (none)
+    result   worker0: 3, worker2: 2 (bit 2 drops at h2), worker1: 1 (bit 1 drops at h1)
+
+Block hashes are chained (``block_hash``), so holding ``h[i]`` means holding the whole prefix
+through page ``i``; matching stops at the first hash a worker lacks.
+
+"Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
+(immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
+are bounded by an LRU of ``max_blocks_per_worker``. Below that bound a lookup is exact for the
+view the index was given.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+
+from .block_hash import check_page_size
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+
+__all__ = ["ApproxIndex"]
+
+WorkerId = Hashable
+_MISSING = object()
+
+
+class ApproxIndex:
+    def __init__(self, page_size: int, max_blocks_per_worker: int = 1 << 20):
+        self.page_size = check_page_size(page_size)
+        if max_blocks_per_worker < 1:
+            raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
+        self.max_blocks_per_worker = max_blocks_per_worker
+        self._owners: dict[int, int] = {}  # block hash -> bitmask of worker slots
+        self._lru: dict[WorkerId, OrderedDict[int, None]] = {}  # per worker, oldest first
+        self._slot: dict[WorkerId, int] = {}
+        self._slot_worker: list[WorkerId | None] = []
+        self._all_mask = 0
+        self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
+
+    # ------------------------------------------------------------------ workers
+
+    def add_worker(self, worker: WorkerId) -> None:
+        if worker in self._slot:
+            return
+        try:
+            slot = self._slot_worker.index(None)
+            self._slot_worker[slot] = worker
+        except ValueError:
+            slot = len(self._slot_worker)
+            self._slot_worker.append(worker)
+        self._slot[worker] = slot
+        self._lru[worker] = OrderedDict()
+        self._all_mask |= 1 << slot
+
+    def remove_worker(self, worker: WorkerId) -> None:
+        """Forget a worker entirely (it died or was removed)."""
+        if worker not in self._slot:
+            return
+        self.clear(worker)
+        slot = self._slot.pop(worker)
+        del self._lru[worker]
+        self._slot_worker[slot] = None
+        self._all_mask &= ~(1 << slot)
+
+    def workers(self) -> list[WorkerId]:
+        return list(self._slot)
+
+    def num_blocks(self, worker: WorkerId | None = None) -> int:
+        """Entries held for ``worker`` (or for all workers together)."""
+        if worker is None:
+            return sum(len(lru) for lru in self._lru.values())
+        lru = self._lru.get(worker)
+        return len(lru) if lru is not None else 0
+
+    def num_distinct_blocks(self) -> int:
+        return len(self._owners)
+
+    # ------------------------------------------------------------------ updates
+
+    def insert(self, worker: WorkerId, hashes: Sequence[int]) -> None:
+        """Record that ``worker`` holds these blocks (and refresh them in its LRU)."""
+        if worker not in self._slot:
+            self.add_worker(worker)
+        bit = 1 << self._slot[worker]
+        lru = self._lru[worker]
+        owners = self._owners
+        # Deepest block first, so it ends up oldest: the LRU bound trims chains from their tail,
+        # never leaving a suffix whose prefix was dropped (it could never match).
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                owners[h] = owners.get(h, 0) | bit
+        excess = len(lru) - self.max_blocks_per_worker
+        if excess > 0:
+            self.trimmed_blocks += excess
+            for _ in range(excess):
+                h, _ = lru.popitem(last=False)
+                self._clear_bit(h, bit)
+
+    def remove(self, worker: WorkerId, hashes: Iterable[int]) -> None:
+        """Record that ``worker`` no longer holds these blocks."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return
+        bit = 1 << self._slot[worker]
+        for h in hashes:
+            if lru.pop(h, _MISSING) is not _MISSING:
+                self._clear_bit(h, bit)
+
+    def clear(self, worker: WorkerId) -> None:
+        """Drop every entry of ``worker`` (it stays registered)."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return
+        bit = 1 << self._slot[worker]
+        for h in lru:
+            self._clear_bit(h, bit)
+        lru.clear()
+
+    def apply(self, worker: WorkerId, events: Iterable[KVEvent] | EventBatch) -> None:
+        """Apply a worker's KV events in order."""
+        if isinstance(events, EventBatch):
+            events = events.events
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                self.insert(worker, ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                self.remove(worker, ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self.clear(worker)
+            else:
+                raise TypeError(f"not a KV event: {ev!r}")
+
+    def _clear_bit(self, h: int, bit: int) -> None:
+        owners = self._owners
+        rest = owners.get(h, 0) & ~bit
+        if rest:
+            owners[h] = rest
+        else:
+            owners.pop(h, None)
+
+    # ------------------------------------------------------------------ queries
+
+    def match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
+        """Matched leading blocks per worker, in one walk; workers with 0 are omitted."""
+        owners = self._owners
+        mask = self._all_mask
+        result: dict[WorkerId, int] = {}
+        i = 0
+        for h in hashes:
+            m = owners.get(h, 0) & mask
+            if m != mask:
+                if i:
+                    self._credit(mask & ~m, i, result)
+                mask = m
+                if not mask:
+                    return result
+            i += 1
+        if i:
+            self._credit(mask, i, result)
+        return result
+
+    def _credit(self, bits: int, n: int, result: dict) -> None:
+        slot_worker = self._slot_worker
+        while bits:
+            low = bits & -bits
+            result[slot_worker[low.bit_length() - 1]] = n
+            bits ^= low
+
+    def holds(self, worker: WorkerId, h: int) -> bool:
+        lru = self._lru.get(worker)
+        return lru is not None and h in lru
+
+    def blocks(self, worker: WorkerId) -> set[int]:
+        lru = self._lru.get(worker)
+        return set(lru) if lru is not None else set()
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held: the containers plus the int objects they keep alive."""
+        int_size = sys.getsizeof(1 << 63)  # a 64-bit hash as a Python int
+        total = sys.getsizeof(self._owners) + len(self._owners) * 2 * int_size
+        for lru in self._lru.values():
+            total += sys.getsizeof(lru) + len(lru) * int_size
+        return total
+
+    def stats(self) -> dict:
+        return {
+            "workers": len(self._slot),
+            "entries": self.num_blocks(),
+            "distinct_blocks": len(self._owners),
+            "memory_bytes": self.memory_bytes(),
+            "trimmed_blocks": self.trimmed_blocks,
+        }

@@ -1,0 +1,393 @@
+"""The worker's prefix caches: RadixCache (reuse on) and ChunkCache (reuse off).
+
+Ownership protocol between a cache and its caller (the scheduler):
+
+1. ``match_prefix(tokens)`` returns the cached pages of the longest page-aligned prefix and a node
+   handle. The pages are only safe to use while the handle is locked: ``lock(node)`` right away,
+   ``unlock(node)`` when done.
+2. The caller allocates private pages for the rest and computes them.
+3. ``insert(tokens, pages)`` hands the full pages to the cache and returns how many leading tokens
+   were already cached. The cache adopts ``pages[cached // P : len(tokens) // P]``. Of the range
+   before that, pages the caller got from ``match_prefix`` belong to the cache; any others are
+   private duplicates (computed in parallel by another request) that the caller frees. A trailing
+   partial page always stays with the caller.
+
+Page accounting: at every moment a page is exactly one of free (in the allocator), in the cache,
+or private to one caller. ``check_integrity(held_pages)`` proves it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from .block_hash import check_page_size, hash_blocks
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .ghost import GhostList
+from .page_allocator import PageAllocator
+from .radix_tree import RadixTree, TreeNode
+
+__all__ = ["MatchResult", "PrefixCache", "RadixCache", "ChunkCache", "CACHE_TYPES", "make_cache"]
+
+# Ghost entries are 8-byte hashes (~100 bytes each in an OrderedDict): 64k of them cost ~6 MB
+# and remember about a million tokens at page size 16.
+DEFAULT_GHOST_CAPACITY = 65536
+
+
+class MatchResult(NamedTuple):
+    pages: list[int]  # cached page ids of the matched prefix, in order
+    num_tokens: int  # == len(pages) * page_size
+    node: TreeNode  # handle to lock/unlock; a root when nothing matched
+
+
+class PrefixCache(ABC):
+    """What the scheduler needs from a prefix cache. Page ids are ints; nothing here is a tensor."""
+
+    page_size: int
+    allocator: PageAllocator
+
+    @abstractmethod
+    def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix. Does not change what is cached (it may split a
+        node and it updates access times). The pages are safe only while ``node`` is locked."""
+
+    @abstractmethod
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        """Give the full pages of ``token_ids`` to the cache; return the tokens already cached
+        (see the module docstring for who frees what)."""
+
+    @abstractmethod
+    def lock(self, node: TreeNode) -> None:
+        """Protect ``node`` and its ancestors from eviction (counted: call unlock as often)."""
+
+    @abstractmethod
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one ``lock``. Raises ValueError if the node is not locked."""
+
+    @abstractmethod
+    def evict(self, num_pages: int) -> int:
+        """Free at least ``min(num_pages, evictable_tokens // page_size)`` pages of unlocked
+        leaves back to the allocator (whole leaves: it may overshoot by less than one leaf).
+        Returns the pages freed."""
+
+    @abstractmethod
+    def was_evicted(self, block_hashes: Sequence[int]) -> int:
+        """How many leading ``block_hashes`` were cached here once and have been evicted."""
+
+    @abstractmethod
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call (empty when events are disabled)."""
+
+    @abstractmethod
+    def check_integrity(self, held_pages: Iterable[int] | None = None) -> None:
+        """Raise AssertionError on any broken invariant. With ``held_pages`` (pages private to
+        running requests), also prove that free + cached + held is every page, each once."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop everything cached (pages go back to the allocator). Raises if anything is locked."""
+
+    @property
+    @abstractmethod
+    def total_tokens(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def evictable_tokens(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def protected_tokens(self) -> int: ...
+
+    def all_block_hashes(self) -> list[int]:
+        """Every block hash held (for a full snapshot to a router)."""
+        return []
+
+
+def _check_free_and_held(allocator: PageAllocator, cached: list[int], held_pages) -> None:
+    allocator.check_integrity()
+    cached_set = set(cached)
+    if len(cached_set) != len(cached):
+        raise AssertionError("a page is in the cache twice")
+    for p in cached:
+        if allocator.is_free(p):
+            raise AssertionError(f"page {p} is both cached and free")
+    if held_pages is None:
+        return
+    held = list(held_pages)
+    held_set = set(held)
+    if len(held_set) != len(held):
+        raise AssertionError("a page is held by running requests twice")
+    for p in held:
+        if allocator.is_free(p):
+            raise AssertionError(f"page {p} is held by a request and free")
+        if p in cached_set:
+            raise AssertionError(f"page {p} is held by a request and cached")
+    total = allocator.num_free + len(cached) + len(held)
+    if total != allocator.num_pages:
+        raise AssertionError(
+            f"page leak: {allocator.num_free} free + {len(cached)} cached + {len(held)} held "
+            f"= {total}, expected {allocator.num_pages}"
+        )
+
+
+class RadixCache(PrefixCache):
+    """Prefix reuse over a page-granular radix tree (values are page ids), with lock refs,
+    LRU/LFU eviction of unlocked leaves, KV events and a ghost list of evicted blocks."""
+
+    def __init__(
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        eviction: str = "lru",
+        enable_events: bool = False,
+        ghost_capacity: int = DEFAULT_GHOST_CAPACITY,
+        medium: str | None = "GPU",
+    ):
+        self.page_size = check_page_size(page_size)
+        self.allocator = allocator
+        self.eviction = eviction
+        self._tree = RadixTree(page_size, eviction)
+        self.enable_events = enable_events
+        self.medium = medium
+        self._events: list[KVEvent] = []
+        self._ghost = GhostList(ghost_capacity)
+
+    # -------------------------------------------------------------- contract
+
+    def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        pages, node = self._tree.match(tuple(token_ids), extra_key)
+        return MatchResult(pages, len(pages) * self.page_size, node)
+
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        P = self.page_size
+        n_full = len(token_ids) // P
+        if len(pages) < n_full:
+            raise ValueError(
+                f"pages must cover every full page of token_ids: {len(token_ids)} tokens at "
+                f"page_size {P} need {n_full} pages, got {len(pages)}"
+            )
+
+        def hash_fn(key: tuple[int, ...], parent: int | None) -> list[int]:
+            return hash_blocks(key, P, parent=parent, extra_key=extra_key)
+
+        cached, leaf = self._tree.insert(tuple(token_ids), list(pages), hash_fn, extra_key)
+        if leaf is not None:
+            self._ghost.discard(leaf.hashes)
+            if self.enable_events:
+                parent_hash = leaf.parent.last_hash
+                self._events.append(
+                    BlockStored(list(leaf.hashes), parent_hash, list(leaf.key), P, self.medium)
+                )
+        return cached
+
+    def lock(self, node: TreeNode) -> None:
+        self._tree.lock(node)
+
+    def unlock(self, node: TreeNode) -> None:
+        self._tree.unlock(node)
+
+    def evict(self, num_pages: int) -> int:
+        if num_pages <= 0:
+            return 0
+        victims = self._tree.pop_victims(num_pages)
+        if not victims:
+            return 0
+        freed: list[int] = []
+        for node in victims:
+            freed += node.pages
+            self._ghost.add(node.hashes)
+            if self.enable_events:
+                self._events.append(BlockRemoved(list(node.hashes), self.medium))
+        self.allocator.free(freed)
+        return len(freed)
+
+    def was_evicted(self, block_hashes: Sequence[int]) -> int:
+        return self._ghost.leading_hits(block_hashes)
+
+    def take_events(self) -> list[KVEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def reset(self) -> None:
+        if self._tree.protected_tokens:
+            raise RuntimeError(
+                f"cannot reset the cache while {self._tree.protected_tokens} tokens are locked"
+            )
+        pages: list[int] = []
+        for node in self._tree.iter_nodes():
+            pages += node.pages
+            # A reset is a deliberate eviction of everything: later misses on these blocks are
+            # "evicted", not "cold".
+            self._ghost.add(node.hashes)
+        self._tree.clear()
+        self.allocator.free(pages)
+        if self.enable_events:
+            self._events.append(AllBlocksCleared())
+
+    @property
+    def total_tokens(self) -> int:
+        return self._tree.total_tokens
+
+    @property
+    def evictable_tokens(self) -> int:
+        return self._tree.evictable_tokens
+
+    @property
+    def protected_tokens(self) -> int:
+        return self._tree.protected_tokens
+
+    @property
+    def total_pages(self) -> int:
+        return self._tree.total_tokens // self.page_size
+
+    @property
+    def evictable_pages(self) -> int:
+        return self._tree.evictable_tokens // self.page_size
+
+    def all_block_hashes(self) -> list[int]:
+        return [h for node in self._tree.iter_nodes() for h in node.hashes]
+
+    def cached_pages(self) -> list[int]:
+        return [p for node in self._tree.iter_nodes() for p in node.pages]
+
+    # -------------------------------------------------------------- invariants
+
+    def check_integrity(self, held_pages: Iterable[int] | None = None) -> None:
+        tree, P = self._tree, self.page_size
+        total = protected = 0
+        leaves = set()
+        cached: list[int] = []
+        for extra_key, root in tree.roots().items():
+            if root.key or root.pages or root.parent is not None:
+                raise AssertionError(f"root of namespace {extra_key!r} is not empty")
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                child_locks = 0
+                for first, child in node.children.items():
+                    self._check_node(child, node, first)
+                    child_locks += child.lock_ref
+                    stack.append(child)
+                if node.parent is None:
+                    continue
+                if node.lock_ref < child_locks:
+                    raise AssertionError(
+                        f"lock_ref {node.lock_ref} < children's {child_locks} at {node!r}"
+                    )
+                total += len(node.key)
+                cached += node.pages
+                if node.lock_ref:
+                    protected += len(node.key)
+                elif not node.children:
+                    leaves.add(node)
+        if total != tree.total_tokens:
+            raise AssertionError(f"total_tokens {tree.total_tokens} != counted {total}")
+        if protected != tree.protected_tokens:
+            raise AssertionError(f"protected_tokens {tree.protected_tokens} != counted {protected}")
+        if leaves != tree.evictable_leaves:
+            raise AssertionError(
+                f"evictable leaf set has {len(tree.evictable_leaves)} nodes, counted {len(leaves)}"
+            )
+        if len(cached) * P != total:
+            raise AssertionError("cached pages do not match cached tokens")
+        if len(self._ghost) > self._ghost.capacity:
+            raise AssertionError("ghost list over capacity")
+        _check_free_and_held(self.allocator, cached, held_pages)
+
+    def _check_node(self, node: TreeNode, parent: TreeNode, first: tuple) -> None:
+        P = self.page_size
+        if node.parent is not parent:
+            raise AssertionError(f"{node!r} has the wrong parent")
+        if not node.key or len(node.key) % P:
+            raise AssertionError(f"{node!r} key length {len(node.key)} is not a page multiple")
+        if node.key[:P] != first:
+            raise AssertionError(f"{node!r} is filed under the wrong first page")
+        if len(node.pages) != len(node.key) // P or len(node.hashes) != len(node.pages):
+            raise AssertionError(
+                f"{node!r} has {len(node.pages)} pages, {len(node.hashes)} "
+                f"hashes for {len(node.key)} tokens"
+            )
+        if node.lock_ref < 0:
+            raise AssertionError(f"{node!r} has a negative lock_ref")
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(page_size={self.page_size}, eviction={self.eviction!r}, "
+            f"total_tokens={self.total_tokens}, protected_tokens={self.protected_tokens})"
+        )
+
+
+class ChunkCache(PrefixCache):
+    """Reuse off: matches nothing, caches nothing. ``insert`` frees the full pages it is given
+    (the request is finished with them), so the caller's protocol is the same as for RadixCache.
+    Misses against it are attributed to ``disabled``."""
+
+    def __init__(self, page_size: int, allocator: PageAllocator):
+        self.page_size = check_page_size(page_size)
+        self.allocator = allocator
+        self._root = TreeNode()
+
+    def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        return MatchResult([], 0, self._root)
+
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        n_full = len(token_ids) // self.page_size
+        if len(pages) < n_full:
+            raise ValueError(
+                f"pages must cover every full page of token_ids: need {n_full}, got {len(pages)}"
+            )
+        self.allocator.free(pages[:n_full])
+        return 0
+
+    def lock(self, node: TreeNode) -> None:
+        pass
+
+    def unlock(self, node: TreeNode) -> None:
+        pass
+
+    def evict(self, num_pages: int) -> int:
+        return 0
+
+    def was_evicted(self, block_hashes: Sequence[int]) -> int:
+        return 0
+
+    def take_events(self) -> list[KVEvent]:
+        return []
+
+    def check_integrity(self, held_pages: Iterable[int] | None = None) -> None:
+        _check_free_and_held(self.allocator, [], held_pages)
+
+    def reset(self) -> None:
+        pass
+
+    @property
+    def total_tokens(self) -> int:
+        return 0
+
+    @property
+    def evictable_tokens(self) -> int:
+        return 0
+
+    @property
+    def protected_tokens(self) -> int:
+        return 0
+
+
+CACHE_TYPES = {"radix": RadixCache, "chunk": ChunkCache}
+
+
+def make_cache(kind: str, page_size: int, allocator: PageAllocator, **kwargs) -> PrefixCache:
+    """Build a cache by name ("radix" or "chunk"); kwargs go to RadixCache only."""
+    if kind not in CACHE_TYPES:
+        raise ValueError(f"cache must be one of {sorted(CACHE_TYPES)}, got {kind!r}")
+    if kind == "chunk":
+        return ChunkCache(page_size, allocator)
+    return RadixCache(page_size, allocator, **kwargs)
