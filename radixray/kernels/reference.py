@@ -1,0 +1,122 @@
+"""Plain-PyTorch references for every attention kernel: the spec fast kernels are tested against.
+
+Cache layout (the one vLLM's flash-attn fork expects)::
+
+    k_cache, v_cache: [num_pages, page_size, num_kv_heads, head_dim]
+
+A sequence's tokens live in the pages its ``block_table`` row lists, in order: token ``t`` sits in
+page ``block_table[b, t // P]`` at offset ``t % P``. ``slot_mapping`` addresses a single token slot
+as ``page * P + offset``.
+
+GQA: query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+
+Everything is computed in float32 whatever the input dtype, and cast back to q's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["store_kv", "paged_decode_attention", "extend_attention", "gather_kv"]
+
+
+def store_kv(
+    k: torch.Tensor,  # [T, Hkv, D] new keys
+    v: torch.Tensor,  # [T, Hkv, D] new values
+    k_cache: torch.Tensor,  # [num_pages, P, Hkv, D], written in place
+    v_cache: torch.Tensor,  # [num_pages, P, Hkv, D], written in place
+    slot_mapping: torch.Tensor,  # int [T]: page * P + offset; -1 = skip this row
+) -> None:
+    num_pages, P = k_cache.shape[:2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    kc = k_cache.view(num_pages * P, *k_cache.shape[2:])
+    vc = v_cache.view(num_pages * P, *v_cache.shape[2:])
+    kc[slots] = k[keep].to(k_cache.dtype)
+    vc[slots] = v[keep].to(v_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    pages: torch.Tensor,  # int [n_pages] page ids of one sequence
+    length: int,  # tokens to take
+) -> torch.Tensor:  # [length, Hkv, D]
+    P = cache.shape[1]
+    flat = cache[pages.long()].reshape(-1, *cache.shape[2:])
+    assert flat.shape[0] >= length, f"{length} tokens need {(length + P - 1) // P} pages"
+    return flat[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_start: int):
+    """q [Lq, Hq, D] at positions q_start.., k/v [Lk, Hkv, D]; causal; float32 out [Lq, Hq, D]."""
+    Lq, Hq, D = q.shape
+    Lk, Hkv, _ = k.shape
+    group = Hq // Hkv
+    qf = q.float()
+    kf = k.float().repeat_interleave(group, dim=1)  # [Lk, Hq, D]
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", qf, kf) * scale  # [Hq, Lq, Lk]
+    q_pos = torch.arange(q_start, q_start + Lq, device=q.device)[:, None]
+    k_pos = torch.arange(Lk, device=q.device)[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, vf)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D] one query token per sequence (its K/V already stored)
+    k_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    v_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    block_table: torch.Tensor,  # int32 [B, max_pages]
+    seq_lens: torch.Tensor,  # int32 [B] context length including the query token
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    B = q.shape[0]
+    P = k_cache.shape[1]
+    out = torch.empty_like(q)
+    with _no_tf32():
+        for b in range(B):
+            L = int(seq_lens[b])
+            pages = block_table[b, : (L + P - 1) // P]
+            k = gather_kv(k_cache, pages, L)
+            v = gather_kv(v_cache, pages, L)
+            out[b] = _attend(q[b : b + 1], k, v, scale, L - 1)[0].to(q.dtype)
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D] new tokens of B sequences, concatenated
+    k_cache: torch.Tensor,  # [num_pages, P, Hkv, D] (the new tokens' K/V already stored)
+    v_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    block_table: torch.Tensor,  # int32 [B, max_pages]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1] offsets of each sequence's new tokens in q
+    seq_lens: torch.Tensor,  # int32 [B] context length after the new tokens (cached + new)
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """New token ``j`` of sequence ``b`` is at position ``seq_lens[b] - q_len_b + j`` and attends
+    to every cached position and to the new tokens up to itself (causal, bottom-right aligned, as
+    flash-attn's varlen with ``seqused_k``). Decode is the case ``q_len_b == 1``."""
+    P = k_cache.shape[1]
+    out = torch.empty_like(q)
+    with _no_tf32():
+        for b in range(block_table.shape[0]):
+            s, e = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+            if e == s:
+                continue
+            L = int(seq_lens[b])
+            pages = block_table[b, : (L + P - 1) // P]
+            k = gather_kv(k_cache, pages, L)
+            v = gather_kv(v_cache, pages, L)
+            out[s:e] = _attend(q[s:e], k, v, scale, L - (e - s)).to(q.dtype)
+    return out
+
+
+class _no_tf32:
+    """Float32 means float32: turn TF32 matmuls off on CUDA for the duration."""
+
+    def __enter__(self):
+        self._prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self._prev
