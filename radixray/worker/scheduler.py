@@ -1,0 +1,331 @@
+"""Admission, chunked prefill, continuous batching and preemption. Ints and lists only.
+
+One ``schedule()`` call plans one model step under a token budget:
+
+1. Running requests continue: decodes first (one token each), then unfinished prefills (a chunk
+   each). A request that cannot get a page first evicts the cache's shortfall, then preempts the
+   running request with the least progress (possibly itself).
+2. Waiting requests are admitted while budget, ``max_running`` and memory allow: requests that
+   waited ``max_wait_steps`` go first (no starvation), the rest by longest cached prefix. Admission
+   matches the prefix, locks it and allocates pages for the first chunk.
+
+Same-prefix arrivals: if the next page a waiting request needs is being prefilled by a running
+request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Prefill progress is
+handed to the cache after every chunk, so a long shared prompt is shared as soon as a chunk of it
+exists.
+
+Page ownership is the contract of ``cache_index.prefix_cache``: a running request's pages are
+``pages[:num_tree_pages]`` (the tree's, locked through ``node``) followed by private pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from radixray.cache_index import ChunkCache, PrefixCache
+
+from .request import MISS_CAUSES, Request, RequestStatus
+
+__all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_tokens: int = 2048  # tokens computed per step (prefill chunks + decodes)
+    max_running: int = 64
+    max_wait_steps: int = 32  # a request waiting this many steps is admitted before LPM order
+    lpm_queue_limit: int = 256  # longer waiting queues are served FCFS (matching all is O(n))
+    dedupe_in_flight: bool = True
+
+    def __post_init__(self):
+        for name in ("max_batch_tokens", "max_running", "max_wait_steps", "lpm_queue_limit"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")
+
+
+class ScheduledItem(NamedTuple):
+    req: Request
+    start: int  # first position computed this step
+    num_tokens: int  # tokens computed this step
+    sample: bool  # the chunk reaches the end: sample the next token from its last position
+
+
+class Batch(NamedTuple):
+    items: list[ScheduledItem]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(it.num_tokens for it in self.items)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    def __init__(self, cache: PrefixCache, config: SchedulerConfig | None = None):
+        self.cache = cache
+        self.alloc = cache.allocator
+        self.P = cache.page_size
+        self.config = config or SchedulerConfig()
+        self.reuse = not isinstance(cache, ChunkCache)
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.steps = 0
+        self.num_preemptions = 0
+        self.num_evicted_pages = 0
+
+    # ------------------------------------------------------------------ queue
+
+    def add(self, req: Request) -> None:
+        capacity = self.alloc.num_pages * self.P
+        need = req.num_prompt + req.params.max_tokens
+        if need > capacity:
+            raise ValueError(
+                f"prompt ({req.num_prompt} tokens) + max_tokens ({req.params.max_tokens}) = "
+                f"{need} exceeds the KV pool ({self.alloc.num_pages} pages x {self.P} = "
+                f"{capacity} tokens)"
+            )
+        req.arrival_step = self.steps
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Remove a request wherever it is; its pages go back at once. None if unknown."""
+        for i, req in enumerate(self.waiting):
+            if req.request_id == request_id:
+                del self.waiting[i]
+                req.status = RequestStatus.FINISHED
+                req.finish_reason = "abort"
+                return req
+        for req in self.running:
+            if req.request_id == request_id:
+                self.finish(req, "abort")
+                return req
+        return None
+
+    def held_pages(self) -> list[int]:
+        return [p for r in self.running for p in r.private_pages]
+
+    def check_integrity(self) -> None:
+        """Every page is free, cached or private to exactly one running request."""
+        self.cache.check_integrity(held_pages=self.held_pages())
+        for r in self.running:
+            if len(r.pages) < _cdiv(r.num_computed, self.P):
+                raise AssertionError(
+                    f"{r.request_id} computed {r.num_computed} tokens "
+                    f"but holds {len(r.pages)} pages"
+                )
+        for r in self.waiting:
+            if r.pages or r.node is not None:
+                raise AssertionError(f"waiting request {r.request_id} holds pages")
+
+    # ------------------------------------------------------------------ planning
+
+    def schedule(self) -> Batch:
+        self.steps += 1
+        budget = self.config.max_batch_tokens
+        items: list[ScheduledItem] = []
+        scheduled: set[int] = set()
+        preemptions_before = self.num_preemptions
+        for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
+            if req.status is not RequestStatus.RUNNING or budget <= 0:
+                continue
+            n = min(req.num_tokens - req.num_computed, budget)
+            if not self._ensure_pages(req, req.num_computed + n, scheduled):
+                continue  # it was preempted itself
+            items.append(
+                ScheduledItem(req, req.num_computed, n, req.num_computed + n == req.num_tokens)
+            )
+            scheduled.add(id(req))
+            budget -= n
+        # No admissions in a step that had to preempt: memory is short, and admitting now would
+        # only evict what the preempted request just left in the cache.
+        if budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
+            self._admit(items, budget)
+        return Batch(items)
+
+    def _ensure_pages(self, req: Request, upto: int, scheduled: set[int]) -> bool:
+        """Give ``req`` pages for positions < ``upto``: allocate, else evict, else preempt the
+        least-progressed running request not yet scheduled this step. False if ``req`` itself
+        was the one preempted."""
+        while (need := _cdiv(upto, self.P) - len(req.pages)) > 0:
+            pages = self.alloc.alloc(need)
+            if pages is not None:
+                req.pages += pages
+                return True
+            short = need - self.alloc.num_free
+            if self.cache.evictable_tokens // self.P > 0:
+                self.num_evicted_pages += self.cache.evict(short)
+                if self.alloc.num_free >= need:
+                    continue
+            candidates = [r for r in self.running if id(r) not in scheduled]
+            victim = min(
+                candidates, key=lambda r: (len(r.output_ids), r.num_computed, -r.arrival_step)
+            )
+            self.preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _admission_order(self) -> list[Request]:
+        waiting = self.waiting
+        if len(waiting) > self.config.lpm_queue_limit or not self.reuse:
+            return list(waiting)
+        old = [r for r in waiting if self.steps - r.arrival_step >= self.config.max_wait_steps]
+        young = [r for r in waiting if self.steps - r.arrival_step < self.config.max_wait_steps]
+        match_len = {
+            id(r): self.cache.match_prefix(r.all_ids[: r.num_tokens - 1], r.extra_key).num_tokens
+            for r in young
+        }
+        young.sort(key=lambda r: -match_len[id(r)])  # stable: FCFS among equals
+        return old + young
+
+    def _in_flight_hashes(self) -> set[int]:
+        """Block hashes of prompt pages that running requests are computing right now."""
+        out: set[int] = set()
+        for r in self.running:
+            if r.in_prefill:
+                out.update(r.block_hashes[r.num_tree_pages : r.num_prompt // self.P])
+        return out
+
+    def _admit(self, items: list[ScheduledItem], budget: int) -> None:
+        P, cache, cfg = self.P, self.cache, self.config
+        in_flight = self._in_flight_hashes()
+        for req in self._admission_order():
+            if budget <= 0 or len(self.running) >= cfg.max_running:
+                break
+            # The last token is always computed: its logits give the next token.
+            m = cache.match_prefix(req.all_ids[: req.num_tokens - 1], req.extra_key)
+            nxt = len(m.pages)
+            if (
+                cfg.dedupe_in_flight
+                and self.reuse
+                and nxt < len(req.block_hashes)
+                and req.block_hashes[nxt] in in_flight
+                and req.deferred_steps < cfg.max_wait_steps
+            ):
+                req.deferred_steps += 1  # wait for the running request to cache it
+                continue
+            cache.lock(m.node)
+            need_total = _cdiv(req.num_tokens, P) - len(m.pages)
+            if need_total > self.alloc.num_free + cache.evictable_tokens // P:
+                cache.unlock(m.node)
+                break  # not enough memory for this one: keep the queue order, wait
+            n = min(req.num_tokens - m.num_tokens, budget)
+            need = _cdiv(m.num_tokens + n, P) - len(m.pages)
+            if need > self.alloc.num_free:
+                self.num_evicted_pages += cache.evict(need - self.alloc.num_free)
+            pages = self.alloc.alloc(need)
+            if pages is None:  # cannot happen after the check above; be safe, not sorry
+                cache.unlock(m.node)
+                break
+            if req.miss is None:
+                req.miss = self._attribute(req, m.num_tokens, in_flight)
+            req.pages = list(m.pages) + pages
+            req.num_tree_pages = len(m.pages)
+            req.node = m.node
+            req.num_computed = m.num_tokens
+            req.status = RequestStatus.RUNNING
+            self.waiting.remove(req)
+            self.running.append(req)
+            in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
+            items.append(ScheduledItem(req, m.num_tokens, n, m.num_tokens + n == req.num_tokens))
+            budget -= n
+
+    def _attribute(self, req: Request, cached: int, in_flight: set[int]) -> dict[str, int]:
+        """Split the prompt's tokens by why they were (not) reused; the values sum to the
+        prompt length."""
+        miss = dict.fromkeys(MISS_CAUSES, 0)
+        L, P = req.num_prompt, self.P
+        if not self.reuse:
+            miss["disabled"] = L
+            return miss
+        cached = min(cached, L)
+        reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
+        miss["cached"] = cached
+        miss["page_tail"] = L - max(reusable * P, cached)
+        for j in range(cached // P, reusable):
+            h = req.block_hashes[j]
+            if h in in_flight:
+                miss["in_flight"] += P
+            elif self.cache.was_evicted((h,)):
+                miss["evicted"] += P
+            else:
+                miss["cold"] += P
+        return miss
+
+    # ------------------------------------------------------------------ after a step
+
+    def postprocess(self, batch: Batch) -> None:
+        """Record computed tokens; hand finished prefill chunks to the cache so other requests
+        can share them at once."""
+        for it in batch.items:
+            req = it.req
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed = it.start + it.num_tokens
+            if self.reuse and it.num_tokens > 1:
+                self._commit(req, req.num_computed)
+
+    def _commit(self, req: Request, upto: int) -> None:
+        """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``."""
+        P, cache = self.P, self.cache
+        k = upto // P
+        if k <= req.num_tree_pages:
+            return
+        tokens = req.all_ids[: k * P]
+        cached = cache.insert(tokens, req.pages[:k], req.extra_key)
+        dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
+        m = cache.match_prefix(tokens, req.extra_key)
+        assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
+        cache.lock(m.node)
+        if req.node is not None:
+            cache.unlock(req.node)
+        req.node = m.node
+        req.pages[:k] = m.pages
+        req.num_tree_pages = k
+        if dups:
+            self.alloc.free(dups)
+
+    def _release(self, req: Request) -> None:
+        """Give every page back: computed full pages to the cache (kept for reuse), the rest
+        to the allocator; drop the lock."""
+        P, cache = self.P, self.cache
+        k = req.num_computed // P
+        ntp = req.num_tree_pages
+        to_free: list[int] = []
+        if k > ntp or (not self.reuse and k > 0):
+            cached = cache.insert(req.all_ids[: k * P], req.pages[:k], req.extra_key)
+            to_free += req.pages[ntp : max(ntp, min(cached // P, k))]  # duplicates
+            to_free += req.pages[k:]
+        else:
+            to_free += req.pages[ntp:]
+        if req.node is not None:
+            cache.unlock(req.node)
+        if to_free:
+            self.alloc.free(to_free)
+        req.pages = []
+        req.num_tree_pages = 0
+        req.node = None
+
+    def preempt(self, req: Request) -> None:
+        """Stop ``req``, keep its computed prefix in the cache, requeue it at the front."""
+        self._release(req)
+        req.num_computed = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.running.remove(req)
+        self.waiting.insert(0, req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        self._release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        self.running.remove(req)

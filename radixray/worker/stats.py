@@ -1,0 +1,74 @@
+"""Engine counters: hit rate, tokens by miss cause, throughput (EWMA), preemptions."""
+
+from __future__ import annotations
+
+import time
+
+from .request import MISS_CAUSES
+
+__all__ = ["EngineStats", "Ewma"]
+
+
+class Ewma:
+    """Exponentially weighted moving average; ``value`` is None until the first sample."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def update(self, x: float) -> None:
+        self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
+
+
+class EngineStats:
+    def __init__(self):
+        self.started = time.monotonic()
+        self.requests_finished = 0
+        self.requests_aborted = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.miss_tokens = dict.fromkeys(MISS_CAUSES, 0)
+        self.steps = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.prefill_rate = Ewma()  # tokens/s while prefilling (chunks of a mixed step)
+        self.decode_step_time = Ewma()  # seconds per step for steps that are decode only
+        self.decode_rate = Ewma()  # tokens/s of decode-only steps
+        self.step_time = Ewma()
+
+    def record_admission(self, prompt_tokens: int, miss: dict[str, int]) -> None:
+        self.prompt_tokens += prompt_tokens
+        for k, v in miss.items():
+            self.miss_tokens[k] += v
+
+    def record_step(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+        self.step_time.update(seconds)
+        if prefill_tokens and seconds > 0:
+            self.prefill_rate.update(prefill_tokens / seconds)
+        elif decode_tokens and seconds > 0:
+            self.decode_step_time.update(seconds)
+            self.decode_rate.update(decode_tokens / seconds)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.miss_tokens["cached"] / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "requests_finished": self.requests_finished,
+            "requests_aborted": self.requests_aborted,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.miss_tokens["cached"],
+            "hit_rate": self.hit_rate,
+            "miss_tokens": dict(self.miss_tokens),
+            "steps": self.steps,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "prefill_tokens_per_s": self.prefill_rate.value,
+            "decode_step_s": self.decode_step_time.value,
+            "decode_tokens_per_s": self.decode_rate.value,
+        }
