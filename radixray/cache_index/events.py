@@ -158,7 +158,9 @@ def decode(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
     if len(data) > max_bytes:
         raise ValueError(f"invalid KV event batch: {len(data)} bytes exceeds the {max_bytes} limit")
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_buffer_size=max_bytes)
+        # unpackb bounds every string/array/map length by len(data) itself; it takes no
+        # max_buffer_size (that is Unpacker's), and passing one made every decode fail.
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types on garbage
         raise ValueError(f"invalid KV event batch: not msgpack ({type(e).__name__}: {e})") from None
     _expect(isinstance(obj, list) and len(obj) == 5, "expected [version, worker, seq, ts, events]")
