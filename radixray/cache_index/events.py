@@ -165,7 +165,11 @@ def decode(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
         raise ValueError(f"invalid KV event batch: not msgpack ({type(e).__name__}: {e})") from None
     _expect(isinstance(obj, list) and len(obj) == 5, "expected [version, worker, seq, ts, events]")
     version, worker_id, seq, ts, events = obj
-    _expect(version == WIRE_VERSION, f"unsupported wire version {version!r} (want {WIRE_VERSION})")
+    # type() first: True == 1.0 == 1 in Python, but a bool or float version is not ours.
+    _expect(
+        type(version) is int and version == WIRE_VERSION,
+        f"unsupported wire version {version!r} (want {WIRE_VERSION})",
+    )
     _expect(
         isinstance(worker_id, (str, int)) and not isinstance(worker_id, bool),
         "worker_id must be a string",
