@@ -1,26 +1,156 @@
-"""Attention on a paged KV pool.
+"""Attention on a paged KV pool, with the backend chosen per call.
 
-Backends: "torch" (reference.py, everywhere), "triton" and "flash_attn" (CUDA). ``backend=None``
-picks the best available for the tensors' device. The kernels issue fills in the fast backends.
+Backends, best first: ``"flash_attn"`` (vLLM's flash-attn fork or flash-attn; CUDA, fp16/bf16,
+page size a multiple of 16, or 256 upstream), ``"triton"`` (our kernels; CUDA, fp16/bf16/fp32),
+``"torch"`` (reference.py; anywhere, always float32 math).
+
+``backend=None`` means: the environment variable RADIXRAY_ATTENTION_BACKEND if set, else the best
+backend that can run these tensors (on CPU that is always "torch"). A backend named by argument
+or environment variable is used or fails with an error naming why and the valid choices; it is
+never silently replaced.
+
+Dtypes: the fast backends need q in the cache's dtype; the torch reference computes in float32
+whatever it gets and returns q's dtype. ``store_kv`` casts k/v to the cache's dtype.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
+import torch
+
 from . import reference
-from .reference import extend_attention as _ref_extend
-from .reference import paged_decode_attention as _ref_decode
-from .reference import store_kv as _ref_store
 
-__all__ = ["store_kv", "paged_decode_attention", "extend_attention", "reference"]
+__all__ = [
+    "BACKENDS",
+    "ENV_VAR",
+    "BackendUnavailableError",
+    "available_backends",
+    "extend_attention",
+    "paged_decode_attention",
+    "reference",
+    "resolve_backend",
+    "store_kv",
+]
+
+BACKENDS = ("flash_attn", "triton", "torch")  # preference order for backend=None
+ENV_VAR = "RADIXRAY_ATTENTION_BACKEND"
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    _ref_store(k, v, k_cache, v_cache, slot_mapping)
+class BackendUnavailableError(RuntimeError):
+    """A backend was asked for by name and cannot run these tensors here."""
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, backend=None):
-    return _ref_decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+def _requested() -> tuple[str | None, str]:
+    """The backend named by the environment (read here, and only here), and where from."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    return (value or None), f"environment variable {ENV_VAR}"
 
 
-def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, backend=None):
-    return _ref_extend(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
+def _triton_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    from ._triton_common import interpreting
+
+    if device.type != "cuda" and not interpreting():
+        return f"needs CUDA tensors (or TRITON_INTERPRET=1), got {device.type}"
+    if dtype not in _TRITON_DTYPES:
+        return f"needs float16, bfloat16 or float32, got {dtype}"
+    if head_dim > 256:
+        return f"head_dim must be at most 256, got {head_dim}"
+    return None
+
+
+def _unavailable(name: str, q: torch.Tensor, k_cache: torch.Tensor) -> str | None:
+    if name == "torch":
+        return None
+    if name == "triton":
+        return _triton_unavailable(q.device, k_cache.dtype, k_cache.shape[-1])
+    from . import flash_attn
+
+    return flash_attn.unavailable_reason(q.device, k_cache.dtype, k_cache.shape[1], q.shape[-1])
+
+
+def available_backends(q: torch.Tensor, k_cache: torch.Tensor) -> list[str]:
+    """Backends that can run these tensors, best first."""
+    return [name for name in BACKENDS if _unavailable(name, q, k_cache) is None]
+
+
+def resolve_backend(backend: str | None, q: torch.Tensor, k_cache: torch.Tensor) -> str:
+    """The backend that will run: the one asked for (argument, else environment variable), or
+    the best one available for these tensors. On CPU the automatic choice is always "torch"
+    (Triton runs there only in its slow interpreter, which is for tests)."""
+    source = "argument backend"
+    if backend is None:
+        backend, source = _requested()
+    if backend is None or backend == "auto":
+        if q.device.type != "cuda":
+            return "torch"
+        return next(name for name in BACKENDS if _unavailable(name, q, k_cache) is None)
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"unknown attention backend {backend!r} (from {source}); valid choices: "
+            f"{', '.join(BACKENDS)} (or None / 'auto' for the best available)"
+        )
+    why = _unavailable(backend, q, k_cache)
+    if why is not None:
+        raise BackendUnavailableError(
+            f"attention backend {backend!r} (from {source}) is unavailable: {why}. Valid "
+            f"choices: {', '.join(BACKENDS)}; available for these tensors: "
+            f"{', '.join(available_backends(q, k_cache))}"
+        )
+    return backend
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping, backend: str | None = None) -> None:
+    """Write k/v [T, Hkv, D] into cache slots (page * P + offset; -1 skips the row), cast to the
+    cache's dtype. Backend "flash_attn" stores with the Triton kernel (it has no store of its
+    own)."""
+    name = resolve_backend(backend, k, k_cache)
+    if name != "torch" and _triton_unavailable(k.device, k_cache.dtype, k.shape[-1]) is None:
+        from .triton_store import store_kv as triton_store
+
+        triton_store(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    q, k_cache, v_cache, block_table, seq_lens, scale, backend: str | None = None
+) -> torch.Tensor:
+    """Shapes and semantics: reference.paged_decode_attention."""
+    name = resolve_backend(backend, q, k_cache)
+    if name == "torch":
+        return reference.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+    if name == "triton":
+        from .triton_decode import paged_decode_attention as fn
+    else:
+        from .flash_attn import paged_decode_attention as fn
+    return fn(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def extend_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    cu_seqlens_q,
+    seq_lens,
+    scale,
+    backend: str | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:
+    """Shapes and semantics: reference.extend_attention. ``max_seqlen_q`` (the longest q_len,
+    if the caller knows it) lets the fast backends size their grid without a device sync."""
+    name = resolve_backend(backend, q, k_cache)
+    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
+    if name == "torch":
+        return reference.extend_attention(*args)
+    if name == "triton":
+        from .triton_extend import extend_attention as fn
+    else:
+        from .flash_attn import extend_attention as fn
+    return fn(*args, max_seqlen_q=max_seqlen_q)

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["store_kv", "paged_decode_attention", "extend_attention", "gather_kv"]
+__all__ = [
+    "store_kv",
+    "paged_decode_attention",
+    "paged_decode_attention_loop",
+    "extend_attention",
+    "gather_kv",
+]
 
 
 def store_kv(
@@ -63,14 +69,74 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_s
     return torch.einsum("hqk,khd->qhd", probs, vf)
 
 
+# Sequences are batched in chunks of at most this many padded K elements (tokens * Hkv * D, about
+# 4 MiB in float32): one huge padded batch is *slower* than a loop on CPU (hundreds of MB of
+# temporaries fall out of cache and are page-faulted in on every step), a loop per sequence pays
+# Python overhead at short contexts. Measured on SmolLM2-135M shapes (benchmarks/README.md).
+_CHUNK_ELEMS = 1 << 20
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D] one query token per sequence (its K/V already stored)
     k_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
     v_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
     block_table: torch.Tensor,  # int32 [B, max_pages]
-    seq_lens: torch.Tensor,  # int32 [B] context length including the query token
+    seq_lens: torch.Tensor,  # int32 [B] context length including the query token (>= 1)
     scale: float,
 ) -> torch.Tensor:  # [B, Hq, D]
+    """Batched: sequences are padded to the longest one in their chunk and the padding is masked,
+    so a decode step costs a few tensor ops per chunk instead of a Python loop per sequence.
+    Block-table entries past a sequence's last page are never read (they may hold anything)."""
+    B = q.shape[0]
+    out = torch.empty_like(q)
+    lens = seq_lens.tolist()
+    per_token = k_cache.shape[2] * k_cache.shape[3]
+    start = 0
+    while start < B:
+        end, longest = start + 1, lens[start]
+        while end < B and max(longest, lens[end]) * (end - start + 1) * per_token <= _CHUNK_ELEMS:
+            longest = max(longest, lens[end])
+            end += 1
+        out[start:end] = _decode_padded(
+            q[start:end], k_cache, v_cache, block_table[start:end], seq_lens[start:end], scale
+        )
+        start = end
+    return out
+
+
+def _decode_padded(q, k_cache, v_cache, block_table, seq_lens, scale) -> torch.Tensor:
+    """paged_decode_attention for one chunk, padded to its longest sequence and masked."""
+    B, Hq, D = q.shape
+    P, Hkv = k_cache.shape[1], k_cache.shape[2]
+    lens = seq_lens.long()
+    max_len = int(lens.max())
+    n_pages = (max_len + P - 1) // P
+    # [B, n_pages] page ids; entries past a sequence's own pages read page 0 (masked below)
+    page_idx = torch.arange(n_pages, device=q.device)
+    used = page_idx[None, :] < ((lens + P - 1) // P)[:, None]
+    pages = torch.where(used, block_table[:, :n_pages].long(), 0)
+    with _no_tf32():
+        # [B, n_pages, P, Hkv, D] -> [B, L, Hkv, D] -> [B, Hkv, L, D] with L = max_len
+        k = k_cache[pages].flatten(1, 2)[:, :max_len].transpose(1, 2).float()
+        v = v_cache[pages].flatten(1, 2)[:, :max_len].transpose(1, 2).float()
+        qg = q.float().reshape(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
+        scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [B, Hkv, group, L]
+        pad = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]  # [B, L]
+        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hkv, group, D]
+    return out.reshape(B, Hq, D).to(q.dtype)
+
+
+def paged_decode_attention_loop(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    v_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    block_table: torch.Tensor,  # int32 [B, max_pages]
+    seq_lens: torch.Tensor,  # int32 [B]
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """The same as :func:`paged_decode_attention`, one sequence at a time: the plainest statement
+    of the spec, kept so the batched version is itself tested against it."""
     B = q.shape[0]
     P = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -96,10 +162,14 @@ def extend_attention(
     """New token ``j`` of sequence ``b`` is at position ``seq_lens[b] - q_len_b + j`` and attends
     to every cached position and to the new tokens up to itself (causal, bottom-right aligned, as
     flash-attn's varlen with ``seqused_k``). Decode is the case ``q_len_b == 1``."""
+    B = block_table.shape[0]
+    if q.shape[0] == B and bool((cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1).all()):
+        # one new token per sequence (a decode batch sent through extend): the batched path
+        return paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
     P = k_cache.shape[1]
     out = torch.empty_like(q)
     with _no_tf32():
-        for b in range(block_table.shape[0]):
+        for b in range(B):
             s, e = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
             if e == s:
                 continue

@@ -1,0 +1,294 @@
+"""Paged decode attention in Triton: split-KV ("flash-decoding") with GQA grouping.
+
+One query token per sequence reads its whole context from the paged pool. At small batch that is
+too few programs to fill a GPU, so the context is cut into ``num_splits`` ranges handled by
+separate programs (stage 1), each producing a partial output and its log-sum-exp; stage 2 merges
+the partials exactly::
+
+    sequence b, KV head h, context [0, L):
+      split 0: [0, c)   split 1: [c, 2c)  ...   (c = L / num_splits rounded up to BLOCK_N)
+         |                 |
+      (o_0, lse_0)      (o_1, lse_1)      ...   o_s = softmax-weighted V over the split
+                 \\        |        /
+       out = sum_s exp(lse_s - lse) * o_s,  lse = log sum_s exp(lse_s)
+
+GQA: one program handles all ``group = Hq // Hkv`` query heads that read the same KV head, so
+each K/V row is loaded once per group, not once per query head. Scores are computed in base 2
+(``exp2``) with ``scale * log2(e)`` folded in; the LSE stays in base 2 between the stages.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_common import dot, upcast_dot
+from ._validate import check_decode
+
+__all__ = ["paged_decode_attention"]
+
+_LOG2E = 1.4426950408889634
+
+# A split covers at least this many BLOCK_N chunks: below that the merge costs more than the
+# extra parallelism buys.
+_MIN_CHUNKS_PER_SPLIT = 2
+# The merge kernel holds all partials of one head in registers: [MAX_SPLITS, D] floats.
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_split_kernel(
+    # inputs
+    q_ptr,  # [B, Hq, D]
+    k_cache_ptr,  # [num_pages, P, Hkv, D]
+    v_cache_ptr,  # [num_pages, P, Hkv, D]
+    block_table_ptr,  # int32 [B, max_pages]
+    seq_lens_ptr,  # int [B]
+    # outputs (float32)
+    part_out_ptr,  # [B, Hq, num_splits, D] softmax-normalised partial output of each split
+    part_lse_ptr,  # [B, Hq, num_splits] base-2 log-sum-exp of each split's scores
+    # scalars
+    scale_log2,  # softmax scale * log2(e)
+    num_splits,
+    # strides (the last axis of every tensor is contiguous: checked by the wrapper)
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_btb,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    # compile-time shapes
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,  # constexpr so t // P and t % P become shifts for powers of two
+    BLOCK_H: tl.constexpr,  # GROUP padded to >= 16: tl.dot needs every dimension >= 16
+    BLOCK_N: tl.constexpr,  # context tokens per inner step
+    BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two (80, 96 -> 128)
+    UPCAST_DOT: tl.constexpr,  # widen bf16 dot operands to fp32 (interpreter only)
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q_heads = kv_head * GROUP + offs_h
+
+    q = tl.load(
+        q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    bt_row = block_table_ptr + b * stride_btb
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + offs_n
+        t_mask = t < end
+        # token t lives in page block_table[b, t // P] at offset t % P; int64 because a large
+        # pool's element offsets pass 2**31
+        page = tl.load(bt_row + t // PAGE_SIZE, mask=t_mask, other=0).to(tl.int64)
+        k_rows = page * stride_kp + (t % PAGE_SIZE) * stride_kt + kv_head * stride_kh
+        v_rows = page * stride_vp + (t % PAGE_SIZE) * stride_vt + kv_head * stride_vh
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_H, BLOCK_N]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
+        m_i = m_new
+
+    # an empty split (short sequence, many splits) leaves l_i == 0: lse -inf, output 0
+    nonempty = l_i > 0
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    o = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    tl.store(
+        part_out_ptr
+        + b * stride_pob
+        + q_heads[:, None] * stride_poh
+        + split * stride_pos
+        + offs_d[None, :],
+        o,
+        mask=h_mask[:, None] & d_mask[None, :],
+    )
+    tl.store(part_lse_ptr + b * stride_plb + q_heads * stride_plh + split, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr,  # float32 [B, Hq, num_splits, D]
+    part_lse_ptr,  # float32 [B, Hq, num_splits]
+    out_ptr,  # [B, Hq, D] in q's dtype
+    num_splits,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two (tl.arange needs one)
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(
+        part_lse_ptr + b * stride_plb + h * stride_plh + offs_s, mask=s_mask, other=float("-inf")
+    )
+    lse_max = tl.max(lse, 0)  # finite: split 0 always holds token 0 (seq_len >= 1)
+    w = tl.exp2(lse - lse_max)  # 0 for empty and padding splits
+    parts = tl.load(
+        part_out_ptr
+        + b * stride_pob
+        + h * stride_poh
+        + offs_s[:, None] * stride_pos
+        + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    o = tl.sum(w[:, None] * parts, 0) / tl.sum(w, 0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), d_mask
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _num_programs_to_fill(device: torch.device) -> int:
+    """Programs that keep every SM busy: two waves of one program per SM."""
+    if device.type != "cuda":
+        return 8  # the interpreter: a few splits, so the merge path is exercised on CPU too
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_len: int, block_n: int, device) -> int:
+    """Enough splits that batch * kv_heads * splits fills the device, but each split keeps at
+    least _MIN_CHUNKS_PER_SPLIT chunks of work. ``max_len`` is an upper bound (from the block
+    table's width), so no device sync is needed."""
+    programs = max(1, batch * kv_heads)
+    want = triton.cdiv(_num_programs_to_fill(device), programs)
+    useful = triton.cdiv(max_len, block_n * _MIN_CHUNKS_PER_SPLIT)
+    return max(1, min(want, useful, _MAX_SPLITS))
+
+
+def _block_sizes(head_dim: int, group: int) -> tuple[int, int, int]:
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_h = max(16, triton.next_power_of_2(group))
+    # K and V tiles of BLOCK_N x BLOCK_D stay in registers: 64 x 128 fits four warps; halve
+    # BLOCK_N for head_dim 256 so the tile does not spill.
+    block_n = 64 if block_d <= 128 else 32
+    return block_h, block_n, block_d
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D], same dtype as the cache
+    k_cache: torch.Tensor,  # [num_pages, P, Hkv, D] fp16 / bf16 / fp32
+    v_cache: torch.Tensor,  # [num_pages, P, Hkv, D]
+    block_table: torch.Tensor,  # int32 [B, max_pages]
+    seq_lens: torch.Tensor,  # int [B] context length including the query token, >= 1
+    scale: float,
+    *,
+    num_splits: int | None = None,  # None: chosen from the batch and the device
+    out: torch.Tensor | None = None,  # [B, Hq, D] written in place when given
+    block_n: int | None = None,  # context tokens per inner step (override, for tests)
+) -> torch.Tensor:
+    check_decode(q, k_cache, v_cache, block_table, seq_lens)
+    B, Hq, D = q.shape
+    _, P, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)}")
+    if B == 0:
+        return out
+    block_h, default_block_n, block_d = _block_sizes(D, group)
+    block_n = block_n or default_block_n
+    if num_splits is None:
+        max_len = block_table.shape[1] * P
+        num_splits = choose_num_splits(B, Hkv, max_len, block_n, q.device)
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
+    part_out = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
+
+    _decode_split_kernel[(B, Hkv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        part_out,
+        part_lse,
+        scale * _LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_table.stride(0),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        GROUP=group,
+        HEAD_DIM=D,
+        PAGE_SIZE=P,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        UPCAST_DOT=upcast_dot(q.dtype),
+        num_warps=4,
+    )
+    _decode_merge_kernel[(B, Hq)](
+        part_out,
+        part_lse,
+        out,
+        num_splits,
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=D,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,168 @@
+"""Triton kernels against the reference, small enough for Triton's CPU interpreter.
+
+Not collected by itself (the name does not start with test_): test_triton.py runs it in a
+subprocess with TRITON_INTERPRET=1 when there is no GPU, because Triton decides at import time
+(``@triton.jit``) whether a kernel is compiled or interpreted, and that must not leak into the
+other test modules. With CUDA it runs compiled, on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import radixray.kernels as K
+from radixray.kernels import reference
+from tests.kernels.cases import (
+    assert_close,
+    edge_lengths,
+    make_cu_seqlens,
+    make_paged_kv,
+    make_query,
+    nan_like,
+)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+from radixray.kernels.triton_decode import paged_decode_attention as triton_decode  # noqa: E402
+from radixray.kernels.triton_extend import extend_attention as triton_extend  # noqa: E402
+from radixray.kernels.triton_store import store_kv as triton_store  # noqa: E402
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# (page_size, Hq, Hkv, head_dim, dtype, num_splits, block_n): page sizes 1..256, Hq/Hkv 1, 3, 8,
+# head dims 16..80 plus one real one (64) and a non power of two (80), every dtype, one split and
+# several, BLOCK_N 16 so that a split spans several inner steps (rescaling is exercised).
+DECODE_CASES = [
+    (1, 2, 2, 16, F32, None, 16),
+    (4, 6, 2, 16, F32, 3, 16),
+    (16, 8, 1, 32, F32, 1, None),
+    (16, 3, 1, 64, F16, 2, 16),
+    (8, 4, 4, 80, BF16, 4, 16),
+    (2, 16, 2, 32, F16, None, 16),
+    (256, 3, 1, 16, BF16, 2, None),
+]
+
+
+@pytest.mark.parametrize("P,Hq,Hkv,D,dtype,num_splits,block_n", DECODE_CASES)
+def test_decode(P, Hq, Hkv, D, dtype, num_splits, block_n):
+    gen = _gen(P * 1000 + Hq * 10 + D)
+    lens = edge_lengths(P, many_pages=1 if P == 256 else 3)
+    kv = make_paged_kv(lens, P, Hkv, D, dtype, DEVICE, gen)
+    q = make_query(len(lens), Hq, D, dtype, DEVICE, gen)
+    scale = D**-0.5
+    out = nan_like(q)
+    triton_decode(
+        q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, scale,
+        num_splits=num_splits, out=out, block_n=block_n,
+    )  # fmt: skip
+    expected = reference.paged_decode_attention_loop(
+        q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, scale
+    )
+    assert_close(out, expected, dtype)
+
+
+# (page_size, Hq, Hkv, head_dim, dtype, [(cached prefix, new tokens) per sequence], block sizes)
+EXTEND_CASES = [
+    (4, 2, 2, 16, F32, [(0, 9), (3, 1), (4, 4), (5, 0), (7, 21)], (16, 16)),
+    (16, 6, 2, 32, F16, [(0, 16), (15, 2), (16, 17), (1, 1)], (16, 16)),
+    (1, 8, 1, 16, BF16, [(2, 3), (0, 1), (6, 12)], (16, 16)),
+    (8, 3, 1, 64, F32, [(9, 7), (0, 24)], None),
+]
+
+
+@pytest.mark.parametrize("P,Hq,Hkv,D,dtype,seqs,block_sizes", EXTEND_CASES)
+def test_extend(P, Hq, Hkv, D, dtype, seqs, block_sizes):
+    gen = _gen(P * 1000 + Hq * 10 + D + 7)
+    lens = [prefix + new for prefix, new in seqs]
+    q_lens = [new for _, new in seqs]
+    kv = make_paged_kv(lens, P, Hkv, D, dtype, DEVICE, gen)
+    q = make_query(sum(q_lens), Hq, D, dtype, DEVICE, gen)
+    cu = make_cu_seqlens(q_lens, DEVICE)
+    scale = D**-0.5
+    out = nan_like(q)
+    triton_extend(
+        q, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, scale,
+        out=out, block_sizes=block_sizes,
+    )  # fmt: skip
+    expected = reference.extend_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, scale
+    )
+    assert_close(out, expected, dtype)
+
+
+@pytest.mark.parametrize(
+    "P,Hkv,D,src_dtype,cache_dtype",
+    [(4, 2, 16, F32, F32), (16, 3, 64, F32, BF16), (1, 1, 80, F16, F16), (256, 2, 32, F32, F16)],
+)
+def test_store_kv(P, Hkv, D, src_dtype, cache_dtype):
+    gen = _gen(P + Hkv + D)
+    kv = make_paged_kv([3 * P + 1, P], P, Hkv, D, cache_dtype, DEVICE, gen)
+    num_slots = kv.k_cache.shape[0] * P
+    T = min(12, num_slots)
+    slots = torch.randperm(num_slots, generator=gen)[:T]
+    slots[T // 2] = -1  # skipped row
+    slots[-1] = num_slots - 1  # the very last slot of the pool
+    slots = slots.to(DEVICE)
+    k = torch.randn(T, Hkv, D, generator=gen).to(DEVICE, src_dtype)
+    v = torch.randn(T, Hkv, D, generator=gen).to(DEVICE, src_dtype)
+    k_exp, v_exp = kv.k_cache.clone(), kv.v_cache.clone()
+    reference.store_kv(k, v, k_exp, v_exp, slots)
+    triton_store(k, v, kv.k_cache, kv.v_cache, slots)
+    # a copy and one rounding: bit-exact, and every slot not in slot_mapping is untouched
+    assert torch.equal(kv.k_cache, k_exp)
+    assert torch.equal(kv.v_cache, v_exp)
+
+
+def test_non_contiguous_q_and_strided_cache():
+    """q sliced from a fused qkv projection and a cache that is one layer of a bigger pool."""
+    gen = _gen(11)
+    P, Hq, Hkv, D = 4, 4, 2, 16
+    lens = [5, 9]
+    kv = make_paged_kv(lens, P, Hkv, D, F32, DEVICE, gen)
+    pool = torch.randn(2, *kv.k_cache.shape, generator=gen).to(DEVICE)  # [layers, ...]
+    pool[1] = kv.k_cache
+    k_cache = pool[1]
+    qkv = make_query(2, Hq + 2 * Hkv, D, F32, DEVICE, gen)
+    q = qkv[:, :Hq]
+    assert not q.is_contiguous()
+    out = triton_decode(q, k_cache, kv.v_cache, kv.block_table, kv.seq_lens, 0.25, num_splits=2)
+    expected = reference.paged_decode_attention_loop(
+        q, k_cache, kv.v_cache, kv.block_table, kv.seq_lens, 0.25
+    )
+    assert_close(out, expected, F32)
+
+
+def test_public_api_forced_triton():
+    """radixray.kernels with backend="triton" (and by environment variable) runs these kernels;
+    on CPU the automatic choice stays the torch reference even under the interpreter."""
+    gen = _gen(5)
+    P, Hq, Hkv, D = 4, 6, 2, 16
+    lens = [1, 4, 6]
+    kv = make_paged_kv(lens, P, Hkv, D, F32, DEVICE, gen)
+    q = make_query(3, Hq, D, F32, DEVICE, gen)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, 0.25)
+    expected = reference.paged_decode_attention_loop(*args)
+    assert_close(K.paged_decode_attention(*args, backend="triton"), expected, F32)
+    cu = make_cu_seqlens([1, 1, 1], DEVICE)
+    ext = K.extend_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, 0.25, backend="triton"
+    )
+    assert_close(ext, expected, F32)
+    if INTERPRET:
+        assert K.resolve_backend(None, q, kv.k_cache) == "torch"
+    os.environ[K.ENV_VAR] = "triton"  # this subprocess only
+    try:
+        assert K.resolve_backend(None, q, kv.k_cache) == "triton"
+    finally:
+        del os.environ[K.ENV_VAR]
