@@ -1,0 +1,141 @@
+"""Routing simulator benchmark: every policy on the whole Mooncake conversation trace, for 4, 8 and
+16 workers and two cache sizes, at a load where round robin's TTFT p99 is at least 2x its p50.
+
+The load per worker is held constant across cluster sizes: arrivals are sped up by
+``speedup_per_8 * workers / 8``. Prints markdown tables, checks the ttft targets (hit rate >= 95% of
+the best baseline's, TTFT p50 / p90 / p99 <= 0.8x the best baseline's, each figure separately),
+and writes JSON and a plot of the 8-worker large-cache run.
+
+    .venv/bin/python benchmarks/bench_sim.py                       # the full table (~10 min)
+    .venv/bin/python benchmarks/bench_sim.py --workers 8 --pages 4096 --limit 3000   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from radixray.sim import SimConfig, load_mooncake, simulate, timing_preset
+from radixray.sim.plot import plot_results
+
+BASELINES = ["round_robin", "random", "least_load", "power_of_two", "consistent_hash",
+             "cache_aware", "kv_cost"]  # fmt: skip
+OURS = "ttft"
+
+
+def run_cell(workers: int, pages: int, speedup: float, args) -> dict:
+    wl = load_mooncake(
+        args.trace, block_tokens=args.block_tokens, speedup=speedup, limit=args.limit, seed=0
+    )
+    cfg = SimConfig(
+        num_workers=workers,
+        num_pages=pages,
+        page_size=args.page_size,
+        timing=timing_preset(args.timing),
+        event_delay_s=args.event_delay,
+        seed=0,
+    )
+    results = {}
+    for name in [*BASELINES, OURS]:
+        results[name] = simulate(wl, name, cfg, progress=f"{workers}w {pages}p {name}")
+    return results
+
+
+def verdict(s: dict) -> dict:
+    base = {k: v for k, v in s.items() if k != OURS}
+    ours = s[OURS]
+    best_hit = max(v["hit_rate"] for v in base.values())
+    out = {"hit_rate": ours["hit_rate"] / best_hit}
+    for q in ("ttft_p50", "ttft_p90", "ttft_p99"):
+        out[q] = ours[q] / min(v[q] for v in base.values())
+    out["pass"] = out["hit_rate"] >= 0.95 and all(
+        out[q] <= 0.8 for q in ("ttft_p50", "ttft_p90", "ttft_p99")
+    )
+    return out
+
+
+def table(title: str, s: dict) -> str:
+    rr = s["round_robin"]
+    lines = [
+        f"#### {title} (round robin p99/p50 = {rr['ttft_p99'] / rr['ttft_p50']:.1f})",
+        "",
+        "| policy | hit | hit beyond b0 | TTFT p50 s | p90 s | p99 s | req/s | imbalance |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k, v in s.items():
+        lines.append(
+            f"| {k} | {v['hit_rate']:.3f} | {v['hit_rate_beyond_first_block']:.3f} | "
+            f"{v['ttft_p50']:.2f} | {v['ttft_p90']:.2f} | {v['ttft_p99']:.2f} | "
+            f"{v['throughput']:.2f} | {v['imbalance']:.2f} |"
+        )
+    v = verdict(s)
+    lines.append(
+        f"\nttft vs best baseline: hit x{v['hit_rate']:.2f}, p50 x{v['ttft_p50']:.2f}, "
+        f"p90 x{v['ttft_p90']:.2f}, p99 x{v['ttft_p99']:.2f} -> "
+        f"{'PASS' if v['pass'] else 'FAIL'}; ceiling {next(iter(s.values()))['ceiling']:.3f}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--trace", default="mooncake")
+    p.add_argument("--workers", default="4,8,16")
+    p.add_argument("--pages", default="1024,4096", help="KV pages per worker (two cache sizes)")
+    p.add_argument("--speedup-per-8", type=float, default=3.0)
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--timing", default="cpu")
+    p.add_argument("--event-delay", type=float, default=0.05)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--out", default="/tmp/bench_sim.json", help="JSON of every cell")
+    p.add_argument("--plot", default="benchmarks/bench_sim.png")
+    args = p.parse_args(argv)
+    all_out = {
+        "meta": {
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()} {platform.processor() or ''} python "
+            f"{platform.python_version()}",
+            "argv": sys.argv,
+            "block_tokens": args.block_tokens,
+            "scale": 512 / args.block_tokens,
+        },
+        "cells": {},
+    }
+    for workers in [int(x) for x in args.workers.split(",")]:
+        for pages in [int(x) for x in args.pages.split(",")]:
+            speedup = args.speedup_per_8 * workers / 8
+            t0 = time.perf_counter()
+            results = run_cell(workers, pages, speedup, args)
+            s = {k: r.summary() for k, r in results.items()}
+            title = (
+                f"{workers} workers x {pages} pages of {args.page_size} "
+                f"({pages * args.page_size // 1024}k tokens each), speedup {speedup:g}"
+            )
+            print(table(title, s), flush=True)
+            print(f"(cell wall {time.perf_counter() - t0:.0f} s)\n", flush=True)
+            all_out["cells"][f"{workers}x{pages}"] = {
+                "speedup": speedup,
+                "summary": s,
+                "verdict": verdict(s),
+            }
+            if workers == 8 and pages == max(int(x) for x in args.pages.split(",")) and args.plot:
+                plot_results(
+                    {k: results[k] for k in ("round_robin", "cache_aware", "kv_cost", OURS)},
+                    args.plot,
+                    title=title,
+                )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(all_out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Prometheus metrics of the router (one registry per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from radixray.worker.request import MISS_CAUSES
+
+__all__ = ["RouterMetrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class RouterMetrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "radixray_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "radixray_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.latency = Histogram(
+            "radixray_request_latency_seconds",
+            "End-to-end latency",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "radixray_prompt_tokens", "Prompt tokens by miss cause", ["cause"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "radixray_completion_tokens", "Generated tokens", registry=r
+        )
+        self.hit_rate = Gauge(
+            "radixray_cluster_hit_rate",
+            "Cached prompt tokens / prompt tokens, all workers",
+            registry=r,
+        )
+        self.decisions = Counter(
+            "radixray_decisions",
+            "Routing decisions by reason and worker",
+            ["reason", "worker"],
+            registry=r,
+        )
+        self.mispredicted = Counter(
+            "radixray_mispredicted_requests",
+            "Requests whose actual cached tokens fell below the index's prediction",
+            registry=r,
+        )
+        self.retries = Counter(
+            "radixray_retries", "Dispatches retried on another worker", registry=r
+        )
+        self.worker_load = Gauge(
+            "radixray_worker_load", "Per-worker load as reported", ["worker", "field"], registry=r
+        )
+        self.worker_pages = Gauge(
+            "radixray_worker_pages", "Per-worker KV pages", ["worker", "kind"], registry=r
+        )
+        self.worker_healthy = Gauge(
+            "radixray_worker_healthy", "1 if routable", ["worker"], registry=r
+        )
+        self.index_entries = Gauge(
+            "radixray_index_entries", "(block, worker) entries in the router's index", registry=r
+        )
+        self.index_memory = Gauge("radixray_index_memory_bytes", "Router index memory", registry=r)
+        for c in MISS_CAUSES:
+            self.prompt_tokens.labels(c)
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def on_decision(self, rec) -> None:
+        self.decisions.labels(rec.reason, rec.worker_id).inc()
+        if rec.attempts > 1:
+            self.retries.inc(rec.attempts - 1)
+        if rec.ttft_s is not None and rec.attempts and rec.finish_reason != "error":
+            self.ttft.observe(rec.ttft_s)
+        if rec.latency_s is not None:
+            self.latency.observe(rec.latency_s)
+        if rec.miss:
+            for cause, n in rec.miss.items():
+                if n:
+                    self.prompt_tokens.labels(cause).inc(n)
+            self._prompt_total += rec.prompt_tokens
+            self._cached_total += rec.actual_cached_tokens or 0
+            self.hit_rate.set(self._cached_total / max(self._prompt_total, 1))
+        if rec.actual_cached_tokens is not None and (
+            rec.actual_cached_tokens < rec.predicted_cached_tokens
+        ):
+            self.mispredicted.inc()
+
+    def refresh(self, pool) -> None:
+        """Copy the pool's latest worker reports and the index size into gauges."""
+        for e in pool.workers.values():
+            w = e.worker_id
+            self.worker_healthy.labels(w).set(1 if e.healthy and not e.draining else 0)
+            for f in (
+                "running",
+                "waiting",
+                "queued_prefill_tokens",
+                "active_decode_tokens",
+                "prefill_tokens_per_s",
+                "decode_step_s",
+            ):
+                v = e.report.get(f)
+                if v is not None:
+                    self.worker_load.labels(w, f).set(v)
+            for kind in ("free_pages", "total_pages", "cached_pages", "evictable_pages"):
+                v = e.report.get(kind)
+                if v is not None:
+                    self.worker_pages.labels(w, kind.removesuffix("_pages")).set(v)
+        st = pool.index.stats()
+        self.index_entries.set(st["entries"])
+        self.index_memory.set(st["memory_bytes"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

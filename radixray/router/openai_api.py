@@ -1,0 +1,208 @@
+"""OpenAI request schemas (pydantic, at the HTTP edge only) and response builders.
+
+Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a 400
+whose error names the parameter, as OpenAI's API does. Responses are plain dicts in OpenAI's
+shape so that the official ``openai`` client parses them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+__all__ = [
+    "CompletionRequest",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "completion_response",
+    "completion_chunk",
+    "chat_response",
+    "chat_chunk",
+    "usage",
+    "error_body",
+]
+
+MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = None
+    user: str | None = None
+    stream: StrictBool = False
+    stream_options: dict[str, Any] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    # Accepted for compatibility; radixray does not apply penalties yet, so only 0 is allowed.
+    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty strings")
+        return stops
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v):
+        if v is not None and set(v) - {"include_usage"}:
+            raise ValueError("stream_options supports only include_usage")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[StrictInt] | list[str]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
+    echo: Literal[False] = False
+    logprobs: None = None
+    suffix: None = None
+    best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], str):
+                if len(v) != 1:
+                    raise ValueError("only one prompt per request is supported")
+                v = v[0]
+        if isinstance(v, str) and not v:
+            raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+
+class _ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[_ContentPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: Literal[False] | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def plain_messages(self) -> list[dict[str, str]]:
+        # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+            for m in self.messages
+        ]
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def completion_response(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "usage": use,
+    }
+
+
+def completion_chunk(
+    rid: str, model: str, text: str, finish: str | None, use: dict | None = None
+) -> dict:
+    out = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }
+    if use is not None:
+        out["usage"] = use
+    return out
+
+
+def chat_response(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        ],
+        "usage": use,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    delta: dict,
+    finish: str | None,
+    use: dict | None = None,
+    with_choice: bool = True,
+) -> dict:
+    out = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        if with_choice
+        else [],
+    }
+    if use is not None:
+        out["usage"] = use
+    return out
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

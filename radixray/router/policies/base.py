@@ -1,0 +1,169 @@
+"""The routing contract: what a policy sees, what it returns, and the registry of policies.
+
+A policy is a small object with one decision method::
+
+    decision = policy.choose(request, workers, index)
+
+``request`` is a :class:`RoutingRequest` (the prompt's page hashes, already computed by the router),
+``workers`` the current :class:`WorkerState` of every candidate, ``index`` the router's
+:class:`~radixray.cache_index.ApproxIndex`. ``choose`` never mutates ``workers`` or ``index``: the
+caller (the live router or ``radixray.sim``) applies the decision, records the optimistic index
+entry and tells the policy through the optional feedback hooks:
+
+- ``on_dispatch(decision, request)``: the request was sent to ``decision.worker_id``;
+- ``on_complete(request_id, worker_id, cached_tokens)``: it finished, with its actual reuse.
+
+Policies keep only their own small state (a round-robin counter, an rng, a hash ring); every rate
+they use comes from :class:`WorkerState` (measured by the workers), never from a constant here.
+Nothing in this package imports the simulator.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for type hints: policies read the index, they never build one
+    from radixray.cache_index import ApproxIndex
+
+__all__ = [
+    "RoutingRequest",
+    "WorkerState",
+    "Decision",
+    "Policy",
+    "register_policy",
+    "make_policy",
+    "policy_names",
+    "healthy",
+    "NoHealthyWorker",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """One request as the router sees it.
+
+    ``block_hashes`` are ``hash_blocks(prompt, index.page_size)``: one per *full* page, so a
+    match of ``n`` blocks means ``n * page_size`` cached tokens.
+    """
+
+    request_id: Hashable
+    num_tokens: int
+    block_hashes: Sequence[int]
+    session_key: str | None = None
+    arrival_time: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """A worker's load as last reported (or tracked by the router between reports).
+
+    ``queued_prefill_tokens`` is the prefill work already accepted and not yet computed (uncached
+    tokens of waiting requests plus what is left of the one in prefill). ``active_decode_tokens``
+    is the context held by decoding requests. ``prefill_tokens_per_s`` and ``decode_step_s`` are
+    the worker's own EWMA measurements (effective prefill throughput while it also decodes, and
+    the time of one batched forward step).
+    """
+
+    worker_id: Hashable
+    running: int = 0
+    waiting: int = 0
+    queued_prefill_tokens: int = 0
+    active_decode_tokens: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+    prefill_tokens_per_s: float = 1.0
+    decode_step_s: float = 0.0
+    healthy: bool = True
+
+    @property
+    def load(self) -> int:
+        """Outstanding requests: what SGLang's router calls the running queue."""
+        return self.running + self.waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes and why. ``scores`` maps worker id -> the policy's score (lower is
+    better unless the policy's docstring says otherwise); it is for logs and debugging."""
+
+    worker_id: Hashable
+    reason: str
+    predicted_cached_tokens: int = 0
+    scores: dict = field(default_factory=dict)
+
+
+class NoHealthyWorker(RuntimeError):
+    """``choose`` was called with no healthy worker: the caller answers 503, not the policy."""
+
+
+def healthy(workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """The healthy workers, in the order given; raises NoHealthyWorker when there is none."""
+    out = [w for w in workers if w.healthy]
+    if not out:
+        raise NoHealthyWorker(f"no healthy worker among {len(workers)}")
+    return out
+
+
+class Policy(ABC):
+    """Chooses a worker for a request. Must be cheap: it runs once per request in the router.
+
+    ``choose`` reads ``request``, ``workers`` and ``index`` and changes only the policy's own
+    state (counters, rng). It calls ``index.match`` at most once. It raises
+    :class:`NoHealthyWorker` when no worker is healthy and never returns an unhealthy worker.
+    """
+
+    name: str = ""
+
+    def __init__(self, seed: int | None = 0):
+        self.rng = random.Random(seed)
+
+    @abstractmethod
+    def choose(
+        self, request: RoutingRequest, workers: Sequence[WorkerState], index: ApproxIndex
+    ) -> Decision: ...
+
+    def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:  # noqa: B027
+        """The request was sent where ``decision`` says (optional hook)."""
+
+    def on_complete(  # noqa: B027
+        self, request_id: Hashable, worker_id: Hashable, cached_tokens: int
+    ) -> None:
+        """The request finished with ``cached_tokens`` actually reused (optional hook)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: make a policy constructible by ``make_policy(name)``."""
+
+    def deco(cls: type[Policy]) -> type[Policy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"policy name {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **kwargs) -> Policy:
+    """Build a registered policy by name; kwargs go to its constructor."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown routing policy {name!r}; valid names: {', '.join(policy_names())}"
+        ) from None
+    return cls(**kwargs)

@@ -1,0 +1,248 @@
+"""choose -> dispatch -> stream -> feed back actual reuse.
+
+``Router.open(prompt_ids, params)`` hashes the prompt's pages, asks the policy, records the
+optimistic index entry, dispatches to the chosen worker and waits for the first chunk. A worker
+that fails before its first chunk is marked down and the request is retried on another worker
+(bounded, with backoff). The returned ``RoutedStream`` yields the remaining chunks; closing it
+early aborts the request on the worker, so its pages are freed.
+
+Closed loop: every final chunk carries the worker's actual cached tokens. When it is below the
+prediction, the router's view of that worker was stale, so that worker is polled at once (its
+KV events are the truth); predicted and actual are recorded with the decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from radixray.cache_index import ApproxIndex, hash_blocks
+
+from .policies import Decision, NoHealthyWorker, Policy, RoutingRequest
+from .worker_client import WorkerUnavailable
+from .worker_pool import WorkerPool
+
+__all__ = ["Router", "RoutedStream", "DecisionRecord", "NoWorkerAvailable"]
+
+log = logging.getLogger(__name__)
+
+
+class NoWorkerAvailable(RuntimeError):
+    """No healthy worker could take the request (after retries)."""
+
+
+@dataclass
+class DecisionRecord:
+    request_id: str
+    worker_id: str
+    reason: str
+    prompt_tokens: int
+    predicted_cached_tokens: int
+    actual_cached_tokens: int | None = None
+    queued_prefill_tokens: int = 0
+    running: int = 0
+    attempts: int = 1
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    ts: float = field(default_factory=time.time)
+    scores: dict = field(default_factory=dict)
+    miss: dict | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["scores"] = {
+            str(k): round(v, 6) if isinstance(v, float) else v for k, v in self.scores.items()
+        }
+        return d
+
+
+class RoutedStream:
+    """One routed request: ``decision``, ``record``, ``first`` chunk, then ``async for``."""
+
+    def __init__(
+        self,
+        router: Router,
+        worker_id: str,
+        request_id: str,
+        agen,
+        first: dict,
+        record: DecisionRecord,
+        hashes: list[int],
+        started: float,
+    ):
+        self.router = router
+        self.worker_id = worker_id
+        self.request_id = request_id
+        self.record = record
+        self.first = first
+        self._agen = agen
+        self._hashes = hashes
+        self._started = started
+        self._done = False
+        self._first_pending = True
+
+    @property
+    def cached_tokens(self) -> int:
+        return int(self.first.get("cached_tokens") or 0)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> dict:
+        if self._done:
+            raise StopAsyncIteration
+        if self._first_pending:
+            self._first_pending = False
+            chunk = self.first
+        else:
+            try:
+                chunk = await self._agen.__anext__()
+            except StopAsyncIteration:
+                chunk = {"finish_reason": "error", "error": "worker ended the stream early"}
+            except WorkerUnavailable as e:
+                self.router.pool.mark_down(self.worker_id, str(e))
+                chunk = {
+                    "finish_reason": "error",
+                    "error": f"worker {self.worker_id} failed mid-stream: {e}",
+                }
+        if chunk.get("finish_reason"):
+            self._finish(chunk)
+        return chunk
+
+    def _finish(self, chunk: dict) -> None:
+        self._done = True
+        self.router._complete(self, chunk)
+
+    async def aclose(self) -> None:
+        """Stop early (client gone): abort on the worker, release accounting."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            await self.router.pool.workers[self.worker_id].client.abort(self.request_id)
+        except (WorkerUnavailable, KeyError):
+            pass
+        try:
+            await self._agen.aclose()
+        except Exception:  # the generator may already be broken; nothing else to free here
+            pass
+        self.router._complete(self, {"finish_reason": "abort"})
+
+
+class Router:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        policy: Policy,
+        index: ApproxIndex | None = None,
+        max_retries: int = 2,
+        retry_backoff_s: float = 0.05,
+        decision_log_size: int = 1024,
+    ):
+        self.pool = pool
+        self.index = index or pool.index
+        self.page_size = self.index.page_size
+        self.policy = policy
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.decisions: deque[DecisionRecord] = deque(maxlen=decision_log_size)
+        self._ids = itertools.count()
+        self.listeners = []  # callables(record) on completion (metrics)
+        self.mispredictions = 0
+
+    def new_request_id(self) -> str:
+        return f"rr-{int(time.time() * 1000):x}-{next(self._ids)}"
+
+    async def open(
+        self,
+        prompt_ids: Sequence[int],
+        params: dict,
+        request_id: str | None = None,
+        extra_key: str | None = None,
+        session_key: str | None = None,
+    ) -> RoutedStream:
+        request_id = request_id or self.new_request_id()
+        hashes = hash_blocks(prompt_ids, self.page_size, extra_key=extra_key)
+        rr = RoutingRequest(request_id, len(prompt_ids), hashes, session_key, time.monotonic())
+        started = time.monotonic()
+        excluded: set[str] = set()
+        last_error = "no healthy worker"
+        for attempt in range(1, self.max_retries + 2):
+            states = [s for s in self.pool.states() if s.worker_id not in excluded]
+            try:
+                decision = self.policy.choose(rr, states, self.index)
+            except NoHealthyWorker:
+                raise NoWorkerAvailable(last_error) from None
+            wid = decision.worker_id
+            record = self._record(rr, decision, states, attempt)
+            entry = self.pool.workers[wid]
+            predicted = min(decision.predicted_cached_tokens, max(len(prompt_ids) - 1, 0))
+            self.pool.track_dispatch(wid, request_id, len(prompt_ids) - predicted, len(prompt_ids))
+            self.index.insert(wid, hashes)  # optimistic: it will hold them after prefill
+            self.policy.on_dispatch(decision, rr)
+            agen = entry.client.generate(prompt_ids, params, request_id, extra_key)
+            try:
+                first = await agen.__anext__()
+            except (WorkerUnavailable, StopAsyncIteration) as e:
+                last_error = f"worker {wid}: {e}"
+                self.pool.track_finish(wid, request_id)
+                self.pool.mark_down(wid, str(e))
+                excluded.add(wid)
+                record.error = last_error
+                self.decisions.append(record)
+                await asyncio.sleep(self.retry_backoff_s * attempt)
+                continue
+            self.pool.track_first_token(wid, request_id)
+            if first.get("error"):
+                self.pool.track_finish(wid, request_id)
+                raise ValueError(first["error"])
+            record.ttft_s = time.monotonic() - started
+            return RoutedStream(self, wid, request_id, agen, first, record, hashes, started)
+        raise NoWorkerAvailable(f"gave up after {self.max_retries + 1} attempts: {last_error}")
+
+    def _record(self, rr: RoutingRequest, d: Decision, states, attempt: int) -> DecisionRecord:
+        st = next((s for s in states if s.worker_id == d.worker_id), None)
+        return DecisionRecord(
+            request_id=str(rr.request_id),
+            worker_id=str(d.worker_id),
+            reason=d.reason,
+            prompt_tokens=rr.num_tokens,
+            predicted_cached_tokens=d.predicted_cached_tokens,
+            queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
+            running=st.running if st else 0,
+            attempts=attempt,
+            scores=dict(d.scores),
+        )
+
+    def _complete(self, stream: RoutedStream, chunk: dict) -> None:
+        rec = stream.record
+        wid = stream.worker_id
+        self.pool.track_finish(wid, stream.request_id)
+        rec.finish_reason = chunk.get("finish_reason")
+        rec.error = chunk.get("error")
+        rec.latency_s = time.monotonic() - stream._started
+        if chunk.get("finish_reason") not in ("abort", "error"):
+            actual = int(chunk.get("cached_tokens") or 0)
+            rec.actual_cached_tokens = actual
+            rec.miss = chunk.get("miss")
+            if actual < rec.predicted_cached_tokens:
+                # The index promised blocks the worker did not have: its view of this worker is
+                # stale (an eviction not yet reported). The blocks themselves are right again
+                # now (the worker just computed them), so resync from the worker's own events
+                # at once instead of waiting for the next poll.
+                self.mispredictions += 1
+                self.pool.kick(wid)
+            self.policy.on_complete(stream.request_id, wid, actual)
+        self.decisions.append(rec)
+        for fn in self.listeners:
+            try:
+                fn(rec)
+            except Exception:  # metrics must never break serving
+                log.exception("decision listener failed")

@@ -1,0 +1,241 @@
+"""The router's registry of workers: load accounting, health, KV-event feed, index ownership.
+
+Load a policy sees is the larger of two views of each worker:
+
+* the router's own tally, exact and immediate for the traffic this router sent: requests not yet
+  past their first token (waiting, with their predicted uncached prefill tokens) and requests
+  decoding (with their context);
+* the worker's last report (``poll``), which also counts other routers' traffic.
+
+Rates (prefill tokens/s, decode step time) only come from the workers' own measurements. A worker
+that never measured one borrows the mean of those that did, else a nominal prior, so a new worker
+is neither shunned nor flooded.
+
+The pool owns the worker side of the ``ApproxIndex``: a worker that fails is dropped from it
+at once, a worker whose events were lost is rebuilt from a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from radixray.cache_index import ApproxIndex
+from radixray.cache_index.events import decode
+
+from .policies import WorkerState
+from .worker_client import WorkerClient, WorkerUnavailable
+
+__all__ = ["WorkerPool", "WorkerEntry"]
+
+log = logging.getLogger(__name__)
+# Before any worker has measured its prefill rate: a CPU worker on the default model is in the
+# thousands of tokens/s range; only the ratio between workers matters to the policies.
+_PRIOR_PREFILL_TPS = 1000.0
+
+
+@dataclass
+class _InFlight:
+    uncached_tokens: int
+    context_tokens: int
+    started: bool = False
+
+
+@dataclass
+class WorkerEntry:
+    client: WorkerClient
+    worker_id: str
+    info: dict = field(default_factory=dict)
+    report: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    epoch: str | None = None
+    seq: int = -1
+    healthy: bool = True
+    draining: bool = False
+    consecutive_failures: int = 0
+    last_ok: float = field(default_factory=time.monotonic)
+    inflight: dict[str, _InFlight] = field(default_factory=dict)
+    events_applied: int = 0
+    snapshots: int = 0
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        index: ApproxIndex,
+        poll_interval_s: float = 0.25,
+        failure_threshold: int = 2,
+    ):
+        self.index = index
+        self.poll_interval_s = poll_interval_s
+        self.failure_threshold = failure_threshold
+        self.workers: dict[str, WorkerEntry] = {}
+        self._poll_task: asyncio.Task | None = None
+        self.on_worker_down = None  # callback(worker_id, reason)
+        self._kicks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ membership
+
+    async def add(self, client: WorkerClient) -> WorkerEntry:
+        """Register a worker (its page size must match the router's)."""
+        info = await client.info()
+        if info.get("page_size") != self.index.page_size:
+            raise ValueError(
+                f"worker {client.worker_id} has page_size {info.get('page_size')}, the router "
+                f"hashes pages of {self.index.page_size}"
+            )
+        if client.worker_id in self.workers:
+            raise ValueError(f"worker id {client.worker_id!r} is already registered")
+        entry = WorkerEntry(client, client.worker_id, info=info)
+        self.workers[client.worker_id] = entry
+        self.index.add_worker(client.worker_id)
+        await self._poll_worker(entry)
+        return entry
+
+    async def remove(self, worker_id: str, close: bool = True) -> None:
+        entry = self.workers.pop(worker_id, None)
+        self.index.remove_worker(worker_id)
+        if entry is not None and close:
+            await entry.client.close()
+
+    async def drain(self, worker_id: str, timeout_s: float = 300.0) -> None:
+        """No new requests; wait for in-flight ones to finish; then remove the worker."""
+        entry = self.workers[worker_id]
+        entry.draining = True
+        deadline = time.monotonic() + timeout_s
+        while entry.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.remove(worker_id)
+
+    def mark_down(self, worker_id: str, reason: str) -> None:
+        """The worker failed: stop routing to it and forget what it held."""
+        entry = self.workers.get(worker_id)
+        if entry is None or not entry.healthy:
+            return
+        log.warning("worker %s is down: %s", worker_id, reason)
+        entry.healthy = False
+        entry.epoch = None  # a later recovery starts from a snapshot
+        self.index.clear(worker_id)
+        if self.on_worker_down is not None:
+            self.on_worker_down(worker_id, reason)
+
+    # ------------------------------------------------------------------ load accounting
+
+    def track_dispatch(self, worker_id: str, request_id: str, uncached: int, context: int):
+        self.workers[worker_id].inflight[request_id] = _InFlight(uncached, context)
+
+    def track_first_token(self, worker_id: str, request_id: str) -> None:
+        entry = self.workers.get(worker_id)
+        if entry and request_id in entry.inflight:
+            entry.inflight[request_id].started = True
+
+    def track_finish(self, worker_id: str, request_id: str) -> None:
+        entry = self.workers.get(worker_id)
+        if entry:
+            entry.inflight.pop(request_id, None)
+
+    def states(self) -> list[WorkerState]:
+        """What the policy sees: routable workers only (healthy, not draining)."""
+        measured = [
+            e.report["prefill_tokens_per_s"]
+            for e in self.workers.values()
+            if e.report.get("prefill_tokens_per_s")
+        ]
+        prior = sum(measured) / len(measured) if measured else _PRIOR_PREFILL_TPS
+        out = []
+        for e in self.workers.values():
+            if not e.healthy or e.draining:
+                continue
+            r = e.report
+            waiting = [f for f in e.inflight.values() if not f.started]
+            started = [f for f in e.inflight.values() if f.started]
+            out.append(
+                WorkerState(
+                    worker_id=e.worker_id,
+                    running=max(r.get("running") or 0, len(started)),
+                    waiting=max(r.get("waiting") or 0, len(waiting)),
+                    queued_prefill_tokens=max(
+                        r.get("queued_prefill_tokens") or 0,
+                        sum(f.uncached_tokens for f in waiting),
+                    ),
+                    active_decode_tokens=max(
+                        r.get("active_decode_tokens") or 0,
+                        sum(f.context_tokens for f in started),
+                    ),
+                    free_pages=r.get("free_pages") or 0,
+                    total_pages=r.get("total_pages") or 0,
+                    prefill_tokens_per_s=r.get("prefill_tokens_per_s") or prior,
+                    decode_step_s=r.get("decode_step_s") or 0.0,
+                    healthy=True,
+                )
+            )
+        return out
+
+    def routable(self) -> list[str]:
+        return [w.worker_id for w in self.states()]
+
+    # ------------------------------------------------------------------ polling
+
+    async def _poll_worker(self, entry: WorkerEntry) -> None:
+        try:
+            resp = await entry.client.poll(entry.seq, entry.epoch)
+        except WorkerUnavailable as e:
+            entry.consecutive_failures += 1
+            if entry.consecutive_failures >= self.failure_threshold:
+                self.mark_down(entry.worker_id, str(e))
+            return
+        batch = decode(resp["events"])
+        if resp["snapshot"]:
+            self.index.clear(entry.worker_id)
+            entry.snapshots += 1
+        self.index.apply(entry.worker_id, batch.events)
+        entry.events_applied += len(batch.events)
+        entry.epoch = resp["epoch"]
+        entry.seq = resp["seq"]
+        entry.report = resp["load"]
+        entry.stats = resp.get("stats", {})
+        entry.consecutive_failures = 0
+        entry.last_ok = time.monotonic()
+        if not entry.healthy:
+            log.info("worker %s is back", entry.worker_id)
+            entry.healthy = True
+
+    def kick(self, worker_id: str) -> None:
+        """Poll one worker now (its view looked stale), without waiting for the next round."""
+        entry = self.workers.get(worker_id)
+        if entry is not None and entry.healthy:
+            task = asyncio.get_running_loop().create_task(self._poll_worker(entry))
+            self._kicks.add(task)
+            task.add_done_callback(self._kicks.discard)
+
+    async def poll_once(self) -> None:
+        entries = list(self.workers.values())
+        await asyncio.gather(*(self._poll_worker(e) for e in entries))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let the feed die: log and keep polling
+                log.exception("worker poll failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+    def start(self) -> None:
+        if self._poll_task is None:
+            self._poll_task = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            try:
+                await self._poll_task
+            except asyncio.CancelledError:
+                pass
+            self._poll_task = None
+
+    async def close(self) -> None:
+        await self.stop()
+        for wid in list(self.workers):
+            await self.remove(wid)

@@ -1,0 +1,156 @@
+"""``python -m radixray.sim`` (later ``radixray sim``): run policies over a workload, print a
+table, optionally write ``--json`` and ``--plot``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from radixray.router.policies import policy_names
+
+from .metrics import RunResult
+from .simulator import SimConfig, simulate
+from .timing import TIMING_PRESETS, timing_preset
+from .workload import Workload, azure_shared_prefix, load_mooncake, multiturn_chat
+
+__all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
+
+DEFAULT_POLICIES = "round_robin,cache_aware,kv_cost,ttft"
+JSON_KEYS = (
+    "hit_rate",
+    "hit_rate_beyond_first_block",
+    "ceiling",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "throughput",
+    "imbalance",
+    "index_memory_bytes",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="radixray sim",
+        description="Trace-driven routing simulator: real policies, real RadixCache per worker, "
+        "a timing model instead of a model.",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "--trace",
+        default="mooncake",
+        help="a JSONL file in the Mooncake format, or 'mooncake' for the shared conversation "
+        "trace (under $RADIXRAY_DATA_DIR or ../shared/data)",
+    )
+    w.add_argument(
+        "--workload",
+        choices=("trace", "azure_shared_prefix", "multiturn_chat"),
+        default="trace",
+        help="'trace' replays --trace; the others are generated",
+    )
+    w.add_argument("--block-tokens", type=int, default=16, help="tokens per 512-token trace block")
+    w.add_argument("--speedup", type=float, default=1.0, help="compress arrival times by this")
+    w.add_argument("--output-scale", type=float, default=None, help="divide output lengths")
+    w.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--workers", type=int, default=8)
+    c.add_argument("--pages", type=int, default=4096, help="KV pages per worker")
+    c.add_argument("--page-size", type=int, default=16)
+    c.add_argument("--timing", choices=sorted(TIMING_PRESETS), default="cpu")
+    c.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
+    c.add_argument(
+        "--event-delay", type=float, default=0.05, help="KV event delay to the router (s)"
+    )
+    c.add_argument("--no-events", action="store_true", help="index learns only from decisions")
+    c.add_argument("--no-optimistic", action="store_true", help="index learns only from KV events")
+    p.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated, or 'all' ({', '.join(policy_names())})",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", help="write {policy: {metric: value}} here")
+    p.add_argument("--plot", dest="plot_path", help="write a PNG: hit rate, TTFT CDF, load")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def build_workload(args: argparse.Namespace) -> Workload:
+    if args.workload == "azure_shared_prefix":
+        return azure_shared_prefix(
+            num_requests=args.limit or 2000, speedup=args.speedup, seed=args.seed
+        )
+    if args.workload == "multiturn_chat":
+        return multiturn_chat(num_requests=args.limit or 2000, seed=args.seed)
+    return load_mooncake(
+        args.trace,
+        block_tokens=args.block_tokens,
+        speedup=args.speedup,
+        output_scale=args.output_scale,
+        limit=args.limit,
+        seed=args.seed,
+    )
+
+
+def format_table(summaries: dict[str, dict]) -> str:
+    head = (
+        f"{'policy':<16}{'hit':>7}{'hit>b0':>8}{'ceil':>7}{'p50 s':>8}{'p90 s':>8}"
+        f"{'p99 s':>8}{'req/s':>8}{'imbal':>7}{'index KB':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for name, s in summaries.items():
+        lines.append(
+            f"{name:<16}{s['hit_rate']:>7.3f}{s['hit_rate_beyond_first_block']:>8.3f}"
+            f"{s['ceiling']:>7.3f}{s['ttft_p50']:>8.2f}{s['ttft_p90']:>8.2f}{s['ttft_p99']:>8.2f}"
+            f"{s['throughput']:>8.2f}{s['imbalance']:>7.2f}{s['index_memory_bytes'] / 1024:>10.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = policy_names() if args.policies == "all" else args.policies.split(",")
+    bad = [n for n in names if n not in policy_names()]
+    if bad:
+        print(f"unknown policies {bad}; valid names: {', '.join(policy_names())}", file=sys.stderr)
+        return 2
+    try:
+        wl = build_workload(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = SimConfig(
+        num_workers=args.workers,
+        num_pages=args.pages,
+        page_size=args.page_size,
+        timing=timing_preset(args.timing),
+        eviction=args.eviction,
+        event_delay_s=None if args.no_events else args.event_delay,
+        optimistic_index=not args.no_optimistic,
+        seed=args.seed,
+    )
+    print(
+        f"workload {wl.name}: {len(wl)} requests, {wl.total_tokens()} prompt tokens "
+        f"{wl.description}; {args.workers} workers x {args.pages} pages of {args.page_size}, "
+        f"timing {args.timing}",
+        file=sys.stderr,
+    )
+    results: dict[str, RunResult] = {}
+    for name in names:
+        results[name] = simulate(wl, name, config, progress=False if args.no_progress else name)
+    summaries = {k: r.summary() for k, r in results.items()}
+    print(format_table(summaries))
+    if args.json_path:
+        out = {
+            k: {m: s[m] for m in (*JSON_KEYS, "requests", "sim_wall_s")}
+            for k, s in summaries.items()
+        }
+        with open(args.json_path, "w") as f:
+            json.dump(out, f, indent=2)
+    if args.plot_path:
+        from .plot import plot_results
+
+        plot_results(results, args.plot_path, title=f"{wl.name}, {args.workers} workers")
+    return 0

@@ -1,0 +1,107 @@
+"""How long a simulated worker's forward step takes.
+
+One step of a continuous-batching engine runs every decoding request for one token plus up to
+``max_batch_tokens`` prefill tokens (chunked prefill), so a step costs::
+
+    step_s = step_overhead_s
+           + decode_seq_s * decode_batch + decode_ctx_s * decode_context_tokens
+           + prefill_token_s * prefill_tokens + prefill_attn_s * prefill_tokens * context_tokens
+
+(the last term is attention over the prefix each new token attends to; it is what makes a long
+uncached context more expensive than its length alone).
+
+Presets:
+
+- ``cpu`` -- SmolLM2-135M, HF transformers, float32, on this project's 2-core CPU machine, from
+  the task brief's measurements (to be refined by the engine benchmark): ~0.98 s to prefill 512
+  tokens, 42 ms per decode step at batch 1 and ~125 ms at batch 8. A line through the two decode
+  points gives 30.1 ms of fixed cost per step and 11.86 ms per decoding sequence; the prefill point
+  then gives (0.98 - 0.030) / 512 = 1.855 ms per prefill token. The attention terms are small
+  estimates (135M parameters, 9 layers of 576 wide: matmuls dominate at these lengths).
+- ``gpu`` -- illustrative numbers for an 8B model on one modern datacenter GPU (~12k prefill
+  tokens/s, 12 ms decode steps growing slowly with batch). Not measured here: for shape, not for
+  claims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["TimingModel", "TIMING_PRESETS", "timing_preset"]
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    step_overhead_s: float
+    decode_seq_s: float
+    decode_ctx_s: float
+    prefill_token_s: float
+    prefill_attn_s: float
+    max_batch_tokens: int  # prefill tokens + decoding sequences per step (chunked prefill)
+    max_running: int  # decoding requests per worker
+
+    def __post_init__(self):
+        for name in ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_attn_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.prefill_token_s <= 0:
+            raise ValueError(f"prefill_token_s must be > 0, got {self.prefill_token_s}")
+        if self.max_batch_tokens < 1 or self.max_running < 1:
+            raise ValueError(
+                f"max_batch_tokens and max_running must be >= 1, got "
+                f"{self.max_batch_tokens} and {self.max_running}"
+            )
+
+    def step_time(
+        self, decode_batch: int, decode_ctx: int, prefill_tokens: int, prefill_ctx_sum: int
+    ) -> float:
+        """Seconds for one step. ``prefill_ctx_sum`` is the sum over prefill tokens of the
+        context each attends to (the caller computes it per chunk)."""
+        return (
+            self.step_overhead_s
+            + self.decode_seq_s * decode_batch
+            + self.decode_ctx_s * decode_ctx
+            + self.prefill_token_s * prefill_tokens
+            + self.prefill_attn_s * prefill_ctx_sum
+        )
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prefill throughput of a full chunk with no decoding: a worker's initial estimate."""
+        t = self.step_time(0, 0, self.max_batch_tokens, 0)
+        return self.max_batch_tokens / t
+
+    def with_(self, **changes) -> TimingModel:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+TIMING_PRESETS: dict[str, TimingModel] = {
+    "cpu": TimingModel(
+        step_overhead_s=0.0301,
+        decode_seq_s=0.01186,
+        decode_ctx_s=2e-6,
+        prefill_token_s=0.001855,
+        prefill_attn_s=1e-8,
+        max_batch_tokens=512,
+        max_running=32,
+    ),
+    "gpu": TimingModel(
+        step_overhead_s=0.012,
+        decode_seq_s=0.00015,
+        decode_ctx_s=2e-8,
+        prefill_token_s=1 / 12000,
+        prefill_attn_s=2e-10,
+        max_batch_tokens=8192,
+        max_running=256,
+    ),
+}
+
+
+def timing_preset(name: str, **overrides) -> TimingModel:
+    """A preset by name ("cpu" or "gpu"), with fields overridden."""
+    if name not in TIMING_PRESETS:
+        raise ValueError(f"timing preset must be one of {sorted(TIMING_PRESETS)}, got {name!r}")
+    return replace(TIMING_PRESETS[name], **overrides)

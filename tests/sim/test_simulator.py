@@ -1,0 +1,212 @@
+"""Simulator invariants: every request finishes once, hits never beat an independently computed
+infinite-cache ceiling, caches are intact at the end, one seed gives one result."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from radixray.sim import (
+    SimConfig,
+    azure_shared_prefix,
+    ceiling,
+    load_mooncake,
+    mooncake_trace_path,
+    multiturn_chat,
+    simulate,
+    timing_preset,
+)
+from radixray.sim.cli import main
+from radixray.sim.data import data_dir
+
+BT = 16  # block tokens == page size
+
+
+def write_trace(path, n=300, seed=0):
+    """A small trace in the Mooncake format: a shared block 0, conversations that grow."""
+    rng = random.Random(seed)
+    convs: list[list[int]] = []
+    next_id = 1
+    lines = []
+    for i in range(n):
+        if convs and rng.random() < 0.6:
+            c = rng.choice(convs)
+        else:
+            c = [0]
+            convs.append(c)
+        add = rng.randint(1, 4)
+        c.extend(range(next_id, next_id + add))
+        next_id += add
+        blocks = list(c)
+        inp = (len(blocks) - 1) * 512 + rng.randint(1, 512)
+        lines.append(
+            {
+                "timestamp": (i // 3) * 1000,
+                "input_length": inp,
+                "output_length": rng.randint(1, 200),
+                "hash_ids": blocks,
+            }
+        )
+    with open(path, "w") as f:
+        for obj in lines:
+            f.write(json.dumps(obj) + "\n")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "small.jsonl"
+    rows = write_trace(path)
+    return path, rows
+
+
+def independent_ceiling(rows, block_tokens=BT, scale=32):
+    """Ceiling from the raw hash_ids: a full page = a full block; a request can reuse the leading
+    blocks (within its first L - 1 tokens) that some earlier request had as full blocks."""
+    seen = set()
+    hit = total = 0
+    for r in rows:
+        ids = r["hash_ids"]
+        n = len(ids)
+        length = min(max(round(r["input_length"] / scale), (n - 1) * block_tokens + 1),
+                     n * block_tokens)  # fmt: skip
+        total += length
+        full = length // block_tokens
+        cap = (length - 1) // block_tokens
+        k = 0
+        while k < cap and tuple(ids[: k + 1]) in seen:
+            k += 1
+        hit += k * block_tokens
+        seen.update(tuple(ids[: j + 1]) for j in range(full))
+    return hit, total
+
+
+def run(wl, policy="ttft", **kw):
+    cfg = SimConfig(**{"num_workers": 4, "num_pages": 512, "page_size": BT, **kw})
+    return simulate(wl, policy, cfg)
+
+
+def test_trace_file_loads_and_ceiling_matches_independent_count(trace):
+    path, rows = trace
+    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
+    assert len(wl) == len(rows)
+    assert ceiling(wl, BT) == independent_ceiling(rows)
+    assert wl.description["scale"] == 32
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "kv_cost", "ttft"])
+def test_every_request_finishes_once_and_hits_stay_under_the_ceiling(trace, policy):
+    path, rows = trace
+    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
+    res = run(wl, policy, check_every=40)  # integrity of every cache every 40 steps
+    assert len(res.records) == len(rows)
+    for rec in res.records:
+        assert rec.arrival <= rec.first_token <= rec.finish
+        assert 0 <= rec.cached <= rec.prompt_tokens - 1
+    ceil_hit, total = independent_ceiling(rows)
+    s = res.summary()
+    assert sum(r.cached for r in res.records) <= ceil_hit
+    assert s["hit_rate"] <= ceil_hit / total + 1e-12
+    assert math.isfinite(s["ttft_p99"]) and s["imbalance"] >= 1.0
+
+
+def test_same_seed_same_result(trace):
+    path, _ = trace
+    a = run(load_mooncake(path, block_tokens=BT, speedup=4.0, seed=3), "random", seed=5)
+    b = run(load_mooncake(path, block_tokens=BT, speedup=4.0, seed=3), "random", seed=5)
+    c = run(load_mooncake(path, block_tokens=BT, speedup=4.0, seed=3), "random", seed=6)
+    key = [(r.worker, r.first_token, r.finish, r.cached) for r in a.records]
+    assert key == [(r.worker, r.first_token, r.finish, r.cached) for r in b.records]
+    assert [r.worker for r in a.records] != [r.worker for r in c.records]
+
+
+def test_cache_affinity_beats_round_robin_on_hits(trace):
+    path, _ = trace
+    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
+    rr = run(wl, "round_robin").summary()["hit_rate"]
+    assert run(wl, "cache_aware").summary()["hit_rate"] > rr
+    assert run(wl, "ttft").summary()["hit_rate"] > rr
+
+
+@pytest.mark.parametrize(
+    "delay,optimistic", [(None, True), (0.0, False), (0.0, True), (1.0, True), (1.0, False)]
+)
+def test_index_views_all_run(trace, delay, optimistic):
+    path, _ = trace
+    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
+    s = run(wl, "cache_aware", event_delay_s=delay, optimistic_index=optimistic).summary()
+    assert s["index_memory_bytes"] > 0 and s["requests"] == len(wl)
+
+
+def test_small_cache_evicts_and_oversize_requests_still_finish(trace):
+    path, _ = trace
+    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
+    res = run(wl, "ttft", num_pages=24, check_every=10)
+    assert res.oversize > 0
+    assert res.summary()["hit_rate"] < run(wl, "ttft").summary()["hit_rate"]
+
+
+def test_multiturn_chat_reuses_answers_and_lfu_runs():
+    wl = multiturn_chat(num_requests=300, num_sessions=20, rate=2.0, seed=1)
+    res = run(wl, "ttft", check_every=25)
+    ceil_hit, total = ceiling(wl, BT)
+    hit = sum(r.cached for r in res.records)
+    assert 0.5 * ceil_hit < hit <= ceil_hit
+    run(wl, "cache_aware", eviction="lfu", num_pages=128, check_every=25)
+
+
+def test_gpu_timing_preset_is_faster():
+    wl = multiturn_chat(num_requests=100, num_sessions=10, seed=2)
+    cpu = run(wl, "round_robin").summary()["ttft_p50"]
+    gpu = run(wl, "round_robin", timing=timing_preset("gpu")).summary()["ttft_p50"]
+    assert gpu < cpu / 10
+    with pytest.raises(ValueError, match="timing preset must be one of"):
+        timing_preset("tpu")
+
+
+def test_data_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("RADIXRAY_DATA_DIR", str(tmp_path))
+    assert data_dir() == tmp_path
+    assert mooncake_trace_path() == tmp_path / "mooncake" / "conversation_trace.jsonl"
+    with pytest.raises(FileNotFoundError, match="RADIXRAY_DATA_DIR"):
+        load_mooncake("mooncake")
+
+
+def test_bad_trace_line_names_the_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 5}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not a Mooncake trace line"):
+        load_mooncake(p)
+
+
+def test_cli_writes_json_and_plot(trace, tmp_path, capsys):
+    path, _ = trace
+    out, png = tmp_path / "o.json", tmp_path / "o.png"
+    rc = main(
+        ["--trace", str(path), "--workers", "4", "--pages", "512", "--speedup", "4",
+         "--policies", "round_robin,ttft", "--json", str(out), "--plot", str(png),
+         "--no-progress"]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"round_robin", "ttft"}
+    for v in data.values():
+        assert {"hit_rate", "hit_rate_beyond_first_block", "ceiling", "ttft_p50", "ttft_p99",
+                "throughput", "imbalance"} <= set(v)  # fmt: skip
+    assert png.stat().st_size > 1000
+    assert "ttft" in capsys.readouterr().out
+    assert main(["--policies", "nope", "--no-progress"]) == 2
+
+
+@pytest.mark.skipif(not mooncake_trace_path().exists(), reason="shared Mooncake trace absent")
+def test_mooncake_slice_and_azure_generator():
+    wl = load_mooncake("mooncake", limit=400)
+    assert len(wl) == 400 and wl.first_block_tokens == BT
+    s = run(wl, "kv_cost").summary()
+    assert 0 < s["hit_rate"] <= s["ceiling"]
+    az = azure_shared_prefix(num_requests=200, num_groups=4)
+    s = run(az, "cache_aware").summary()
+    assert 0 < s["hit_rate"] <= s["ceiling"]
