@@ -106,6 +106,11 @@ class PrefixCache(ABC):
         """Every block hash held (for a full snapshot to a router)."""
         return []
 
+    def snapshot_events(self) -> list[KVEvent]:
+        """Events that rebuild this cache's block set from nothing: ``AllBlocksCleared`` then
+        one ``BlockStored`` per cached chain. A router that lost events applies these."""
+        return [AllBlocksCleared()]
+
 
 def _check_free_and_held(allocator: PageAllocator, cached: list[int], held_pages) -> None:
     allocator.check_integrity()
@@ -252,6 +257,20 @@ class RadixCache(PrefixCache):
 
     def all_block_hashes(self) -> list[int]:
         return [h for node in self._tree.iter_nodes() for h in node.hashes]
+
+    def snapshot_events(self) -> list[KVEvent]:
+        events: list[KVEvent] = [AllBlocksCleared()]
+        for node in self._tree.iter_nodes():  # parents first, as BlockStored chains require
+            events.append(
+                BlockStored(
+                    list(node.hashes),
+                    node.parent.last_hash,
+                    list(node.key),
+                    self.page_size,
+                    self.medium,
+                )
+            )
+        return events
 
     def cached_pages(self) -> list[int]:
         return [p for node in self._tree.iter_nodes() for p in node.pages]

@@ -12,7 +12,14 @@ import torch
 
 from radixray.cache_index import PageAllocator
 
-__all__ = ["KVPool", "kv_bytes_per_token", "pages_for_budget"]
+__all__ = ["KVPool", "kv_bytes_per_token", "pages_for_budget", "default_kv_budget", "DTYPES"]
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Without a configured budget a CPU pool takes at most this much, and at most a quarter of the
+# available memory: the same machine runs the model, Ray and often another worker.
+_CPU_DEFAULT_BUDGET = 2 << 30
+# On a GPU the pool takes this share of the memory left free after the weights are loaded.
+_GPU_MEMORY_SHARE = 0.85
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -21,6 +28,19 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype)
 
 def pages_for_budget(budget_bytes: int, page_size: int, bytes_per_token: int) -> int:
     return max(1, budget_bytes // (page_size * bytes_per_token))
+
+
+def default_kv_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * _GPU_MEMORY_SHARE)
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:  # psutil comes with ray; stay usable without it
+        available = 4 * _CPU_DEFAULT_BUDGET
+    return min(_CPU_DEFAULT_BUDGET, available // 4)
 
 
 class KVPool:
@@ -40,6 +60,22 @@ class KVPool:
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         self.num_pages = num_pages
+
+    @classmethod
+    def for_model(cls, mcfg, config, device: torch.device, max_model_len: int) -> KVPool:
+        """Size a pool for a ModelConfig under an EngineConfig: ``num_pages`` if set, else the
+        memory budget, capped at what ``max_running`` sequences of ``max_model_len`` could ever
+        use (a tiny test model must not allocate gigabytes)."""
+        dtype = DTYPES[config.dtype]
+        P = config.page_size
+        if config.num_pages is not None:
+            num_pages = config.num_pages
+        else:
+            per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+            budget = config.kv_memory_bytes or default_kv_budget(device)
+            cap = -(-config.max_running * max_model_len // P)
+            num_pages = max(2, min(pages_for_budget(budget, P, per_token), cap))
+        return cls(mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim, dtype, device)
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,212 @@
+"""``radixray serve | worker | sim``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+__all__ = ["main"]
+
+log = logging.getLogger("radixray")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        help='"smollm2" (embedded), "tiny" (random test model) or a GGUF/HF path',
+    )
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--cache", choices=["radix", "chunk"], default="radix")
+    p.add_argument("--eviction", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--kv-memory-gb", type=float, default=None)
+    p.add_argument("--max-batch-tokens", type=int, default=1024)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--device", default="auto")
+
+
+def _engine_config(args, worker_id: str) -> dict:
+    return {
+        "model": args.model,
+        "page_size": args.page_size,
+        "cache": args.cache,
+        "eviction": args.eviction,
+        "num_pages": args.num_pages,
+        "kv_memory_bytes": int(args.kv_memory_gb * (1 << 30)) if args.kv_memory_gb else None,
+        "max_batch_tokens": args.max_batch_tokens,
+        "max_running": args.max_running,
+        "device": args.device,
+        "worker_id": worker_id,
+    }
+
+
+def _router_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("RADIXRAY_ADMIN_TOKEN"),
+        help="bearer token for /admin (default $RADIXRAY_ADMIN_TOKEN; unset = off)",
+    )
+    p.add_argument("--no-debug", action="store_true", help="turn the /debug routes off")
+    p.add_argument("--max-inflight", type=int, default=1024)
+
+
+def _settings(args, policy: str):
+    from radixray.router.service import RouterSettings
+
+    return RouterSettings(
+        policy=policy,
+        page_size=args.page_size,
+        admin_token=args.admin_token,
+        enable_debug=not args.no_debug,
+        max_inflight=args.max_inflight,
+    )
+
+
+def _serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+
+    async def run():
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started and on_ready:
+            on_ready()
+        await task
+
+    asyncio.run(run())
+
+
+def cmd_serve(args) -> int:
+    import ray
+
+    from radixray.router.app import build_app
+    from radixray.router.model_meta import load_model_meta
+    from radixray.router.service import RouterService
+    from radixray.router.worker_client import RayWorkerClient
+    from radixray.worker.actor import WorkerActor, worker_actor_options
+
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    use_gpu = ray.cluster_resources().get("GPU", 0) >= 1 and args.device != "cpu"
+    meta = load_model_meta(args.model)
+
+    async def factory(spec: dict):
+        wid = spec["worker_id"]
+        cfg = _engine_config(args, wid) | {k: v for k, v in spec.items() if k != "worker_id"}
+        handle = WorkerActor.options(
+            name=f"radixray-{wid}",
+            scheduling_strategy="SPREAD",
+            **worker_actor_options(use_gpu, num_cpus=args.worker_cpus),
+        ).remote(cfg, wid)
+        return RayWorkerClient(handle, wid)
+
+    service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
+
+    async def start_workers():
+        print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
+        clients = [await factory({"worker_id": f"worker-{i}"}) for i in range(args.workers)]
+        await asyncio.gather(*(service.add_worker(c) for c in clients))
+
+    app = build_app(service, on_startup=[start_workers])
+
+    url = f"http://{args.host}:{args.port}"
+
+    def ready():
+        print(f"radixray router on {url} (policy {args.policy}, {args.workers} workers)")
+        print(
+            f"""  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{meta.name}", "messages": [{{"role": "user", "content": "Hi!"}}]}}'""",
+            flush=True,
+        )
+
+    try:
+        _serve_uvicorn(app, args.host, args.port, ready)
+    finally:
+        asyncio.run(service.close())
+        ray.shutdown()
+    return 0
+
+
+def cmd_worker(args) -> int:
+    """One engine behind the OpenAI API (and the probes other routers use)."""
+    from radixray.router.app import build_app
+    from radixray.router.model_meta import load_model_meta
+    from radixray.router.service import RouterService
+    from radixray.router.worker_client import LocalWorkerClient
+    from radixray.worker.actor import WorkerHost
+
+    meta = load_model_meta(args.model)
+    host = WorkerHost(_engine_config(args, args.worker_id), args.worker_id)
+    service = RouterService(meta, _settings(args, "round_robin"))
+
+    async def register():
+        await service.add_worker(LocalWorkerClient(host))
+
+    app = build_app(service, on_startup=[register])
+
+    def ready():
+        print(f"radixray worker {args.worker_id} on http://{args.host}:{args.port}", flush=True)
+
+    try:
+        _serve_uvicorn(app, args.host, args.port, ready)
+    finally:
+        host.shutdown()
+    return 0
+
+
+def cmd_sim(argv: list[str]) -> int:
+    from radixray.sim.cli import main as sim_main
+
+    return sim_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":
+        return cmd_sim(argv[1:])
+    parser = argparse.ArgumentParser(prog="radixray", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="start Ray workers and the router (OpenAI API)")
+    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--policy", default="ttft")
+    s.add_argument(
+        "--address", default=None, help="Ray address (auto, ray://...); default: start a local Ray"
+    )
+    s.add_argument(
+        "--worker-cpus",
+        type=float,
+        default=0.5,
+        help="CPUs reserved per CPU worker (fractions let 2 workers share a core)",
+    )
+    _engine_args(s)
+    _router_args(s)
+    w = sub.add_parser("worker", help="one engine behind an OpenAI-compatible HTTP API")
+    w.add_argument("--worker-id", default="worker-0")
+    _engine_args(w)
+    _router_args(w)
+    w.set_defaults(port=9001)
+    sub.add_parser("sim", help="trace-driven routing simulator (see radixray sim --help)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.cmd == "serve":
+        return cmd_serve(args)
+    if args.cmd == "worker":
+        return cmd_worker(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

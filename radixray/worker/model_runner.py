@@ -1,0 +1,52 @@
+"""The one place that turns a scheduled batch into tensors and calls the model."""
+
+from __future__ import annotations
+
+import torch
+
+from .memory_pool import KVPool
+from .model.attention import AttentionMetadata
+from .scheduler import Batch
+
+__all__ = ["ModelRunner", "load_for_engine"]
+
+from .memory_pool import DTYPES as _DTYPES
+
+
+def load_for_engine(config, device: torch.device):
+    """(model, model_config, tokenizer) for an EngineConfig."""
+    from .model.loader import load_model
+
+    return load_model(config.model, device=device, dtype=_DTYPES[config.dtype], seed=config.seed)
+
+
+class ModelRunner:
+    def __init__(self, model, pool: KVPool, device: torch.device, backend: str | None = None):
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.backend = backend
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Forward one flat batch; return logits [num sampled items, vocab] (float32), rows in
+        the order of the items whose ``sample`` is set."""
+        P = self.pool.page_size
+        items = batch.items
+        tables, cached, new = [], [], []
+        for it in items:
+            end = it.start + it.num_tokens
+            tables.append(it.req.pages[: -(-end // P)])
+            cached.append(it.start)
+            new.append(it.num_tokens)
+        meta, positions = AttentionMetadata.build(tables, cached, new, P, self.device)
+        ids: list[int] = []
+        for it in items:
+            ids += it.req.all_ids[it.start : it.start + it.num_tokens]
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        rows = [i for i, it in enumerate(items) if it.sample]
+        logits_indices = meta.last_token_indices()[rows]
+        logits = self.model(
+            input_ids, positions, meta, self.pool.k_cache, self.pool.v_cache, logits_indices
+        )
+        return logits.float()

@@ -1,0 +1,66 @@
+"""Test helpers: run the real router app under uvicorn on 127.0.0.1 in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import uvicorn
+
+from radixray.router.app import build_app
+from radixray.router.service import RouterService
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class LiveServer:
+    """``with LiveServer(service, clients_factory) as url:`` serves until the block ends."""
+
+    def __init__(self, service: RouterService, make_clients: Callable[[], Sequence] = lambda: ()):
+        self.service = service
+        self.make_clients = make_clients
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def __enter__(self) -> str:
+        async def register():
+            for c in self.make_clients():
+                await self.service.add_worker(c)
+
+        app = build_app(self.service, on_startup=[register])
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+
+        def run():
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.serve())
+            self.loop.run_until_complete(self.service.close())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("router did not start")
+            time.sleep(0.05)
+        return self.url
+
+    def call(self, coro, timeout: float = 30):
+        """Run a coroutine on the server's loop (e.g. to poke the pool) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(60)

@@ -1,0 +1,207 @@
+"""Engine tests on the random tiny Llama: exactness under reuse, pressure, attribution, streaming.
+
+Greedy outputs must be identical whether prefixes come from the cache or are recomputed, whether
+requests run alone or batched, and whatever evictions and preemptions happened on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from radixray.cache_index import BlockStored, hash_blocks
+from radixray.worker import Engine, EngineConfig, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def engine(**kw) -> Engine:
+    cfg = dict(model="tiny", page_size=4, device="cpu", seed=0, debug_checks=True)
+    cfg.update(kw)
+    return Engine(EngineConfig(**cfg))
+
+
+def shared_prefix_prompts(seed: int = 0, n: int = 12) -> list[list[int]]:
+    rng = random.Random(seed)
+    systems = [[rng.randrange(3, 300) for _ in range(rng.randint(9, 30))] for _ in range(3)]
+    return [rng.choice(systems) + [rng.randrange(3, 300) for _ in range(rng.randint(1, 9))]
+            for _ in range(n)]
+
+
+def assert_no_leak(e: Engine) -> None:
+    e.check_integrity()
+    alloc = e.pool.allocator
+    assert e.cache.protected_tokens == 0
+    assert alloc.num_free + e.cache.total_tokens // e.page_size == alloc.num_pages
+
+
+def tokens(outs) -> list[list[int]]:
+    return [o.token_ids for o in outs]
+
+
+def test_reference_outputs_alone_equal_batched_cached_and_under_pressure():
+    prompts = shared_prefix_prompts()
+    # Reference: reuse off, one request at a time.
+    alone = engine(cache="chunk", max_running=1)
+    want = [alone.generate_batch([p], GREEDY)[0].token_ids for p in prompts]
+    for cfg in (
+        dict(cache="chunk"),
+        dict(cache="radix"),
+        dict(cache="radix", eviction="lfu", max_batch_tokens=16),
+        # ~3 prompts' worth of pages: eviction and preemption both happen.
+        dict(cache="radix", num_pages=24, max_batch_tokens=32),
+    ):
+        e = engine(**cfg)
+        got = tokens(e.generate_batch(prompts, GREEDY))
+        assert got == want, cfg
+        # Second pass over a warm cache: still the same tokens.
+        assert tokens(e.generate_batch(prompts, GREEDY)) == want, cfg
+        assert_no_leak(e)
+        if cfg.get("num_pages"):
+            stats = e.stats()
+            assert stats["evicted_pages"] > 0 and stats["preemptions"] > 0, stats
+
+
+def test_multi_turn_chat_hits_and_matches_cold_run():
+    e = engine()
+    cold = engine(cache="chunk")
+    history: list[int] = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    for turn in range(4):
+        history = history + [20 + turn, 21 + turn, 22 + turn]
+        out = e.generate_batch([history], GREEDY)[0]
+        ref = cold.generate_batch([history], GREEDY)[0]
+        assert out.token_ids == ref.token_ids
+        if turn > 0:
+            # The previous turn (prompt + answer) was inserted: everything but the tail hits.
+            assert out.cached_tokens >= len(history) - 3 - 4
+        history = history + out.token_ids
+    assert_no_leak(e)
+
+
+def test_pressure_64_concurrent_on_tiny_pool():
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 40))] for _ in range(64)]
+    e = engine(num_pages=40, max_batch_tokens=64, max_running=16)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outs = e.generate_batch(prompts, params)
+    assert all(o.finish_reason == "length" and o.completion_tokens == 8 for o in outs)
+    assert_no_leak(e)
+    assert e.stats()["preemptions"] > 0
+
+
+def test_abort_mid_prefill_and_mid_decode_frees_pages():
+    e = engine(max_batch_tokens=8)
+    dec_id = e.add_request([3, 4, 5], SamplingParams(max_tokens=50, temperature=0.0))
+    long_id = e.add_request(list(range(3, 60)), SamplingParams(max_tokens=50, temperature=0.0))
+    for _ in range(3):
+        e.step()
+    sched = {r.request_id: r for r in e.scheduler.running}
+    assert sched[long_id].in_prefill and not sched[dec_id].in_prefill
+    e.abort(long_id)
+    e.abort(dec_id)
+    assert not e.has_work()
+    assert_no_leak(e)
+
+
+def test_attribution_causes():
+    P = 16
+    e = engine(page_size=P, num_pages=12)
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    # 17 tokens with P=16: one page could be cached, the 17th token is the tail.
+    first = e.generate_batch([list(range(3, 20))], p)[0]
+    assert first.miss["cold"] == 16 and first.miss["page_tail"] == 1
+    second = e.generate_batch([list(range(3, 20))], p)[0]
+    assert second.miss["cached"] == 16 and second.miss["page_tail"] == 1
+    # Fill the pool with other prompts until the first one is evicted.
+    for i in range(6):
+        e.generate_batch([[50 + i] * 33], p)
+    again = e.generate_batch([list(range(3, 20))], p)[0]
+    assert again.miss["evicted"] == 16 and again.miss["cached"] == 0
+    assert all(sum(o.miss.values()) == o.prompt_tokens for o in (first, second, again))
+
+
+def test_same_prefix_together_in_flight_then_cached():
+    shared = list(range(3, 35))  # 8 pages of 4
+    prompts = [shared + [100], shared + [101]]
+    p = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    deduped = engine().generate_batch(prompts, p)
+    assert deduped[1].miss["cached"] == 32 and deduped[1].miss["in_flight"] == 0
+    raw = engine(dedupe_in_flight=False).generate_batch(prompts, p)
+    assert raw[1].miss["in_flight"] == 32 and raw[1].cached_tokens == 0
+    assert tokens(deduped) == tokens(raw)
+
+
+def test_stop_strings_max_tokens_and_seeded_sampling():
+    e = engine()
+    base = e.generate_batch(["hello"], SamplingParams(max_tokens=20, temperature=0.0,
+                                                      ignore_eos=True))[0]
+    assert base.finish_reason == "length" and base.completion_tokens == 20
+    if len(base.text) >= 4:
+        stop = base.text[2:4]
+        cut = e.generate_batch(["hello"], SamplingParams(max_tokens=20, temperature=0.0,
+                                                         ignore_eos=True, stop=[stop]))[0]
+        assert cut.finish_reason == "stop" and cut.text == base.text[: base.text.index(stop)]
+    sp = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7,
+                        ignore_eos=True)
+    a = e.generate_batch(["abc", "xyz"], sp)
+    b = e.generate_batch(["xyz", "abc"], sp)
+    assert a[0].token_ids == b[1].token_ids and a[1].token_ids == b[0].token_ids
+
+
+def test_events_describe_the_cache():
+    e = engine(page_size=4)
+    prompt = list(range(3, 23))
+    out = e.generate_batch([prompt], SamplingParams(max_tokens=4, temperature=0.0,
+                                                     ignore_eos=True))[0]
+    stored = [ev for ev in e.take_events() if isinstance(ev, BlockStored)]
+    held = {h for ev in stored for h in ev.block_hashes}
+    full = prompt + out.token_ids
+    want = set(hash_blocks(full[: (len(full) - 1) // 4 * 4], 4))
+    assert held == want == set(e.cache.all_block_hashes())
+
+
+def test_streaming_matches_batch_and_early_exit_aborts():
+    e = engine()
+    ref = e.generate_batch(["stream me"], GREEDY)[0]
+
+    async def collect():
+        chunks = [c async for c in e.generate("stream me", GREEDY, request_id="s1")]
+        return chunks
+
+    async def leave_early():
+        async for _ in e.generate("leave me", SamplingParams(max_tokens=200, temperature=0.0,
+                                                             ignore_eos=True), request_id="s2"):
+            break
+
+    try:
+        chunks = asyncio.run(collect())
+        assert "".join(c.text for c in chunks) == ref.text
+        assert [t for c in chunks for t in c.token_ids] == ref.token_ids
+        last = chunks[-1]
+        assert last.finish_reason == "length" and last.completion_tokens == 12
+        assert last.prompt_tokens == ref.prompt_tokens and last.cached_tokens > 0
+        assert sum(last.miss.values()) == last.prompt_tokens
+        asyncio.run(leave_early())
+        e.shutdown()  # the abort is applied at the next step boundary
+        while e.has_work():
+            e.step()
+        assert_no_leak(e)
+    finally:
+        e.shutdown()
+
+
+def test_bad_input_is_rejected_clearly():
+    e = engine()
+    with pytest.raises(ValueError, match="empty"):
+        e.generate_batch([[]], GREEDY)
+    with pytest.raises(ValueError, match=r"\[0, 320\)"):
+        e.generate_batch([[1, 99999]], GREEDY)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="context length"):
+        e.generate_batch([[5] * 5000], GREEDY)
+    with pytest.raises(ValueError, match="cache must be one of"):
+        EngineConfig(cache="lru")
+    assert_no_leak(e)
