@@ -121,7 +121,10 @@ class GGUFCheckpoint:
             if name is None:
                 raise NotImplementedError(f"{self.path.name}: unexpected tensor {t.name!r}")
             w = self._gguf.quants.dequantize(t.data, t.tensor_type)
-            w = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            if not w.flags.writeable:  # F32 tensors come straight from the read-only mmap
+                w = w.copy()
+            w = torch.from_numpy(w)
             expected = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
             if tuple(w.shape) != expected:
                 w = w.reshape(expected)
