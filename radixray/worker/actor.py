@@ -132,6 +132,7 @@ class WorkerHost:
             "device": str(e.device),
             "pid": os.getpid(),
             "node_ip": _node_ip(),
+            "node_id": _node_id(),
         }
 
     async def check_integrity(self) -> dict:
@@ -151,6 +152,15 @@ def _node_ip() -> str | None:
         import ray
 
         return ray.util.get_node_ip_address()
+    except Exception:
+        return None
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:
         return None
 

@@ -1,0 +1,74 @@
+"""Serving through real Ray actors on a real multi-node cluster (``ray.cluster_utils.Cluster``:
+a head node and one worker node on this machine), fronted by the real router app."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import tempfile
+
+import openai
+import pytest
+
+from radixray.router.model_meta import load_model_meta
+from radixray.router.service import RouterService, RouterSettings
+from radixray.router.worker_client import RayWorkerClient
+from radixray.worker.actor import WorkerActor, worker_actor_options
+
+from .serving import LiveServer
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rr-ray-"))
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}})
+    c.add_node(num_cpus=1, resources={"node_b": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_prefixes_concentrate_per_worker_and_spread_over_nodes(cluster):
+    handles = {
+        wid: WorkerActor.options(
+            **worker_actor_options(False, num_cpus=0.5, resources={node: 0.01})
+        ).remote({"model": "tiny", "page_size": 4}, wid)
+        for wid, node in (("a", "node_a"), ("b", "node_b"))
+    }
+    infos = {w: ray.get(h.info.remote(), timeout=120) for w, h in handles.items()}
+    assert infos["a"]["node_id"] != infos["b"]["node_id"]  # really two nodes
+
+    service = RouterService(
+        load_model_meta("tiny"), RouterSettings(policy="ttft", page_size=4, poll_interval_s=0.1)
+    )
+    with LiveServer(service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+        def ask(prefix: int, q: int) -> tuple[int, str, int]:
+            raw = client.completions.with_raw_response.create(
+                model="tiny",
+                prompt=f"[system prompt {prefix}] " * 8 + f"question {q}",
+                max_tokens=12,
+                temperature=0,
+            )
+            return (
+                prefix,
+                raw.headers["x-radixray-worker"],
+                raw.parse().usage.prompt_tokens_details.cached_tokens,
+            )
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            first = list(pool.map(lambda p: ask(p, 0), range(4)))
+        later = [ask(p, q) for q in (1, 2) for p in range(4)]
+        for h in handles.values():  # no page leaked on either node
+            ray.get(h.check_integrity.remote(), timeout=60)
+    home = {p: w for p, w, _ in first}
+    assert set(home.values()) == {"a", "b"}, home  # distinct prefixes spread over both nodes
+    for p, w, cached in later:
+        assert w == home[p], (p, w, home)  # each prefix stays where it is cached
+        assert cached >= 8 * len("[system prompt 0] ") - 4
