@@ -143,13 +143,21 @@ def extend_attention(
     *,
     max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Shapes and semantics: reference.extend_attention. ``max_seqlen_q`` (the longest q_len,
-    if the caller knows it) lets the fast backends size their grid without a device sync."""
+    """Shapes and semantics: reference.extend_attention. ``max_seqlen_q``: the longest q_len,
+    if the caller knows it (an int from the scheduler, never read from a device tensor). It lets
+    the fast backends size their grid without a device sync, and 1 sends a pure decode batch to
+    the split-KV decode kernel. It must not be smaller than the true maximum."""
     name = resolve_backend(backend, q, k_cache)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
     if name == "torch":
         return reference.extend_attention(*args)
     if name == "triton":
+        if max_seqlen_q == 1 and q.shape[0] == block_table.shape[0]:
+            # every sequence has exactly one new token: the split-KV decode kernel fills the GPU
+            # where the extend grid (one program per 64 query rows) would not
+            from .triton_decode import paged_decode_attention as decode
+
+            return decode(q, k_cache, v_cache, block_table, seq_lens, scale)
         from .triton_extend import extend_attention as fn
     else:
         from .flash_attn import extend_attention as fn

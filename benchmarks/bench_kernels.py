@@ -1,0 +1,213 @@
+"""Paged-attention kernel benchmark.
+
+    python benchmarks/bench_kernels.py            # GPU part when CUDA exists, else the CPU part
+    python benchmarks/bench_kernels.py --cpu      # the CPU part only
+
+GPU: decode for batch 1/16/64/256 x context 512/4k/32k, GQA 32/8 heads x 128, bf16, page 16.
+Each shape is first checked against the float32 reference (where it fits), then timed with CUDA
+events (median of --reps, L2 flushed before each rep). Achieved bandwidth = K/V bytes read / time,
+against a device-to-device copy (read + write bytes / time) measured in the same run. The same
+shapes go through vLLM's flash-attn fork or flash-attn when it imports.
+
+CPU: the torch reference's time per decode step for the worker's default model (SmolLM2-135M:
+30 layers, 9 query / 3 KV heads, head_dim 64, page 16), batch 1/8/16 x context 512/2048, as the
+engine calls it: store_kv then extend_attention (one new token per sequence) in every layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import radixray.kernels as K  # noqa: E402
+from radixray.kernels import flash_attn, reference  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+GPU_BATCHES = (1, 16, 64, 256)
+GPU_CONTEXTS = (512, 4096, 32768)
+GPU_HQ, GPU_HKV, GPU_D, GPU_P = 32, 8, 128, 16
+_L2_FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H200: 50 MB)
+
+
+def _cuda_time_ms(fn, reps: int, flush: torch.Tensor) -> float:
+    """Median time of fn() in ms, CUDA events, L2 flushed before each rep."""
+    fn()  # warm up (and compile)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _copy_bandwidth(reps: int, flush: torch.Tensor) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _cuda_time_ms(lambda: dst.copy_(src), reps, flush)
+    return 2 * src.numel() / ms / 1e6
+
+
+def run_gpu(reps: int, check: bool) -> None:
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    copy_gbs = _copy_bandwidth(reps, flush)
+    has_fa = flash_attn.available()
+    print(f"# {name}, torch {torch.__version__}, copy bandwidth {copy_gbs:.0f} GB/s")
+    print(f"# flash-attn: {flash_attn._load().module if has_fa else 'not importable'}")
+
+    # One pool big enough for the largest shape; each shape takes random pages from it.
+    max_tokens = max(GPU_BATCHES) * max(GPU_CONTEXTS)
+    num_pages = max_tokens // GPU_P + 1
+    shape = (num_pages, GPU_P, GPU_HKV, GPU_D)
+    k_cache = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    v_cache = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    scale = GPU_D**-0.5
+
+    rows = []
+    shapes = [(b, c) for b in GPU_BATCHES for c in GPU_CONTEXTS]
+    for batch, ctx in tqdm(shapes, desc="decode shapes", file=sys.stderr):
+        pages_per_seq = ctx // GPU_P
+        perm = torch.randperm(num_pages, generator=gen, device=dev)[: batch * pages_per_seq]
+        block_table = perm.view(batch, pages_per_seq).to(torch.int32)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        q = torch.randn(batch, GPU_HQ, GPU_D, dtype=torch.bfloat16, device=dev)
+        args = (q, k_cache, v_cache, block_table, seq_lens, scale)
+        err = float("nan")
+        if check and batch * ctx <= 1 << 19:
+            out = K.paged_decode_attention(*args, backend="triton")
+            err = (out.float() - reference.paged_decode_attention(*args).float()).abs().max()
+            err = float(err)
+            if err > 3e-2:
+                raise AssertionError(f"triton decode B={batch} ctx={ctx}: max error {err}")
+        kv_bytes = 2 * batch * ctx * GPU_HKV * GPU_D * k_cache.element_size()
+        ms = _cuda_time_ms(
+            lambda a=args: K.paged_decode_attention(*a, backend="triton"), reps, flush
+        )
+        fa_ms = float("nan")
+        if has_fa:
+            fa_ms = _cuda_time_ms(
+                lambda a=args: K.paged_decode_attention(*a, backend="flash_attn"), reps, flush
+            )
+        gbs = kv_bytes / ms / 1e6
+        rows.append((batch, ctx, ms, gbs, gbs / copy_gbs, fa_ms, fa_ms / ms, err))
+
+    print(
+        "| batch | context | triton ms | GB/s | % of copy | flash-attn ms | fa/triton | max err |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for b, c, ms, gbs, frac, fa_ms, ratio, err in rows:
+        print(
+            f"| {b} | {c} | {ms:.3f} | {gbs:.0f} | {100 * frac:.0f}% | {fa_ms:.3f} | "
+            f"{ratio:.2f} | {err:.1e} |"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+
+SMOL = {"layers": 30, "hq": 9, "hkv": 3, "d": 64, "page": 16}
+CPU_BATCHES = (1, 8, 16)
+CPU_CONTEXTS = (512, 2048)
+# The engine keeps one cache per layer; distinct caches for every one of 30 layers would take
+# 1.5 GB at batch 16 x 2048. Cycling through this many keeps the working set (>= 100 MB at the
+# large shapes) far beyond any CPU cache, as in the real engine, at a fraction of the memory.
+_DISTINCT_LAYER_CACHES = 4
+
+
+def run_cpu(reps: int) -> None:
+    m = SMOL
+    P, Hq, Hkv, D = m["page"], m["hq"], m["hkv"], m["d"]
+    scale = D**-0.5
+    print(
+        f"# CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch "
+        f"threads, torch {torch.__version__}; SmolLM2-135M shapes {m}"
+    )
+    rows = []
+    shapes = [(b, c) for b in CPU_BATCHES for c in CPU_CONTEXTS]
+    for batch, ctx in tqdm(shapes, desc="cpu shapes", file=sys.stderr):
+        gen = torch.Generator().manual_seed(batch * ctx)
+        pages_per_seq = ctx // P + 1  # room for the new token
+        num_pages = batch * pages_per_seq
+        caches = [
+            (
+                torch.randn(num_pages, P, Hkv, D, generator=gen),
+                torch.randn(num_pages, P, Hkv, D, generator=gen),
+            )
+            for _ in range(_DISTINCT_LAYER_CACHES)
+        ]
+        perm = torch.randperm(num_pages, generator=gen)
+        block_table = perm.view(batch, pages_per_seq).to(torch.int32)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32)  # context incl. the new token
+        pos = ctx - 1
+        slot_mapping = block_table[:, pos // P].long() * P + pos % P
+        cu = torch.arange(batch + 1, dtype=torch.int32)
+        q = torch.randn(batch, Hq, D, generator=gen)
+        k_new = torch.randn(batch, Hkv, D, generator=gen)
+
+        def step(caches=caches, q=q, k=k_new, table=block_table, lens=seq_lens, cu=cu,
+                 slots=slot_mapping):  # fmt: skip
+            for layer in range(m["layers"]):
+                kc, vc = caches[layer % _DISTINCT_LAYER_CACHES]
+                K.store_kv(k, k, kc, vc, slots)
+                K.extend_attention(q, kc, vc, table, cu, lens, scale)
+
+        step()  # warm up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        med = statistics.median(times)
+        rows.append((batch, ctx, med, med / m["layers"], min(times), max(times)))
+
+    print("| batch | context | ms / decode step (30 layers) | ms / layer | min | max |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for b, c, med, per_layer, lo, hi in rows:
+        print(f"| {b} | {c} | {med:.1f} | {per_layer:.2f} | {lo:.1f} | {hi:.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="run the CPU part only")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per shape")
+    parser.add_argument("--no-check", action="store_true", help="skip the reference checks")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: what a Ray worker with num_cpus=1 gets, as Ray sets "
+        "OMP_NUM_THREADS=1; more threads on a shared CPU can be far slower)",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, python {platform.python_version()}")
+    if torch.cuda.is_available() and not args.cpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        run_gpu(args.reps or 20, check=not args.no_check)
+    else:
+        run_cpu(args.reps or 7)
+
+
+if __name__ == "__main__":
+    main()
