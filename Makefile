@@ -32,8 +32,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format radixray tests benchmarks
 	$(VENV)/bin/ruff check --fix radixray tests benchmarks
 
+# RADIXRAY_HF_LIVE=1: also load the GGUF in HF transformers and compare logits live (~1 min).
 test: lint
-	RAY_AUTH_MODE=disabled $(PY) -m pytest $(PYTEST_ARGS)
+	RAY_AUTH_MODE=disabled RADIXRAY_HF_LIVE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	@if $(PY) -c "import radixray.cli" 2>/dev/null; then \

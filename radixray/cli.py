@@ -27,6 +27,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=1024)
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch threads per CPU worker (serve default: cores / workers)",
+    )
 
 
 def _engine_config(args, worker_id: str) -> dict:
@@ -40,6 +46,7 @@ def _engine_config(args, worker_id: str) -> dict:
         "max_batch_tokens": args.max_batch_tokens,
         "max_running": args.max_running,
         "device": args.device,
+        "cpu_threads": args.cpu_threads,
         "worker_id": worker_id,
     }
 
@@ -99,6 +106,8 @@ def cmd_serve(args) -> int:
     else:
         ray.init(include_dashboard=False, log_to_driver=False)
     use_gpu = ray.cluster_resources().get("GPU", 0) >= 1 and args.device != "cpu"
+    if not use_gpu and args.cpu_threads is None:
+        args.cpu_threads = max(1, (os.cpu_count() or 1) // max(args.workers, 1))
     meta = load_model_meta(args.model)
 
     async def factory(spec: dict):

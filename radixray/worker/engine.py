@@ -75,6 +75,8 @@ class Engine:
         engines (tests); by default the model named in the config is loaded."""
         self.config = config = config or EngineConfig()
         self.device = _resolve_device(config.device)
+        if config.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         model, mcfg, tokenizer = loaded or load_for_engine(config, self.device)
         self.model_config = mcfg
         self.tokenizer = tokenizer

@@ -18,7 +18,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
 def engine(**kw) -> Engine:
-    cfg = dict(model="tiny", page_size=4, device="cpu", seed=0, debug_checks=True)
+    cfg = {"model": "tiny", "page_size": 4, "device": "cpu", "seed": 0, "debug_checks": True}
     cfg.update(kw)
     return Engine(EngineConfig(**cfg))
 
@@ -26,8 +26,10 @@ def engine(**kw) -> Engine:
 def shared_prefix_prompts(seed: int = 0, n: int = 12) -> list[list[int]]:
     rng = random.Random(seed)
     systems = [[rng.randrange(3, 300) for _ in range(rng.randint(9, 30))] for _ in range(3)]
-    return [rng.choice(systems) + [rng.randrange(3, 300) for _ in range(rng.randint(1, 9))]
-            for _ in range(n)]
+    return [
+        rng.choice(systems) + [rng.randrange(3, 300) for _ in range(rng.randint(1, 9))]
+        for _ in range(n)
+    ]
 
 
 def assert_no_leak(e: Engine) -> None:
@@ -47,11 +49,11 @@ def test_reference_outputs_alone_equal_batched_cached_and_under_pressure():
     alone = engine(cache="chunk", max_running=1)
     want = [alone.generate_batch([p], GREEDY)[0].token_ids for p in prompts]
     for cfg in (
-        dict(cache="chunk"),
-        dict(cache="radix"),
-        dict(cache="radix", eviction="lfu", max_batch_tokens=16),
+        {"cache": "chunk"},
+        {"cache": "radix"},
+        {"cache": "radix", "eviction": "lfu", "max_batch_tokens": 16},
         # ~3 prompts' worth of pages: eviction and preemption both happen.
-        dict(cache="radix", num_pages=24, max_batch_tokens=32),
+        {"cache": "radix", "num_pages": 24, "max_batch_tokens": 32},
     ):
         e = engine(**cfg)
         got = tokens(e.generate_batch(prompts, GREEDY))
@@ -135,16 +137,19 @@ def test_same_prefix_together_in_flight_then_cached():
 
 def test_stop_strings_max_tokens_and_seeded_sampling():
     e = engine()
-    base = e.generate_batch(["hello"], SamplingParams(max_tokens=20, temperature=0.0,
-                                                      ignore_eos=True))[0]
+    base = e.generate_batch(
+        ["hello"], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    )[0]
     assert base.finish_reason == "length" and base.completion_tokens == 20
     if len(base.text) >= 4:
         stop = base.text[2:4]
-        cut = e.generate_batch(["hello"], SamplingParams(max_tokens=20, temperature=0.0,
-                                                         ignore_eos=True, stop=[stop]))[0]
+        cut = e.generate_batch(
+            ["hello"], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=[stop])
+        )[0]
         assert cut.finish_reason == "stop" and cut.text == base.text[: base.text.index(stop)]
-    sp = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7,
-                        ignore_eos=True)
+    sp = SamplingParams(
+        max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True
+    )
     a = e.generate_batch(["abc", "xyz"], sp)
     b = e.generate_batch(["xyz", "abc"], sp)
     assert a[0].token_ids == b[1].token_ids and a[1].token_ids == b[0].token_ids
@@ -153,8 +158,9 @@ def test_stop_strings_max_tokens_and_seeded_sampling():
 def test_events_describe_the_cache():
     e = engine(page_size=4)
     prompt = list(range(3, 23))
-    out = e.generate_batch([prompt], SamplingParams(max_tokens=4, temperature=0.0,
-                                                     ignore_eos=True))[0]
+    out = e.generate_batch(
+        [prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )[0]
     stored = [ev for ev in e.take_events() if isinstance(ev, BlockStored)]
     held = {h for ev in stored for h in ev.block_hashes}
     full = prompt + out.token_ids
@@ -171,8 +177,11 @@ def test_streaming_matches_batch_and_early_exit_aborts():
         return chunks
 
     async def leave_early():
-        async for _ in e.generate("leave me", SamplingParams(max_tokens=200, temperature=0.0,
-                                                             ignore_eos=True), request_id="s2"):
+        async for _ in e.generate(
+            "leave me",
+            SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True),
+            request_id="s2",
+        ):
             break
 
     try:
