@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from radixray.cache_index import ApproxIndex
 from radixray.cache_index.events import decode
 
+from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
 from .worker_client import WorkerClient, WorkerUnavailable
 
@@ -52,13 +53,16 @@ class WorkerEntry:
     stats: dict = field(default_factory=dict)
     epoch: str | None = None
     seq: int = -1
-    healthy: bool = True
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     draining: bool = False
-    consecutive_failures: int = 0
     last_ok: float = field(default_factory=time.monotonic)
     inflight: dict[str, _InFlight] = field(default_factory=dict)
     events_applied: int = 0
     snapshots: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.breaker.closed
 
 
 class WorkerPool:
@@ -67,10 +71,12 @@ class WorkerPool:
         index: ApproxIndex,
         poll_interval_s: float = 0.25,
         failure_threshold: int = 2,
+        poll_timeout_s: float = 2.0,
     ):
         self.index = index
         self.poll_interval_s = poll_interval_s
         self.failure_threshold = failure_threshold
+        self.poll_timeout_s = poll_timeout_s
         self.workers: dict[str, WorkerEntry] = {}
         self._poll_task: asyncio.Task | None = None
         self.on_worker_down = None  # callback(worker_id, reason)
@@ -88,7 +94,9 @@ class WorkerPool:
             )
         if client.worker_id in self.workers:
             raise ValueError(f"worker id {client.worker_id!r} is already registered")
-        entry = WorkerEntry(client, client.worker_id, info=info)
+        entry = WorkerEntry(
+            client, client.worker_id, info=info, breaker=CircuitBreaker(self.failure_threshold)
+        )
         self.workers[client.worker_id] = entry
         self.index.add_worker(client.worker_id)
         await self._poll_worker(entry)
@@ -112,14 +120,15 @@ class WorkerPool:
     def mark_down(self, worker_id: str, reason: str) -> None:
         """The worker failed: stop routing to it and forget what it held."""
         entry = self.workers.get(worker_id)
-        if entry is None or not entry.healthy:
-            return
-        log.warning("worker %s is down: %s", worker_id, reason)
-        entry.healthy = False
+        if entry is not None and entry.breaker.trip():
+            self._went_down(entry, reason)
+
+    def _went_down(self, entry: WorkerEntry, reason: str) -> None:
+        log.warning("worker %s is down: %s", entry.worker_id, reason)
         entry.epoch = None  # a later recovery starts from a snapshot
-        self.index.clear(worker_id)
+        self.index.clear(entry.worker_id)
         if self.on_worker_down is not None:
-            self.on_worker_down(worker_id, reason)
+            self.on_worker_down(entry.worker_id, reason)
 
     # ------------------------------------------------------------------ load accounting
 
@@ -179,12 +188,16 @@ class WorkerPool:
     # ------------------------------------------------------------------ polling
 
     async def _poll_worker(self, entry: WorkerEntry) -> None:
+        """One poll; it is also the circuit breaker's probe while the worker is out."""
+        if not entry.breaker.may_probe():
+            return
         try:
-            resp = await entry.client.poll(entry.seq, entry.epoch)
-        except WorkerUnavailable as e:
-            entry.consecutive_failures += 1
-            if entry.consecutive_failures >= self.failure_threshold:
-                self.mark_down(entry.worker_id, str(e))
+            resp = await asyncio.wait_for(
+                entry.client.poll(entry.seq, entry.epoch), self.poll_timeout_s
+            )
+        except (WorkerUnavailable, asyncio.TimeoutError) as e:
+            if entry.breaker.record_failure():
+                self._went_down(entry, f"poll failed: {type(e).__name__}: {e}")
             return
         batch = decode(resp["events"])
         if resp["snapshot"]:
@@ -196,11 +209,9 @@ class WorkerPool:
         entry.seq = resp["seq"]
         entry.report = resp["load"]
         entry.stats = resp.get("stats", {})
-        entry.consecutive_failures = 0
         entry.last_ok = time.monotonic()
-        if not entry.healthy:
+        if entry.breaker.record_success():
             log.info("worker %s is back", entry.worker_id)
-            entry.healthy = True
 
     def kick(self, worker_id: str) -> None:
         """Poll one worker now (its view looked stale), without waiting for the next round."""
