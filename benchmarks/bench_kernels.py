@@ -2,6 +2,7 @@
 
     python benchmarks/bench_kernels.py            # GPU part when CUDA exists, else the CPU part
     python benchmarks/bench_kernels.py --cpu      # the CPU part only
+    python benchmarks/bench_kernels.py --compile-check 90   # registers/spills for sm_90, no GPU
 
 GPU: decode for batch 1/16/64/256 x context 512/4k/32k, GQA 32/8 heads x 128, bf16, page 16.
 Each shape is first checked against the float32 reference (where it fits), then timed with CUDA
@@ -187,9 +188,86 @@ def run_cpu(reps: int) -> None:
         print(f"| {b} | {c} | {med:.1f} | {per_layer:.2f} | {lo:.1f} | {hi:.1f} |")
 
 
+# ---------------------------------------------------------------------------------------------
+# Offline compile check (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+
+
+def run_compile_check(arch: int) -> None:
+    """Compile every kernel configuration the wrappers launch for sm_<arch> with Triton's bundled
+    ptxas and report registers and spill bytes (STACK). Launches specialise strides and pointers
+    divisible by 16, so the check does too: that is what lets loads vectorise."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixray.kernels import triton_decode, triton_extend, triton_store
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    target = GPUTarget("cuda", arch, 32)
+    tl_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+    def compile_one(fn, types: dict, consts: dict, num_warps: int) -> str:
+        signature = {n: types.get(n, "i32") for n in fn.arg_names}
+        signature.update(dict.fromkeys(consts, "constexpr"))
+        attrs = {
+            (i,): [["tt.divisibility", 16]]
+            for i, n in enumerate(fn.arg_names)
+            if n.endswith("_ptr") or n.startswith("stride")
+        }
+        constexprs = {(fn.arg_names.index(n),): v for n, v in consts.items()}
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        kernel = triton.compile(src, target=target, options={"num_warps": num_warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
+        os.unlink(f.name)
+        line = next((ln for ln in usage.splitlines() if "REG:" in ln), "?")
+        return " ".join(w for w in line.split() if w.startswith(("REG:", "STACK:")))
+
+    print(f"| kernel | dtype | head_dim | registers / spill bytes (sm_{arch}) |")
+    print("|---|---|---:|---|")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        t = tl_dtype[dtype]
+        for D in (64, 80, 96, 128, 256):
+            bh, bn, bd, nw = triton_decode._launch_config(D, 4, dtype)
+            types = dict.fromkeys(("q_ptr", "k_cache_ptr", "v_cache_ptr"), f"*{t}")
+            types |= {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "scale_log2": "fp32"}
+            types |= {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+            consts = {"GROUP": 4, "HEAD_DIM": D, "PAGE_SIZE": 16, "UPCAST_DOT": False}
+            consts |= {"BLOCK_H": bh, "BLOCK_N": bn, "BLOCK_D": bd}
+            res = compile_one(triton_decode._decode_split_kernel, types, consts, nw)
+            print(f"| decode | {t} | {D} | {res} |")
+            bm, bn, bd, nw = triton_extend._launch_config(D, dtype)
+            types = dict.fromkeys(("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"), f"*{t}")
+            types |= dict.fromkeys(("block_table_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr"), "*i32")
+            types["scale_log2"] = "fp32"
+            consts = {"GROUP": 4, "HEAD_DIM": D, "PAGE_SIZE": 16, "UPCAST_DOT": False}
+            consts |= {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
+            res = compile_one(triton_extend._extend_kernel, types, consts, nw)
+            print(f"| extend | {t} | {D} | {res} |")
+        types = dict.fromkeys(("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"), f"*{t}")
+        types["slot_mapping_ptr"] = "*i64"
+        consts = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}
+        res = compile_one(triton_store._store_kv_kernel, types, consts, 4)
+        print(f"| store_kv | {t} | 128 | {res} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="run the CPU part only")
+    parser.add_argument(
+        "--compile-check",
+        type=int,
+        metavar="SM",
+        help="compile every Triton kernel config for sm_SM (e.g. 90) offline; report spills",
+    )
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per shape")
     parser.add_argument("--no-check", action="store_true", help="skip the reference checks")
     parser.add_argument(
@@ -202,7 +280,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, python {platform.python_version()}")
-    if torch.cuda.is_available() and not args.cpu:
+    if args.compile_check:
+        run_compile_check(args.compile_check)
+    elif torch.cuda.is_available() and not args.cpu:
         torch.backends.cuda.matmul.allow_tf32 = False
         run_gpu(args.reps or 20, check=not args.no_check)
     else:

@@ -200,13 +200,18 @@ def choose_num_splits(batch: int, kv_heads: int, max_len: int, block_n: int, dev
     return max(1, min(want, useful, _MAX_SPLITS))
 
 
-def _block_sizes(head_dim: int, group: int) -> tuple[int, int, int]:
+def _launch_config(head_dim: int, group: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_N, BLOCK_D, num_warps). The K and V tiles (BLOCK_N x BLOCK_D) live in
+    registers; these are the largest tiles that compile for sm_90 without spilling (ptxas,
+    checked offline with ``benchmarks/bench_kernels.py --compile-check 90``: 96 registers for
+    bf16 D=128). float32 dots run on FMA units, not tensor cores, and need more warps at D=256."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
-    # K and V tiles of BLOCK_N x BLOCK_D stay in registers: 64 x 128 fits four warps; halve
-    # BLOCK_N for head_dim 256 so the tile does not spill.
-    block_n = 64 if block_d <= 128 else 32
-    return block_h, block_n, block_d
+    if block_d <= 128:
+        return block_h, 64, block_d, 4
+    if dtype == torch.float32:
+        return block_h, 32, block_d, 8
+    return block_h, 32, block_d, 4
 
 
 def paged_decode_attention(
@@ -231,7 +236,7 @@ def paged_decode_attention(
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)}")
     if B == 0:
         return out
-    block_h, default_block_n, block_d = _block_sizes(D, group)
+    block_h, default_block_n, block_d, num_warps = _launch_config(D, group, q.dtype)
     block_n = block_n or default_block_n
     if num_splits is None:
         max_len = block_table.shape[1] * P
@@ -272,7 +277,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         UPCAST_DOT=upcast_dot(q.dtype),
-        num_warps=4,
+        num_warps=num_warps,
     )
     _decode_merge_kernel[(B, Hq)](
         part_out,

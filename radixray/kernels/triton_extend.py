@@ -114,6 +114,18 @@ def _extend_kernel(
     )
 
 
+def _launch_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps). Q, K, V tiles live in registers: these are the
+    largest that compile for sm_90 without spilling (ptxas, checked offline with
+    ``benchmarks/bench_kernels.py --compile-check 90``). fp16/bf16 dots use tensor cores; float32
+    dots run on FMA units and need 32-row tiles and eight warps. BLOCK_M = 64 still leaves
+    enough programs for prefills of a few hundred tokens."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if dtype == torch.float32:
+        return 32, (32 if block_d <= 128 else 16), block_d, 8
+    return 64, (64 if block_d <= 128 else 32), block_d, 4
+
+
 def extend_attention(
     q: torch.Tensor,  # [T, Hq, D], same dtype as the cache
     k_cache: torch.Tensor,  # [num_pages, P, Hkv, D] (the new tokens' K/V already stored)
@@ -137,12 +149,7 @@ def extend_attention(
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)}")
     if T == 0 or B == 0:
         return out
-    block_d = max(16, triton.next_power_of_2(D))
-    # Q, K and V tiles of 64 x BLOCK_D in registers fit four warps up to D = 128; D = 256
-    # halves the key step. BLOCK_M = 64 keeps enough programs for prefills of a few hundred
-    # tokens while amortising each K/V tile over 64 queries.
-    block_m = 64
-    block_n = 64 if block_d <= 128 else 32
+    block_m, block_n, block_d, num_warps = _launch_config(D, q.dtype)
     if block_sizes is not None:
         block_m, block_n = block_sizes
     max_q = T if max_seqlen_q is None else max_seqlen_q
@@ -174,6 +181,6 @@ def extend_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         UPCAST_DOT=upcast_dot(q.dtype),
-        num_warps=4,
+        num_warps=num_warps,
     )
     return out
