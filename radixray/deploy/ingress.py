@@ -1,0 +1,68 @@
+"""The ingress deployment: radixray's router (the same FastAPI app as ``radixray serve``) in a
+Serve replica, with the worker deployment's replicas as its workers.
+
+Each ingress replica owns a ``RouterService`` (its own index, fed by every worker replica's KV
+events through pinned ``poll`` calls) and a ``ReplicaMembership`` that follows Serve's replica
+set. The app is built at replica start (``__serve_build_asgi_app__``, Serve's late-bound ASGI
+ingress), because it wraps this replica's service; its lifespan waits for the first worker so
+that the application only reports RUNNING once it can answer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixray.router.app import build_app
+from radixray.router.model_meta import load_model_meta
+from radixray.router.service import RouterService
+
+from .config import ServeAppConfig
+from .membership import ReplicaMembership
+from .replicas import running_replicas
+from .serve_client import ServeWorkerClient
+
+__all__ = ["RouterIngress"]
+
+log = logging.getLogger(__name__)
+
+
+class RouterIngress:
+    def __init__(self, workers, config: dict):
+        """``workers``: the worker deployment's handle; ``config``: ``ServeAppConfig`` as a dict
+        (what ``build_app`` was given)."""
+        self.config = cfg = ServeAppConfig.from_dict(config)
+        self.service = RouterService(
+            load_model_meta(cfg.model, cfg.served_model_name), cfg.router_settings()
+        )
+        app_name, dep_name = workers.app_name, workers.deployment_name
+
+        def is_running(rid: str) -> bool:
+            ids = running_replicas(app_name, dep_name)
+            return ids is None or rid in ids
+
+        self.membership = ReplicaMembership(
+            self.service,
+            lambda: running_replicas(app_name, dep_name),
+            lambda rid: ServeWorkerClient(workers, rid, is_running),
+        )
+        # Creating the streaming handle starts the handle's router, which starts hearing the
+        # replica set: membership is known without sending a request first.
+        self._workers = workers.options(stream=False)
+
+    async def _startup(self) -> None:
+        wait_s = self.config.router.startup_wait_s
+        n = await self.membership.wait_for_workers(1, wait_s)
+        if n == 0:
+            log.warning(
+                "no worker replica joined within %.0f s; serving 503 until one does", wait_s
+            )
+        self.membership.start()
+
+    def __serve_build_asgi_app__(self):
+        app = build_app(self.service, on_startup=[self._startup])
+        app.state.membership = self.membership
+        return app
+
+    async def __del__(self):
+        await self.membership.stop()
+        await self.service.stop()

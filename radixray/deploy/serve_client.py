@@ -1,0 +1,100 @@
+"""``ServeWorkerClient``: radixray's ``WorkerClient`` protocol over a Serve deployment handle,
+pinned to one worker replica (see ``replica_router``).
+
+Transport failures (the replica is gone, its actor died, Serve refused the call, a timeout)
+surface as ``WorkerUnavailable``, as with ``RayWorkerClient``, so the radixray router retries
+requests that have not streamed a token yet and marks the worker down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from radixray.router.worker_client import WorkerUnavailable
+
+from .replicas import TARGET_KWARG, ReplicaGone
+
+__all__ = ["ServeWorkerClient"]
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    import ray.exceptions as rex
+    from ray.serve.exceptions import RayServeException
+
+    return (
+        ReplicaGone,
+        RayServeException,  # back-pressure, deployment unavailable, cancelled
+        rex.RayActorError,  # ActorDiedError, ActorUnavailableError
+        rex.ObjectLostError,
+        rex.WorkerCrashedError,
+        rex.NodeDiedError,
+        rex.GetTimeoutError,
+        asyncio.TimeoutError,
+    )
+
+
+class ServeWorkerClient:
+    """One worker replica. Every call is awaited (never ``ray.get`` in async code)."""
+
+    def __init__(
+        self,
+        handle,
+        replica_id: str,
+        is_running: Callable[[str], bool] | None = None,
+        call_timeout_s: float = 10.0,
+        ready_timeout_s: float = 600.0,
+    ):
+        """``handle``: the worker deployment's handle (its router is ``PinnedReplicaRouter``);
+        ``is_running(replica_id)``: whether Serve still lists the replica (fail fast when not)."""
+        self.worker_id = replica_id
+        self.handle = handle
+        self._stream = handle.options(stream=True)
+        self._is_running = is_running or (lambda _rid: True)
+        self.call_timeout_s = call_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self._errors = _transport_errors()
+
+    def _unavailable(self, e: BaseException) -> WorkerUnavailable:
+        return WorkerUnavailable(f"worker {self.worker_id}: {type(e).__name__}: {e}")
+
+    def _require_running(self) -> None:
+        if not self._is_running(self.worker_id):
+            raise WorkerUnavailable(f"worker {self.worker_id}: replica is no longer running")
+
+    async def _call(self, method: str, *args, timeout_s: float | None = None):
+        self._require_running()
+        try:
+            resp = getattr(self.handle, method).remote(*args, **{TARGET_KWARG: self.worker_id})
+            return await asyncio.wait_for(resp, timeout_s or self.call_timeout_s)
+        except self._errors as e:
+            raise self._unavailable(e) from e
+
+    async def generate(self, prompt_ids, params, request_id, extra_key=None):
+        self._require_running()
+        try:
+            gen = self._stream.generate.remote(
+                list(prompt_ids), params, request_id, extra_key, **{TARGET_KWARG: self.worker_id}
+            )
+            async for chunk in gen:
+                yield chunk
+        except self._errors as e:
+            raise self._unavailable(e) from e
+
+    async def abort(self, request_id: str) -> None:
+        await self._call("abort", request_id)
+
+    async def poll(self, since_seq: int, epoch: str | None) -> dict:
+        return await self._call("poll", since_seq, epoch)
+
+    async def health(self) -> dict:
+        return await self._call("health")
+
+    async def info(self) -> dict:
+        return await self._call("info", timeout_s=self.ready_timeout_s)
+
+    async def check_integrity(self) -> dict:
+        return await self._call("check_integrity", timeout_s=60.0)
+
+    async def close(self) -> None:
+        """Nothing to do: Serve owns the replica's lifecycle (scale down, restarts)."""
