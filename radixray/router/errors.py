@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .openai_api import error_body
 
@@ -51,6 +52,16 @@ def install_error_handlers(app) -> None:
             error_body(exc.message, exc.type, exc.param, exc.code),
             status_code=exc.status,
             headers=exc.headers,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # Unknown routes, wrong methods: still OpenAI's error shape.
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            error_body(str(exc.detail), kind, None, None),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)

@@ -34,7 +34,7 @@ class _Sampling(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), lt=2**63)] | None = None
     user: str | None = None
     stream: StrictBool = False
     stream_options: dict[str, Any] | None = None

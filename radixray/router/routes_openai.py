@@ -52,8 +52,16 @@ def openai_routes(service: RouterService) -> APIRouter:
                 code="context_length_exceeded",
             )
         room = limit - len(prompt_ids)
+        cap = service.settings.max_tokens_limit
         if max_tokens is None:
-            return room
+            return min(room, cap)
+        if max_tokens > cap:
+            raise ApiError(
+                400,
+                f"max_tokens is {max_tokens}; this server allows at most {cap}",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
         if max_tokens > room:
             raise ApiError(
                 400,

@@ -31,6 +31,7 @@ class RouterSettings:
     admin_token: str | None = None  # None: the admin routes are off
     enable_debug: bool = True
     max_body_bytes: int = 4 << 20
+    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
     max_inflight: int = 1024  # accepted requests in flight across all workers
     max_inflight_per_worker: int = 256
     retry_after_s: int = 1

@@ -180,27 +180,36 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[GenerationChunk]:
-        """Run one scheduled step; return the chunks it produced."""
+        """Run one scheduled step; return the chunks it produced. If the step fails, every
+        request is ended with an error (its pages freed) before the exception propagates: a
+        broken batch must not stay in the queue and fail every later step too."""
         with self._lock:
             self._drain_inbox()
             batch = self.scheduler.schedule()
             if not batch.items:
                 return []
-            for it in batch.items:
-                tr = self._tracked[it.req.request_id]
-                if not tr.admitted:
-                    tr.admitted = True
-                    self.stats_.record_admission(it.req.num_prompt, it.req.miss)
-            t0 = time.perf_counter()
-            logits = self.runner.run(batch)
-            dt = time.perf_counter() - t0
-            self.scheduler.postprocess(batch)
-            out = self._emit(batch, logits)
-            decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.req.output_ids)
-            self.stats_.record_step(batch.num_tokens - decode, decode, dt)
-            if self.config.debug_checks:
-                self.scheduler.check_integrity()
-            return out
+            try:
+                return self._run(batch)
+            except Exception as e:
+                self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+                raise
+
+    def _run(self, batch: Batch) -> list[GenerationChunk]:
+        for it in batch.items:
+            tr = self._tracked[it.req.request_id]
+            if not tr.admitted:
+                tr.admitted = True
+                self.stats_.record_admission(it.req.num_prompt, it.req.miss)
+        t0 = time.perf_counter()
+        logits = self.runner.run(batch)
+        dt = time.perf_counter() - t0
+        self.scheduler.postprocess(batch)
+        out = self._emit(batch, logits)
+        decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.req.output_ids)
+        self.stats_.record_step(batch.num_tokens - decode, decode, dt)
+        if self.config.debug_checks:
+            self.scheduler.check_integrity()
+        return out
 
     def _emit(self, batch: Batch, logits: torch.Tensor) -> list[GenerationChunk]:
         items = [it for it in batch.items if it.sample]
@@ -413,9 +422,8 @@ class Engine:
             if not self._inbox.empty() or self.scheduler.has_work():
                 try:
                     self.step()
-                except Exception as e:  # a failed step must not leave streams hanging
+                except Exception:  # step() already ended the affected streams with an error
                     log.exception("engine step failed")
-                    self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()

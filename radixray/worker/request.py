@@ -46,8 +46,12 @@ class SamplingParams:
             bad("top_p", "a number in (0, 1]")
         if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
             bad("top_k", "-1 (off) or an int >= 1")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", "an int or None")
+        if self.seed is not None and (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not -(2**63) <= self.seed < 2**63
+        ):
+            bad("seed", "None or an int in the 64-bit signed range")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))

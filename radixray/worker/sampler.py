@@ -8,6 +8,8 @@ from .request import SamplingParams
 
 __all__ = ["Sampler"]
 
+_MIN_TEMPERATURE = 1e-5
+
 
 class Sampler:
     """Samples one token per row of logits. A request with ``seed`` gets its own generator, so
@@ -25,8 +27,9 @@ class Sampler:
             return self._default
         gen = self._per_request.get(request_id)
         if gen is None:
+            # manual_seed takes [-2**63, 2**64): fold signed seeds into the unsigned range.
             gen = self._per_request[request_id] = torch.Generator(device="cpu").manual_seed(
-                params.seed
+                params.seed % (1 << 64)
             )
         return gen
 
@@ -39,7 +42,9 @@ class Sampler:
         for i, p in enumerate(params):
             if p.greedy:
                 continue
-            row = logits[i].cpu() / p.temperature
+            # Below _MIN_TEMPERATURE the distribution is one-hot in float32 anyway; dividing by
+            # a subnormal temperature would overflow the logits to inf and the softmax to NaN.
+            row = logits[i].cpu() / max(p.temperature, _MIN_TEMPERATURE)
             if p.top_k > 0 and p.top_k < row.numel():
                 kth = torch.topk(row, p.top_k).values[-1]
                 row = row.masked_fill(row < kth, float("-inf"))
@@ -49,6 +54,7 @@ class Sampler:
                 cum = torch.cumsum(sorted_p, dim=-1)
                 # Keep the smallest set whose mass reaches top_p (the first token always stays).
                 drop = cum - sorted_p >= p.top_p
+                drop[0] = False  # even a top_p that rounds to 0 in float32 keeps the top token
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
                 probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
             gen = self._generator(request_ids[i], p)

@@ -64,3 +64,21 @@ class LiveServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(60)
+
+
+def inprocess_service(
+    n_workers: int = 2, page_size: int = 4, engine: dict | None = None, **settings
+):
+    """A RouterService over ``n_workers`` real in-process WorkerHosts on the tiny model."""
+    from radixray.router.model_meta import load_model_meta
+    from radixray.router.service import RouterService, RouterSettings
+    from radixray.router.worker_client import LocalWorkerClient
+    from radixray.worker.actor import WorkerHost
+
+    settings.setdefault("poll_interval_s", 0.1)
+    service = RouterService(
+        load_model_meta("tiny"), RouterSettings(page_size=page_size, **settings)
+    )
+    cfg = {"model": "tiny", "page_size": page_size} | (engine or {})
+    hosts = [WorkerHost(cfg, f"w{i}") for i in range(n_workers)]
+    return service, hosts, lambda: [LocalWorkerClient(h) for h in hosts]

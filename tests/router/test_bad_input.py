@@ -1,0 +1,138 @@
+"""A battery of bad requests: each gets a 4xx in OpenAI's error shape naming the parameter;
+nothing is a 5xx, nothing crashes, and the workers are left clean."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .serving import LiveServer, inprocess_service
+
+C = "/v1/completions"
+CH = "/v1/chat/completions"
+OK_MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def url():
+    service, hosts, clients = inprocess_service(2, max_tokens_limit=64)
+    with LiveServer(service, clients) as u:
+        yield u
+    for h in hosts:
+        assert h.engine.cache.protected_tokens == 0
+        h.engine.check_integrity()
+        h.shutdown()
+
+
+def comp(**kw):
+    return {"model": "tiny", "prompt": "x"} | kw
+
+
+def chat(**kw):
+    return {"model": "tiny", "messages": OK_MSG} | kw
+
+
+CASES = [
+    # (route, body, status, param)
+    (C, comp(max_tokens=0), 400, "max_tokens"),
+    (C, comp(max_tokens=-5), 400, "max_tokens"),
+    (C, comp(max_tokens="ten"), 400, "max_tokens"),
+    (C, comp(max_tokens=1.5), 400, "max_tokens"),
+    (C, comp(max_tokens=10**6), 400, "max_tokens"),
+    (C, comp(max_tokens=65), 400, "max_tokens"),
+    (C, comp(temperature=5), 400, "temperature"),
+    (C, comp(temperature=-1), 400, "temperature"),
+    (C, comp(temperature="hot"), 400, "temperature"),
+    (C, comp(top_p=0), 400, "top_p"),
+    (C, comp(top_p=1.5), 400, "top_p"),
+    (C, comp(prompt=""), 400, "prompt"),
+    (C, {"model": "tiny"}, 400, "prompt"),
+    (C, comp(prompt=[]), 400, "prompt"),
+    (C, comp(prompt=[1, 99999]), 400, "prompt"),
+    (C, comp(prompt=[-1]), 400, "prompt"),
+    (C, comp(prompt=["a", "b"]), 400, "prompt"),
+    (C, comp(prompt=123), 400, "prompt"),
+    (C, comp(prompt={"x": 1}), 400, "prompt"),
+    (C, comp(prompt="z" * 5000), 400, "prompt"),
+    (C, {"prompt": "x"}, 400, "model"),
+    (C, comp(model="nope"), 404, "model"),
+    (C, comp(model=5), 400, "model"),
+    (C, comp(frobnicate=1), 400, "frobnicate"),
+    (C, comp(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    (C, comp(stop=[""]), 400, "stop"),
+    (C, comp(stop=123), 400, "stop"),
+    (C, comp(n=2), 400, "n"),
+    (C, comp(stream="yes"), 400, "stream"),
+    (C, comp(seed="x"), 400, "seed"),
+    (C, comp(seed=1.5), 400, "seed"),
+    (C, comp(echo=True), 400, "echo"),
+    (C, comp(logprobs=3), 400, "logprobs"),
+    (C, comp(best_of=2), 400, "best_of"),
+    (C, comp(presence_penalty=0.5), 400, "presence_penalty"),
+    (C, comp(stream_options={"foo": 1}), 400, "stream_options"),
+    (C, comp(user=5), 400, "user"),
+    (CH, chat(messages=[]), 400, "messages"),
+    (CH, chat(messages="hi"), 400, "messages"),
+    (CH, chat(messages=[1]), 400, "messages[0]"),
+    (CH, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
+    (CH, chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
+    (CH, chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
+    (CH, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    (CH, chat(messages=[{"role": "user", "content": "x", "extra": 1}]), 400, "messages[0].extra"),
+    (
+        CH,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "url": "x"}]}]),
+        400,
+        "messages[0].content",
+    ),
+    (CH, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    (CH, chat(max_tokens=10**9), 400, "max_tokens"),
+    (CH, chat(model="nope"), 404, "model"),
+    (CH, chat(messages=[{"role": "user", "content": "y" * 5000}]), 400, "messages"),
+    (CH, chat(temperature=3), 400, "temperature"),
+    (CH, chat(stop=[""]), 400, "stop"),
+    (CH, chat(tools=[]), 400, "tools"),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "param"), CASES, ids=[f"{i}-{c[3]}" for i, c in enumerate(CASES)]
+)
+def test_bad_request_names_the_parameter(url, route, body, status, param):
+    r = httpx.post(url + route, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["message"] and err["type"]
+
+
+RAW = [
+    (b"{not json", 400),
+    (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400),
+    (b"[1, 2, 3]", 400),
+    (b"", 400),
+    (b"null", 400),
+]
+
+
+@pytest.mark.parametrize(("raw", "status"), RAW)
+def test_bad_bodies(url, raw, status):
+    r = httpx.post(url + C, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert "error" in r.json()
+
+
+def test_oversized_body_and_unknown_route_and_method(url):
+    r = httpx.post(
+        url + C, content=b"x" * (4 << 20 + 1), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    r = httpx.get(url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(url + C)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_server_still_serves_after_the_battery(url):
+    r = httpx.post(url + C, json=comp(max_tokens=3), timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
