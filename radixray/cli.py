@@ -1,4 +1,4 @@
-"""``radixray serve | worker | sim``: the command line."""
+"""``radixray serve | worker | sim | bench``: the command line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 __all__ = ["main"]
 
 log = logging.getLogger("radixray")
+NAMESPACE = "radixray"
+ACTOR_PREFIX = "radixray-"  # worker actors are named radixray-<worker id>
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -93,6 +95,8 @@ def _serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
 
 
 def cmd_serve(args) -> int:
+    if args.worker_urls:
+        return _serve_http_workers(args)
     import ray
 
     from radixray.router.app import build_app
@@ -101,10 +105,11 @@ def cmd_serve(args) -> int:
     from radixray.router.worker_client import RayWorkerClient
     from radixray.worker.actor import WorkerActor, worker_actor_options
 
+    # One namespace, so that a second router (--join) finds the workers by name.
     if args.address:
-        ray.init(address=args.address, log_to_driver=False)
+        ray.init(address=args.address, log_to_driver=False, namespace=NAMESPACE)
     else:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
     use_gpu = ray.cluster_resources().get("GPU", 0) >= 1 and args.device != "cpu"
     if not use_gpu and args.cpu_threads is None:
         args.cpu_threads = max(1, (os.cpu_count() or 1) // max(args.workers, 1))
@@ -123,8 +128,12 @@ def cmd_serve(args) -> int:
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
 
     async def start_workers():
-        print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
-        clients = [await factory({"worker_id": f"worker-{i}"}) for i in range(args.workers)]
+        if args.join:
+            clients = _named_workers()
+            print(f"joining {len(clients)} running workers", flush=True)
+        else:
+            print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
+            clients = [await factory({"worker_id": f"worker-{i}"}) for i in range(args.workers)]
         await asyncio.gather(*(service.add_worker(c) for c in clients))
 
     app = build_app(service, on_startup=[start_workers])
@@ -142,8 +151,60 @@ def cmd_serve(args) -> int:
     try:
         _serve_uvicorn(app, args.host, args.port, ready)
     finally:
-        asyncio.run(service.close())
+        if args.join:  # the workers belong to the router that started them
+            asyncio.run(service.stop())
+        else:
+            asyncio.run(service.close())
         ray.shutdown()
+    return 0
+
+
+def _named_workers():
+    """Clients for every running radixray worker actor in the namespace (for --join)."""
+    import ray
+
+    from radixray.router.worker_client import RayWorkerClient
+
+    names = sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(ACTOR_PREFIX) and a["namespace"] == NAMESPACE
+    )
+    if not names:
+        raise SystemExit(
+            f"--join: no worker actors named {ACTOR_PREFIX}* in namespace {NAMESPACE!r}"
+        )
+    return [
+        RayWorkerClient(ray.get_actor(n, namespace=NAMESPACE), n[len(ACTOR_PREFIX) :])
+        for n in names
+    ]
+
+
+def _serve_http_workers(args) -> int:
+    """The router in front of running ``radixray worker`` processes (no Ray): it polls their
+    KV events over HTTP as it polls actors."""
+    from radixray.router.app import build_app
+    from radixray.router.http_worker import HttpWorkerClient
+    from radixray.router.model_meta import load_model_meta
+    from radixray.router.service import RouterService
+
+    meta = load_model_meta(args.model)
+    service = RouterService(meta, _settings(args, args.policy))
+
+    async def connect_workers():
+        clients = [await HttpWorkerClient.connect(u) for u in args.worker_urls]
+        await asyncio.gather(*(service.add_worker(c) for c in clients))
+
+    app = build_app(service, on_startup=[connect_workers])
+
+    def ready():
+        n, url = len(args.worker_urls), f"http://{args.host}:{args.port}"
+        print(f"radixray router on {url} (policy {args.policy}, {n} HTTP workers)", flush=True)
+
+    try:
+        _serve_uvicorn(app, args.host, args.port, ready)
+    finally:
+        asyncio.run(service.close())
     return 0
 
 
@@ -180,10 +241,18 @@ def cmd_sim(argv: list[str]) -> int:
     return sim_main(argv)
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from radixray.bench.cli import main as bench_main
+
+    return bench_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sim":
         return cmd_sim(argv[1:])
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
     parser = argparse.ArgumentParser(prog="radixray", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="start Ray workers and the router (OpenAI API)")
@@ -198,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="CPUs reserved per CPU worker (fractions let 2 workers share a core)",
     )
+    s.add_argument(
+        "--worker-urls",
+        nargs="+",
+        default=None,
+        help="front running `radixray worker` processes over HTTP instead of starting Ray actors",
+    )
     _engine_args(s)
     _router_args(s)
     w = sub.add_parser("worker", help="one engine behind an OpenAI-compatible HTTP API")
@@ -206,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     _router_args(w)
     w.set_defaults(port=9001)
     sub.add_parser("sim", help="trace-driven routing simulator (see radixray sim --help)")
+    sub.add_parser("bench", help="live serving benchmark (see radixray bench --help)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -40,6 +40,8 @@ class _Sampling(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
     # Accepted for compatibility; radixray does not apply penalties yet, so only 0 is allowed.
+    # Extensions vLLM and SGLang accept too: generate exactly max_tokens (benchmarks).
+    ignore_eos: StrictBool = False
     presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
 

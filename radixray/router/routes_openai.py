@@ -79,6 +79,7 @@ def openai_routes(service: RouterService) -> APIRouter:
             "top_p": req.top_p,
             "seed": req.seed,
             "stop": tuple(req.stop or ()),
+            "ignore_eos": req.ignore_eos,
         }
 
     async def open_stream(prompt_ids: list[int], params: dict, user: str | None) -> RoutedStream:

@@ -20,6 +20,12 @@ class AddWorker(BaseModel):
     engine: dict = Field(default_factory=dict)  # EngineConfig fields for the new worker
 
 
+def _digest(hashes) -> str:
+    """Order-free fingerprint of a set of block hashes: two routers whose views of a worker
+    agree report the same digest."""
+    return f"{len(hashes)}:{sum(hashes) % (1 << 64):016x}"
+
+
 def ops_routes(service: RouterService) -> APIRouter:
     api = APIRouter()
     s = service.settings
@@ -91,6 +97,7 @@ def ops_routes(service: RouterService) -> APIRouter:
                 "free_pages": st.get("free_pages"),
                 "total_pages": st.get("total_pages"),
                 "index_blocks": service.index.num_blocks(e.worker_id),
+                "index_digest": _digest(service.index.blocks(e.worker_id)),
                 "events_applied": e.events_applied,
                 "snapshots": e.snapshots,
             }

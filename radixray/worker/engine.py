@@ -452,7 +452,8 @@ class Engine:
         sched, alloc = self.scheduler, self.pool.allocator
         s.update(
             running=len(sched.running),
-            waiting=len(sched.waiting),
+            # Requests still in the inbox are waiting too: they are accepted, not yet queued.
+            waiting=len(sched.waiting) + self._inbox.qsize(),
             queued_prefill_tokens=sum(r.num_tokens - r.num_computed for r in sched.waiting)
             + sum(r.num_tokens - r.num_computed - 1 for r in sched.running if r.in_prefill),
             active_decode_tokens=sum(r.num_tokens for r in sched.running),
