@@ -82,3 +82,51 @@ def inprocess_service(
     cfg = {"model": "tiny", "page_size": page_size} | (engine or {})
     hosts = [WorkerHost(cfg, f"w{i}") for i in range(n_workers)]
     return service, hosts, lambda: [LocalWorkerClient(h) for h in hosts]
+
+
+def stream_completion(url: str, body: dict, timeout: float = 120, stop_after: int | None = None):
+    """POST a streaming completion and read its SSE events. Returns a dict: status, worker,
+    chunks (text pieces), error (an SSE error event's message, if any), done ([DONE] seen).
+    ``stop_after``: close the connection after that many events (a client that goes away)."""
+    import json
+
+    import httpx
+
+    out = {
+        "status": None,
+        "worker": None,
+        "chunks": [],
+        "error": None,
+        "done": False,
+        "finish_reason": None,
+    }
+    with (
+        httpx.Client(timeout=timeout) as client,
+        client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as r,
+    ):
+        out["status"] = r.status_code
+        out["worker"] = r.headers.get("x-radixray-worker")
+        if r.status_code != 200:
+            r.read()
+            out["error"] = r.text
+            return out
+        events = 0
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                out["done"] = True
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                out["error"] = obj["error"]["message"]
+                continue
+            for ch in obj.get("choices", []):
+                out["chunks"].append(ch.get("text", ""))
+                if ch.get("finish_reason"):
+                    out["finish_reason"] = ch["finish_reason"]
+            events += 1
+            if stop_after is not None and events >= stop_after:
+                break
+    return out
