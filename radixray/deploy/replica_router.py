@@ -31,8 +31,17 @@ class PinnedReplicaRouter(RequestRouter):
 
     def update_replicas(self, running: list[RunningReplica]) -> None:
         super().update_replicas(running)
+        self._publish()
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        # A call found the actor dead before the controller said so: stop listing it now, so
+        # the ingress fails calls to it without routing them.
+        super().on_replica_actor_died(replica_id)
+        self._publish()
+
+    def _publish(self) -> None:
         dep = self._deployment_id
-        replicas.publish(dep.app_name, dep.name, (r.replica_id.unique_id for r in running))
+        replicas.publish(dep.app_name, dep.name, (rid.unique_id for rid in self.curr_replicas))
 
     async def choose_replicas(
         self,
@@ -55,6 +64,12 @@ class PinnedReplicaRouter(RequestRouter):
             pending_request.future.set_exception(
                 replicas.ReplicaGone(f"worker replica {target!r} is not running")
             )
+            # Serve indexes pending requests by internal id and drops the entry only when it
+            # fulfills or cancels one; a request failed here would stay indexed for ever.
+            # (The same helper FIFOMixin uses; absent in other Ray versions: then skip.)
+            forget = getattr(self, "_remove_pending_request_from_indices", None)
+            if forget is not None:
+                forget(pending_request)
         # Serve's routing loop only checks for a finished request after a non-empty rank: hand
         # it one (never used: the request is already failed) so that the loop ends here.
         return [candidate_replicas[:1]]

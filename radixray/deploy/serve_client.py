@@ -1,6 +1,14 @@
 """``ServeWorkerClient``: radixray's ``WorkerClient`` protocol over a Serve deployment handle,
 pinned to one worker replica (see ``replica_router``).
 
+Every call is issued outside the caller's Serve request context. Inside an ingress request, Serve
+stamps each handle call with the *parent request's* internal id, and its request router keys
+pending calls by that id: the radixray router's retry after a failed first attempt (or a poll
+kicked during a request) would then share an id with an earlier call, and Serve's router could
+not tell them apart (the retry was never dispatched: found by the replica-kill test). A fresh
+``contextvars.Context`` gives each call its own ids; client disconnects are still handled by
+radixray (``abort`` + closing the stream), not by Serve's parent-cancellation.
+
 Transport failures (the replica is gone, its actor died, Serve refused the call, a timeout)
 surface as ``WorkerUnavailable``, as with ``RayWorkerClient``, so the radixray router retries
 requests that have not streamed a token yet and marks the worker down.
@@ -9,6 +17,7 @@ requests that have not streamed a token yet and marks the worker down.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 
 from radixray.router.worker_client import WorkerUnavailable
@@ -32,6 +41,11 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
         rex.GetTimeoutError,
         asyncio.TimeoutError,
     )
+
+
+def _detached(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in an empty context: no Serve request context to inherit."""
+    return contextvars.Context().run(fn, *args, **kwargs)
 
 
 class ServeWorkerClient:
@@ -65,7 +79,8 @@ class ServeWorkerClient:
     async def _call(self, method: str, *args, timeout_s: float | None = None):
         self._require_running()
         try:
-            resp = getattr(self.handle, method).remote(*args, **{TARGET_KWARG: self.worker_id})
+            method_handle = getattr(self.handle, method)
+            resp = _detached(method_handle.remote, *args, **{TARGET_KWARG: self.worker_id})
             return await asyncio.wait_for(resp, timeout_s or self.call_timeout_s)
         except self._errors as e:
             raise self._unavailable(e) from e
@@ -73,8 +88,13 @@ class ServeWorkerClient:
     async def generate(self, prompt_ids, params, request_id, extra_key=None):
         self._require_running()
         try:
-            gen = self._stream.generate.remote(
-                list(prompt_ids), params, request_id, extra_key, **{TARGET_KWARG: self.worker_id}
+            gen = _detached(
+                self._stream.generate.remote,
+                list(prompt_ids),
+                params,
+                request_id,
+                extra_key,
+                **{TARGET_KWARG: self.worker_id},
             )
             async for chunk in gen:
                 yield chunk

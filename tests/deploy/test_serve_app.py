@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -49,13 +50,8 @@ def app_url():
         ray.shutdown()
 
 
-def test_openai_requests_and_prefix_affinity_under_serve(app_url):
-    url, args = app_url
-    health = httpx.get(f"{url}/health", timeout=30).json()
-    assert health["status"] == "ok" and health["healthy_workers"] == 2, health
-
+def _asker(url: str):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-    assert [m.id for m in client.models.list().data] == ["tiny"]
 
     def ask(prefix: int, q: int) -> tuple[int, str, int]:
         raw = client.completions.with_raw_response.create(
@@ -69,6 +65,17 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
             raw.headers["x-radixray-worker"],
             raw.parse().usage.prompt_tokens_details.cached_tokens,
         )
+
+    return client, ask
+
+
+def test_openai_requests_and_prefix_affinity_under_serve(app_url):
+    url, args = app_url
+    health = httpx.get(f"{url}/health", timeout=30).json()
+    assert health["status"] == "ok" and health["healthy_workers"] == 2, health
+
+    client, ask = _asker(url)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
 
     with cf.ThreadPoolExecutor(4) as pool:
         first = list(pool.map(lambda p: ask(p, 0), range(4)))
@@ -100,3 +107,28 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
     for wid in set(home.values()):
         pages = workers.check_integrity.remote(replica=wid).result(timeout_s=60)
         assert pages["running"] == 0 and pages["free_pages"] > 0, (wid, pages)
+
+
+def test_a_killed_worker_replica_is_routed_around_and_replaced(app_url):
+    url, _ = app_url
+    _, ask = _asker(url)
+    _, victim, _ = ask(7, 0)
+    # The replica actor's name as Serve documents it for fault-injection: SERVE_REPLICA::app#dep#id
+    actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{WORKER_DEPLOYMENT}#{victim}", namespace="serve")
+    ray.kill(actor, no_restart=True)
+    # The prefix's home is gone: its requests are retried on (then stay with) the survivor.
+    served = {ask(7, q)[1] for q in range(1, 4)}
+    assert victim not in served and len(served) == 1, (victim, served)
+
+    # Serve starts a replacement replica; the router drains the dead one and adds the new one.
+    deadline = time.monotonic() + 60
+    while True:
+        workers = httpx.get(f"{url}/debug/cache", timeout=30).json()["workers"]
+        if victim not in workers and len(workers) == 2:
+            break
+        assert time.monotonic() < deadline, workers
+        time.sleep(0.5)
+    assert all(w["healthy"] for w in workers.values()), workers
+    with cf.ThreadPoolExecutor(4) as pool:
+        spread = {w for _, w, _ in pool.map(lambda p: ask(100 + p, 0), range(4))}
+    assert spread == set(workers), (spread, set(workers))  # the new replica takes traffic

@@ -78,6 +78,7 @@ def _pending(**kwargs):
         kwargs=kwargs,
         routing_context=SimpleNamespace(should_backoff=False),
         future=loop.create_future(),
+        metadata=SimpleNamespace(internal_request_id=f"req-{kwargs}", multiplexed_model_id=""),
     )
 
 
@@ -89,7 +90,9 @@ async def test_pinned_router_returns_exactly_the_target_or_fails_fast():
     assert req.routing_context.should_backoff and not req.future.done()
 
     gone = _pending(replica="z")
+    router._pending_requests_by_id = {gone.metadata.internal_request_id: gone}
     ranks = await router.choose_replicas(reps, gone)
+    assert router._pending_requests_by_id == {}  # a failed request is not left indexed
     assert len(ranks) == 1 and len(ranks[0]) == 1  # non-empty: Serve's loop sees the failure
     with pytest.raises(replicas.ReplicaGone, match="'z'"):
         gone.future.result()
