@@ -262,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         "--address", default=None, help="Ray address (auto, ray://...); default: start a local Ray"
     )
     s.add_argument(
+        "--join",
+        action="store_true",
+        help="start no workers: route to the running ones (a second router replica on the "
+        "same cluster; use with --address)",
+    )
+    s.add_argument(
         "--worker-cpus",
         type=float,
         default=0.5,
