@@ -72,3 +72,67 @@ def test_prefixes_concentrate_per_worker_and_spread_over_nodes(cluster):
     for p, w, cached in later:
         assert w == home[p], (p, w, home)  # each prefix stays where it is cached
         assert cached >= 8 * len("[system prompt 0] ") - 4
+
+
+def test_removing_a_node_under_load(cluster):
+    """A node leaves the cluster mid-burst: its worker's unstarted requests complete elsewhere,
+    its started streams end with an error event, the router keeps serving."""
+    import concurrent.futures as cf
+    import time
+
+    import httpx
+
+    from .serving import stream_completion
+
+    node_c = cluster.add_node(num_cpus=1, resources={"node_c": 1})
+    cluster.wait_for_nodes()
+    handles = {
+        wid: WorkerActor.options(
+            **worker_actor_options(False, num_cpus=0.5, resources={node: 0.01})
+        ).remote({"model": "tiny", "page_size": 4, "cpu_threads": 1}, wid)
+        for wid, node in (("a2", "node_a"), ("c2", "node_c"))
+    }
+    for h in handles.values():
+        ray.get(h.info.remote(), timeout=120)
+    service = RouterService(
+        load_model_meta("tiny"),
+        RouterSettings(policy="round_robin", page_size=4, poll_interval_s=0.1),
+    )
+    with LiveServer(service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]) as url:
+        body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        removed = {}
+
+        def remove_node():
+            while not service.pool.workers["c2"].inflight:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            removed["t"] = time.monotonic()
+            cluster.remove_node(node_c)
+            while service.pool.workers["c2"].healthy:
+                time.sleep(0.01)
+            removed["detected"] = time.monotonic() - removed["t"]
+
+        with cf.ThreadPoolExecutor(9) as pool:
+            rm = pool.submit(remove_node)
+            results = list(
+                pool.map(
+                    lambda i: stream_completion(
+                        url, body | {"prompt": f"node {i} " * 3}, timeout=120
+                    ),
+                    range(30),
+                )
+            )
+            rm.result(timeout=120)
+        broken = [r for r in results if r["error"] is not None]
+        assert all(r["status"] == 200 for r in results)
+        assert all(r["done"] for r in results if r["error"] is None)
+        assert all(r["worker"] == "c2" and r["finish_reason"] is None for r in broken), broken
+        assert removed["detected"] < 2.0, removed
+        assert httpx.get(f"{url}/health").json()["healthy_workers"] == 1
+        assert service.index.num_blocks("c2") == 0
+        after = stream_completion(url, body | {"prompt": "after the node left"})
+        assert after["done"] and after["worker"] == "a2"
+        print(
+            f"node removal: {len(results) - len(broken)} completed, {len(broken)} started "
+            f"streams ended with an error event, detected in {removed['detected'] * 1000:.0f} ms"
+        )
