@@ -11,6 +11,7 @@ from .errors import install_error_handlers
 from .middleware import BodyLimit, CountRequests
 from .routes_openai import openai_routes
 from .routes_ops import ops_routes
+from .routes_sglang import install_sglang_routes
 from .service import RouterService
 
 __all__ = ["build_app"]
@@ -42,4 +43,5 @@ def build_app(
 
     app.include_router(openai_routes(service))
     app.include_router(ops_routes(service))
+    install_sglang_routes(app, service)  # SGLang-router probes, /internal/* for HttpWorkerClient
     return app

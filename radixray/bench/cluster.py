@@ -1,0 +1,214 @@
+"""Start and stop the processes of a live benchmark: ``radixray worker`` processes, radixray's
+router in front of them (``radixray serve --worker-urls``) and SGLang's router.
+
+Every process is ours: started with ``subprocess.Popen``, logged to a file, stopped by its pid
+(terminate, then kill after a grace period). Nothing else is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+__all__ = ["Proc", "WorkerSpec", "start_workers", "start_radixray_router", "start_sglang_router"]
+
+LOCAL = "127.0.0.1"
+
+
+@dataclass
+class Proc:
+    name: str
+    url: str
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(grace_s)
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    model: str = "tiny"
+    page_size: int = 16
+    num_pages: int | None = 768
+    cpu_threads: int = 1
+    max_batch_tokens: int = 1024
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def args(self) -> list[str]:
+        a = ["--model", self.model, "--page-size", str(self.page_size)]
+        a += ["--cpu-threads", str(self.cpu_threads)]
+        a += ["--max-batch-tokens", str(self.max_batch_tokens)]
+        if self.num_pages:
+            a += ["--num-pages", str(self.num_pages)]
+        return a + list(self.extra)
+
+
+def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+    with log.open("w") as f:
+        p = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+    return Proc(name, url, p, log)
+
+
+def wait_ready(proc: Proc, path: str, timeout_s: float, check=None) -> None:
+    """Poll ``proc.url + path`` until it answers 200 (and ``check(json)`` holds)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.tail()}")
+        try:
+            r = httpx.get(proc.url + path, timeout=2)
+            if r.status_code == 200 and (check is None or check(r.json())):
+                return
+            last = f"HTTP {r.status_code} {r.text[:200]}"
+        except (httpx.HTTPError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.3)
+    raise TimeoutError(f"{proc.name} not ready after {timeout_s}s ({last}):\n{proc.tail()}")
+
+
+def _radixray(*args: str) -> list[str]:
+    return [sys.executable, "-m", "radixray.cli", *args]
+
+
+def start_workers(
+    n: int, base_port: int, spec: WorkerSpec, log_dir: Path, timeout_s: float = 180.0
+) -> list[Proc]:
+    procs = []
+    try:
+        for i in range(n):
+            port = base_port + i
+            cmd = _radixray(
+                "worker", "--host", LOCAL, "--port", str(port), "--worker-id", f"w{i}", *spec.args()
+            )
+            procs.append(_spawn(f"worker-{i}", cmd, log_dir, f"http://{LOCAL}:{port}"))
+        for p in procs:
+            wait_ready(p, "/health", timeout_s)
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs
+
+
+def start_radixray_router(
+    port: int,
+    worker_urls: list[str],
+    policy: str,
+    spec: WorkerSpec,
+    log_dir: Path,
+    timeout_s: float = 120.0,
+) -> Proc:
+    cmd = _radixray(
+        "serve",
+        "--host",
+        LOCAL,
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--model",
+        spec.model,
+        "--page-size",
+        str(spec.page_size),
+        "--max-inflight",
+        "4096",
+        "--worker-urls",
+        *worker_urls,
+    )
+    proc = _spawn(f"radixray-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
+    try:
+        wait_ready(
+            proc, "/health", timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def start_sglang_router(
+    port: int,
+    worker_urls: list[str],
+    policy: str,
+    log_dir: Path,
+    prometheus_port: int,
+    timeout_s: float = 120.0,
+) -> Proc:
+    """SGLang's Rust router (PyPI ``sglang-router``), flags as in notes/sglang_router.md."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        LOCAL,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        LOCAL,
+        "--prometheus-port",
+        str(prometheus_port),
+        "--log-level",
+        "warn",
+        "--worker-startup-check-interval",
+        "1",
+        "--worker-startup-timeout-secs",
+        str(int(timeout_s)),
+        "--health-check-interval-secs",
+        "5",
+        "--disable-retries",
+        "--disable-circuit-breaker",
+        "--shutdown-grace-period-secs",
+        "2",
+    ]
+    proc = _spawn(f"sglang-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
+    try:
+        wait_ready(
+            proc, "/readiness", timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def sglang_router_available() -> str | None:
+    """None when ``sglang_router`` imports here, else why not."""
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError as e:
+        return f"sglang-router is not installed ({e}); pip install sglang-router"
+    return None

@@ -1,0 +1,274 @@
+"""Side by side on the same workers: radixray's router and SGLang's router, one run each.
+
+For every workload and every target (``radixray:ttft``, ``sglang:cache_aware``, ...) the same
+``num_workers`` ``radixray worker`` processes are started fresh (cold caches, same config), the
+router is started in front of them, the workload is replayed with the same load settings, and
+the cluster hit rate is read from the workers' own counters before and after.
+
+Added latency is measured separately, per workload, with every router up at once in front of
+one set of workers: ``probe_requests`` rounds, each sending one request (the workload's first
+prompt, ``max_tokens=1``, streamed) directly to worker 0 and through every router, in a shuffled
+order. A target's added latency is the median over rounds of its end-to-end time minus the
+direct one of the same round (paired, so drifting background load cancels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import httpx
+
+from .cluster import (
+    Proc,
+    WorkerSpec,
+    sglang_router_available,
+    start_radixray_router,
+    start_sglang_router,
+    start_workers,
+)
+from .counters import SETTLE_S, counter_delta, worker_counters
+from .loadgen import LoadConfig, RequestResult, run_load, stream_request
+from .report import markdown_table, plot, summarize, write_json
+from .workloads import BenchWorkload, build_workload
+
+__all__ = ["CompareConfig", "run_compare", "DEFAULT_TARGETS", "machine_info"]
+
+DEFAULT_TARGETS = (
+    "radixray:ttft",
+    "radixray:cache_aware",
+    "radixray:round_robin",
+    "sglang:cache_aware",
+    "sglang:round_robin",
+)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    out_dir: Path
+    workloads: dict[str, dict] = field(default_factory=dict)  # name -> builder kwargs
+    loads: dict[str, LoadConfig] = field(default_factory=dict)  # name -> load settings
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    num_workers: int = 4
+    worker: WorkerSpec = field(default_factory=WorkerSpec)
+    base_port: int = 18100
+    probe_requests: int = 100
+    command: str = ""
+
+    def __post_init__(self):
+        for t in self.targets:
+            router, _, policy = t.partition(":")
+            if router not in ("radixray", "sglang") or not policy:
+                raise ValueError(f"target must be radixray:<policy> or sglang:<policy>, got {t!r}")
+        missing = set(self.workloads) - set(self.loads)
+        if missing:
+            raise ValueError(f"no load settings for workloads {sorted(missing)}")
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    try:
+        from importlib.metadata import version
+
+        sglang_version = version("sglang-router")
+    except Exception:  # not installed: reported as such
+        sglang_version = None
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "load_avg_at_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "sglang_router": sglang_version,
+        "git_commit": commit,
+    }
+
+
+def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_dir: Path) -> Proc:
+    router, _, policy = target.partition(":")
+    port = cfg.base_port + 20 + i
+    if router == "radixray":
+        return start_radixray_router(port, urls, policy, cfg.worker, log_dir)
+    return start_sglang_router(port, urls, policy, log_dir, cfg.base_port + 40 + i)
+
+
+async def _probe(targets: dict[str, str], body: dict, rounds: int, seed: int) -> dict[str, list]:
+    """Paired sequential requests; returns e2e seconds per target per round (None: failed)."""
+    rng = random.Random(seed)
+    out: dict[str, list] = {t: [] for t in targets}
+    body = dict(body, max_tokens=1, temperature=0.0)
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(3):  # warm connections and caches
+            for url in targets.values():
+                await stream_request(client, url, body, RequestResult("warm", 0, 0.0), 60)
+        for _ in range(rounds):
+            order = list(targets.items())
+            rng.shuffle(order)
+            for name, url in order:
+                r = await stream_request(client, url, body, RequestResult("probe", 0, 0.0), 60)
+                out[name].append(r.e2e_s if r.ok else None)
+    return out
+
+
+def _added_latency(samples: dict[str, list]) -> dict[str, dict]:
+    direct = samples["direct"]
+    out = {}
+    for name, xs in samples.items():
+        pairs = [x - d for x, d in zip(xs, direct, strict=True) if x is not None and d is not None]
+        ok = [x for x in xs if x is not None]
+        out[name] = {
+            "e2e_p50_s": statistics.median(ok) if ok else None,
+            "added_p50_s": statistics.median(pairs) if pairs else None,
+            "failed": len(xs) - len(ok),
+        }
+    return out
+
+
+def _measure_added_latency(
+    wl: BenchWorkload, cfg: CompareConfig, targets: tuple[str, ...], log_dir: Path
+) -> dict[str, dict]:
+    workers = start_workers(cfg.num_workers, cfg.base_port, cfg.worker, log_dir / "probe")
+    routers: list[Proc] = []
+    try:
+        urls = [w.url for w in workers]
+        for i, t in enumerate(targets):
+            routers.append(_start_router(t, i, urls, cfg, log_dir / "probe"))
+        points = {"direct": urls[0]} | {t: r.url for t, r in zip(targets, routers, strict=True)}
+        body = wl.sessions[0].request_body(_served_name(cfg.worker.model), 0, [])
+        samples = asyncio.run(_probe(points, body, cfg.probe_requests, seed=1))
+        return _added_latency(samples)
+    finally:
+        for p in routers + workers:
+            p.stop()
+
+
+def _served_name(model: str) -> str:
+    if model in ("tiny", "smollm2"):
+        return model
+    return Path(model).stem if Path(model).is_file() else Path(model).name
+
+
+def _warm(urls: list[str], model: str) -> None:
+    """One short request per worker (first-step costs), outside the measured window."""
+
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            for i, u in enumerate(urls):
+                body = {"model": model, "prompt": f"warm-up {i} " * 4, "max_tokens": 4}
+                await stream_request(client, u, body, RequestResult("warm", 0, 0.0), 120)
+
+    asyncio.run(go())
+
+
+def _run_one(
+    wl: BenchWorkload, target: str, i: int, load: LoadConfig, cfg: CompareConfig, log_dir: Path
+) -> tuple[dict, list[RequestResult]]:
+    model = _served_name(cfg.worker.model)
+    workers = start_workers(cfg.num_workers, cfg.base_port, cfg.worker, log_dir / target)
+    router = None
+    try:
+        urls = [w.url for w in workers]
+        _warm(urls, model)
+        router = _start_router(target, i, urls, cfg, log_dir / target)
+        time.sleep(1.0)  # the radixray router's first polls; SGLang's health checks
+        before = asyncio.run(worker_counters(urls))
+        label = f"{wl.name} {target}"
+        run = asyncio.run(run_load(router.url, wl, replace(load), model=model, target=label))
+        time.sleep(SETTLE_S)
+        after = asyncio.run(worker_counters(urls))
+        row = summarize(run, counter_delta(before, after))
+        return row, run.requests
+    finally:
+        if router is not None:
+            router.stop()
+        for w in workers:
+            w.stop()
+
+
+def run_compare(cfg: CompareConfig) -> dict:
+    """Run everything; write ``bench_serving.{json,png,md}`` under ``cfg.out_dir``."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = out / "logs"
+    targets = cfg.targets
+    why_not = sglang_router_available()
+    skipped = []
+    if why_not:
+        skipped = [t for t in targets if t.startswith("sglang:")]
+        targets = tuple(t for t in targets if not t.startswith("sglang:"))
+        print(f"skipping {skipped}: {why_not}", flush=True)
+    report: dict = {
+        "machine": machine_info(),
+        "command": cfg.command,
+        "num_workers": cfg.num_workers,
+        "worker": asdict(cfg.worker),
+        "targets": list(targets),
+        "skipped_targets": dict.fromkeys(skipped, why_not),
+        "workloads": {},
+    }
+    curves: dict[str, list] = {}
+    for name, kwargs in cfg.workloads.items():
+        wl = build_workload(name, **kwargs)
+        load = cfg.loads[name]
+        print(f"== {name}: {len(wl.sessions)} sessions, {wl.num_requests} requests", flush=True)
+        added = _measure_added_latency(wl, cfg, targets, log_dir / name)
+        rows, requests = [], {}
+        for i, target in enumerate(targets):
+            row, reqs = _run_one(wl, target, i, load, cfg, log_dir / name)
+            router, _, policy = target.partition(":")
+            row.update(router=router, policy=policy, workload=name)
+            row["added_latency_p50_s"] = added.get(target, {}).get("added_p50_s")
+            rows.append(row)
+            requests[target] = [r.as_dict() for r in reqs]
+            p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
+            print(
+                f"   {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 {p50 * 1000:.0f} ms  "
+                f"p99 {p99 * 1000:.0f} ms  {row['throughput_rps']:.2f} req/s  "
+                f"errors {row['errors']}",
+                flush=True,
+            )
+        report["workloads"][name] = {
+            "meta": wl.meta,
+            "load": asdict(load),
+            "rows": rows,
+            "added_latency": added,
+            "requests": requests,
+        }
+        curves[name] = [
+            (
+                f"{r['router']}:{r['policy']}",
+                [x["ttft_s"] for x in requests[t] if x["ok"]],
+                r["hit_rate"],
+            )
+            for r, t in zip(rows, targets, strict=True)
+        ]
+        write_json(out / "bench_serving.json", report)  # partial results survive a crash
+    write_json(out / "bench_serving.json", report)
+    plot(out / "bench_serving.png", curves)
+    md = []
+    for name, w in report["workloads"].items():
+        md.append(f"### {name}\n\n" + markdown_table(w["rows"]))
+    (out / "bench_serving.md").write_text("\n".join(md))
+    return report

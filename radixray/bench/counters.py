@@ -1,0 +1,62 @@
+"""Cluster hit rate from the workers' own counters, not from what a router reports.
+
+Each ``radixray worker`` serves ``/debug/cache`` with its engine's cumulative ``prompt_tokens``
+and ``cached_tokens`` (refreshed by the worker app's own poll, every 0.25 s). A run's hit rate is
+the difference of the sums over all workers after and before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import httpx
+
+__all__ = ["worker_counters", "counter_delta", "COUNTER_KEYS"]
+
+COUNTER_KEYS = ("prompt_tokens", "cached_tokens", "evicted_pages", "preemptions")
+# The worker app's poll interval (RouterSettings.poll_interval_s) plus margin: wait this long
+# after a run before reading its counters, so the last requests are in them.
+SETTLE_S = 0.8
+
+
+async def _one(client: httpx.AsyncClient, url: str) -> dict:
+    r = await client.get(url.rstrip("/") + "/debug/cache", timeout=10)
+    r.raise_for_status()
+    workers = r.json()["workers"]
+    out = dict.fromkeys(COUNTER_KEYS, 0)
+    out["miss_tokens"] = {}
+    for st in workers.values():
+        for k in COUNTER_KEYS:
+            out[k] += int(st.get(k) or 0)
+        for cause, n in (st.get("miss_tokens") or {}).items():
+            out["miss_tokens"][cause] = out["miss_tokens"].get(cause, 0) + int(n or 0)
+    return out
+
+
+async def worker_counters(urls: Sequence[str]) -> dict[str, dict]:
+    """``{url: {prompt_tokens, cached_tokens, ..., miss_tokens: {cause: n}}}``."""
+    async with httpx.AsyncClient() as client:
+        got = await asyncio.gather(*(_one(client, u) for u in urls))
+    return dict(zip(urls, got, strict=True))
+
+
+def counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """Per worker and total differences; ``hit_rate`` = cached / prompt tokens of the run."""
+    per = {}
+    for url, a in after.items():
+        b = before.get(url, {})
+        d = {k: a[k] - b.get(k, 0) for k in COUNTER_KEYS}
+        bm = b.get("miss_tokens", {})
+        d["miss_tokens"] = {c: n - bm.get(c, 0) for c, n in a.get("miss_tokens", {}).items()}
+        per[url] = d
+    total = {k: sum(d[k] for d in per.values()) for k in COUNTER_KEYS}
+    causes: dict[str, int] = {}
+    for d in per.values():
+        for c, n in d["miss_tokens"].items():
+            causes[c] = causes.get(c, 0) + n
+    total["miss_tokens"] = causes
+    total["hit_rate"] = (
+        total["cached_tokens"] / total["prompt_tokens"] if total["prompt_tokens"] else 0.0
+    )
+    return {"total": total, "workers": per}

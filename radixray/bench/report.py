@@ -1,0 +1,137 @@
+"""Summaries, JSON, the markdown table and the plot of a benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from .loadgen import RunResult
+
+__all__ = ["percentile", "summarize", "markdown_table", "write_json", "plot"]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]); None for no values."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(run: RunResult, counters: dict | None = None) -> dict:
+    """One row of the report: latency percentiles, throughput, hit rates, errors."""
+    ok = [r for r in run.requests if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    e2e = [r.e2e_s for r in ok]
+    itl = [x for r in ok for x in r.itl_s]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    shared = sum(min(r.shared_prefix_tokens, r.prompt_tokens) for r in ok)
+    beyond = sum(max(0, r.cached_tokens - r.shared_prefix_tokens) for r in ok)
+    out_tokens = sum(r.completion_tokens for r in ok)
+    span = max((r.start_s + (r.e2e_s or 0.0) for r in ok), default=0.0)
+    errors: dict[str, int] = {}
+    for r in run.requests:
+        if not r.ok:
+            key = (r.error or "unknown")[:80]
+            errors[key] = errors.get(key, 0) + 1
+    workers: dict[str, int] = {}
+    for r in ok:
+        if r.worker:
+            workers[r.worker] = workers.get(r.worker, 0) + 1
+    row = {
+        "target": run.target,
+        "requests": len(run.requests),
+        "ok": len(ok),
+        "errors": len(run.requests) - len(ok),
+        "error_kinds": errors,
+        "duration_s": run.duration_s,
+        "throughput_rps": len(ok) / span if span else 0.0,
+        "output_tps": out_tokens / span if span else 0.0,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(itl, 50),
+        "itl_p99_s": percentile(itl, 99),
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p99_s": percentile(e2e, 99),
+        "prompt_tokens": prompt,
+        "client_cached_tokens": cached,
+        "client_hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate_beyond_shared": beyond / (prompt - shared) if prompt > shared else 0.0,
+        "requests_per_worker": workers,
+    }
+    if counters is not None:
+        row["worker_counters"] = counters
+        row["hit_rate"] = counters["total"]["hit_rate"]
+    return row
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """Router | policy | hit rate (workers) | TTFT p50/p99 | throughput | added latency p50."""
+    head = (
+        "| router | policy | cluster hit rate | hit rate beyond shared block | TTFT p50 (ms) "
+        "| TTFT p99 (ms) | ITL p50 (ms) | throughput (req/s) | added latency p50 (ms) | errors |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        added = r.get("added_latency_p50_s")
+        hit = r.get("hit_rate")
+        lines.append(
+            f"| {r.get('router', '-')} | {r.get('policy', '-')} "
+            f"| {'-' if hit is None else f'{hit:.1%}'} "
+            f"| {r['hit_rate_beyond_shared']:.1%} "
+            f"| {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p99_s'])} | {_ms(r['itl_p50_s'])} "
+            f"| {r['throughput_rps']:.2f} "
+            f"| {'-' if added is None else f'{added * 1000:+.2f}'} | {r['errors']} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    Path(path).write_text(json.dumps(payload, indent=1, default=str))
+
+
+def plot(path: str | Path, by_workload: dict[str, list[tuple[str, list[float], float | None]]]):
+    """One row per workload: TTFT CDF per target (left), cluster hit rate per target (right).
+    ``by_workload[name] = [(target label, ttfts in s, hit rate or None), ...]``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(by_workload))
+    fig, axes = plt.subplots(n, 2, figsize=(12, 4 * n), squeeze=False)
+    for row, (name, series) in enumerate(by_workload.items()):
+        ax, bx = axes[row]
+        for label, ttfts, _ in series:
+            xs = sorted(t * 1000 for t in ttfts)
+            if xs:
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax.step(xs, ys, where="post", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (ms, log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{name}: TTFT CDF")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        labels = [s[0] for s in series if s[2] is not None]
+        hits = [s[2] * 100 for s in series if s[2] is not None]
+        bx.bar(range(len(hits)), hits, color="tab:green")
+        bx.set_xticks(range(len(hits)), labels, rotation=30, ha="right", fontsize=8)
+        bx.set_ylabel("cluster hit rate (%)")
+        bx.set_title(f"{name}: cached / prompt tokens (worker counters)")
+        for i, h in enumerate(hits):
+            bx.text(i, h, f"{h:.1f}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

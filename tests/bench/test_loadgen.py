@@ -1,0 +1,107 @@
+"""The load generator, counters and report against a real worker app (tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from radixray.bench.cli import main as bench_main
+from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
+from radixray.bench.loadgen import LoadConfig, run_load
+from radixray.bench.report import markdown_table, percentile, plot, summarize
+from radixray.bench.workloads import BenchWorkload, Session, Turn, block_text
+
+SHARED = "".join(block_text(i, 16) for i in range(4))  # 64 shared characters = 4 pages
+
+
+def _workload(n: int = 6) -> BenchWorkload:
+    sessions = [
+        Session(
+            f"c{i}", "completion", (Turn(SHARED + f" request {i}", 4),), shared_prefix_tokens=16
+        )
+        for i in range(n)
+    ]
+    sessions.append(
+        Session("chat", "chat", (Turn("first", 3), Turn("second", 3)), system=SHARED * 2)
+    )
+    return BenchWorkload("synthetic", tuple(sessions))
+
+
+def test_percentile():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def test_concurrency_run_measures_streams_usage_and_worker_counters(worker_app, tmp_path):
+    url, _ = worker_app
+    wl = _workload()
+    before = asyncio.run(worker_counters([url]))
+    cfg = LoadConfig(mode="concurrency", concurrency=3, max_requests=50, progress=False)
+    run = asyncio.run(run_load(url, wl, cfg, model="tiny", target="t"))
+    time.sleep(SETTLE_S)
+    after = asyncio.run(worker_counters([url]))
+    assert len(run.requests) == wl.num_requests
+    assert all(r.ok for r in run.requests), [r.error for r in run.requests]
+    for r in run.requests:
+        assert 0 < r.ttft_s <= r.e2e_s and r.completion_tokens >= 1 and r.worker == "w0"
+        assert all(x >= 0 for x in r.itl_s)
+    first = next(r for r in run.requests if r.session_id == "c0")
+    assert first.prompt_tokens == len(SHARED + " request 0")
+    turn2 = next(r for r in run.requests if r.session_id == "chat" and r.turn == 1)
+    assert turn2.cached_tokens >= 128  # the system prompt and turn 1 are cached
+    delta = counter_delta(before, after)
+    assert delta["total"]["prompt_tokens"] == sum(r.prompt_tokens for r in run.requests)
+    assert delta["total"]["cached_tokens"] == sum(r.cached_tokens for r in run.requests)
+    row = summarize(run, delta) | {"router": "direct", "policy": "-"}
+    assert row["ok"] == wl.num_requests and row["errors"] == 0 and 0 < row["hit_rate"] < 1
+    assert row["ttft_p50_s"] <= row["ttft_p99_s"] and row["throughput_rps"] > 0
+    assert "| direct | - |" in markdown_table([row])
+    plot(tmp_path / "p.png", {"synthetic": [("direct", [r.ttft_s for r in run.requests], 0.5)]})
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_rate_mode_respects_request_and_time_limits(worker_app):
+    url, _ = worker_app
+    wl = _workload(40)
+    cfg = LoadConfig(mode="rate", rate=50.0, max_requests=5, progress=False, seed=3)
+    run = asyncio.run(run_load(url, wl, cfg, model="tiny"))
+    assert len(run.requests) == 5 and all(r.ok for r in run.requests)
+    starts = [r.start_s for r in run.requests]
+    assert starts == sorted(starts) and starts[-1] > 0
+    cfg = LoadConfig(mode="rate", rate=5.0, max_duration_s=0.5, drain_s=5, progress=False)
+    t0 = time.monotonic()
+    run = asyncio.run(run_load(url, wl, cfg, model="tiny"))
+    assert time.monotonic() - t0 < 6 and len(run.requests) < 10
+
+
+def test_errors_are_recorded_not_raised(worker_app):
+    url, _ = worker_app
+    wl = BenchWorkload("bad", (Session("s", "completion", (Turn("x", 4),)),))
+    run = asyncio.run(run_load(url, wl, LoadConfig(progress=False), model="no-such-model"))
+    (r,) = run.requests
+    assert not r.ok and r.status == 404 and "model" in r.error
+    dead = asyncio.run(run_load("http://127.0.0.1:9", wl, LoadConfig(progress=False)))
+    assert not dead.requests[0].ok and "ConnectError" in dead.requests[0].error
+    assert summarize(dead)["errors"] == 1
+
+
+def test_cli_run_writes_a_report(worker_app, tmp_path, capsys):
+    url, _ = worker_app
+    out = tmp_path / "r.json"
+    argv = ["run", "--url", url, "--workload", "mtbench", "--mode", "concurrency"]
+    argv += ["--concurrency", "2", "--max-requests", "3", "--mtbench-sessions", "2"]
+    argv += ["--system-chars", "200", "--chat-max-tokens", "2", "--worker-urls", url]
+    argv += ["--out", str(out), "--no-progress"]
+    try:
+        rc = bench_main(argv)
+    except FileNotFoundError:
+        pytest.skip("shared data folder has no text_prompts")
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["summary"]["ok"] == 3 and "hit_rate" in report["summary"]
+    assert len(report["requests"]) == 3
+    assert "cluster hit rate" in capsys.readouterr().out

@@ -1,0 +1,92 @@
+"""What SGLang's router needs of a worker: probe shapes, its extension fields, and the internal
+routes' refusal on a multi-worker app."""
+
+from __future__ import annotations
+
+import httpx
+
+from radixray.router.model_meta import load_model_meta
+from radixray.router.service import RouterService, RouterSettings
+from radixray.router.worker_client import LocalWorkerClient
+from radixray.worker.actor import WorkerHost
+from tests.router.serving import LiveServer
+
+# The fields sglang-router 0.3.2 adds when it rebuilds a request (observed on the wire).
+SGLANG_COMPLETION_EXTRAS = {
+    "echo": False,
+    "no_stop_trim": False,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "return_hidden_states": False,
+}
+SGLANG_CHAT_EXTRAS = {
+    "logprobs": False,
+    "no_stop_trim": False,
+    "ignore_eos": False,
+    "continue_final_message": False,
+    "skip_special_tokens": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+}
+
+
+def test_probe_shapes(worker_app):
+    url, _ = worker_app
+    with httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/health").status_code == 200
+        for path in ("/server_info", "/get_server_info"):
+            info = c.get(path).json()
+            assert info["served_model_name"] == "tiny" and info["worker_ids"] == ["w0"]
+        for path in ("/model_info", "/get_model_info"):
+            assert c.get(path).json()["model_path"] == "tiny"
+        load = c.get("/get_load").json()
+        assert isinstance(load, list) and len(load) == 1
+        assert isinstance(load[0]["num_tokens"], int) and load[0]["worker_id"] == "w0"
+
+
+def test_sglang_rebuilt_requests_are_accepted(worker_app):
+    url, _ = worker_app
+    with httpx.Client(base_url=url, timeout=30) as c:
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0.0}
+        r = c.post("/v1/completions", json=body | SGLANG_COMPLETION_EXTRAS | {"stream": False})
+        assert r.status_code == 200, r.text
+        chat = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with c.stream("POST", "/v1/chat/completions", json=chat | SGLANG_CHAT_EXTRAS) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+        assert '"usage"' in lines[-2]
+        # A value that would change behaviour is not silently dropped: 400 naming the field.
+        r = c.post("/v1/completions", json=body | {"return_hidden_states": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "return_hidden_states"
+
+
+def test_internal_routes_refuse_a_multi_worker_app():
+    service = RouterService(load_model_meta("tiny"), RouterSettings(page_size=16))
+    hosts = [
+        WorkerHost({"model": "tiny", "page_size": 16, "num_pages": 64}, f"m{i}") for i in (0, 1)
+    ]
+    try:
+        with LiveServer(service, lambda: [LocalWorkerClient(h) for h in hosts]) as url:
+            with httpx.Client(base_url=url, timeout=10) as c:
+                for r in (
+                    c.get("/internal/poll"),
+                    c.get("/internal/info"),
+                    c.post(
+                        "/internal/generate",
+                        json={"prompt_ids": [1], "params": {}, "request_id": "x"},
+                    ),
+                ):
+                    assert r.status_code == 409 and "exactly one worker" in r.text
+                assert len(c.get("/get_load").json()) == 2
+                r = c.post("/internal/generate", content=b"not json")
+                assert r.status_code == 400
+    finally:
+        for h in hosts:
+            h.shutdown()
