@@ -11,7 +11,8 @@ Per layer and step::
 
 Weights are named as in HF transformers' ``LlamaForCausalLM`` at the boundary
 (:meth:`LlamaModel.load_hf_state_dict` / :meth:`LlamaModel.hf_state_dict`); inside, q/k/v and
-gate/up are fused so each is one matmul (on CPU, fewer and larger GEMMs are markedly faster).
+gate/up are fused so each is one matmul (on CPU, fewer and larger GEMMs are markedly faster),
+and on CPU in float32 the loaders pre-pack every linear's weight for oneDNN (see linear.py).
 RoPE is the non-interleaved (rotate-half) convention of HF checkpoints; GGUF loaders undo
 llama.cpp's q/k permutation before the weights get here.
 """
@@ -28,6 +29,7 @@ from radixray import kernels
 
 from .attention import AttentionMetadata
 from .config import ModelConfig
+from .linear import Linear
 
 __all__ = ["LlamaModel"]
 
@@ -81,8 +83,8 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim**-0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, False, device)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, False, device)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, device)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, device)
 
     def forward(
         self,
@@ -109,8 +111,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, device)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, False, device)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, device)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
@@ -149,7 +151,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=meta)
         self.layers = nn.ModuleList(DecoderLayer(config, meta) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, False, meta)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, meta)
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, self.device
         )
@@ -247,27 +249,30 @@ class LlamaModel(nn.Module):
             layer.mlp.down_proj.weight = param(get(m + "down_proj.weight", (H, I)))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under HF ``LlamaForCausalLM`` names (unfused views), e.g. to build an
-        independent transformers reference from the same weights."""
+        """The weights under HF ``LlamaForCausalLM`` names (unfused; views of this model's
+        weights, or exact copies where a linear is packed), e.g. to build an independent
+        transformers reference from the same weights."""
         cfg = self.config
         out = {
             "model.embed_tokens.weight": self.embed_tokens.weight,
             "model.norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.weight,
+            "lm_head.weight": self.lm_head.dense_weight(),
         }
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
             out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
-            q, k, v = layer.self_attn.qkv_proj.weight.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
+            q, k, v = layer.self_attn.qkv_proj.dense_weight().split(
+                [cfg.q_size, cfg.kv_size, cfg.kv_size]
+            )
             out[p + "self_attn.q_proj.weight"] = q
             out[p + "self_attn.k_proj.weight"] = k
             out[p + "self_attn.v_proj.weight"] = v
-            out[p + "self_attn.o_proj.weight"] = layer.self_attn.o_proj.weight
-            gate, up = layer.mlp.gate_up_proj.weight.split(cfg.intermediate_size)
+            out[p + "self_attn.o_proj.weight"] = layer.self_attn.o_proj.dense_weight()
+            gate, up = layer.mlp.gate_up_proj.dense_weight().split(cfg.intermediate_size)
             out[p + "mlp.gate_proj.weight"] = gate
             out[p + "mlp.up_proj.weight"] = up
-            out[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight
+            out[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.dense_weight()
         return {k: v.detach() for k, v in out.items()}
 
 

@@ -19,6 +19,7 @@ import torch
 
 from .byte_tokenizer import ByteTokenizer
 from .config import ModelConfig, tiny_config
+from .linear import pack_linears
 from .llama import LlamaModel
 from .tokenizer import TokenizerProtocol
 
@@ -91,6 +92,7 @@ def random_hf_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.
 def _build(config: ModelConfig, state, device, dtype) -> LlamaModel:
     model = LlamaModel(config, device=device, dtype=dtype)
     model.load_hf_state_dict(state)
+    pack_linears(model)  # CPU float32: oneDNN-packed weights (see linear.py); else a no-op
     return model.eval()
 
 
