@@ -89,6 +89,14 @@ class WorkerDeploymentConfig:
                     f"workers.autoscaling_config.min_replicas must be >= 1, got {a['min_replicas']}"
                 )
 
+    @property
+    def initial_replicas(self) -> int:
+        """How many replicas Serve starts with (what the router waits for at startup)."""
+        a = self.autoscaling_config
+        if not a:
+            return self.num_replicas
+        return a.get("initial_replicas") or a.get("min_replicas") or 1
+
     def deployment_options(self) -> dict:
         opts: dict = {
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
@@ -113,7 +121,7 @@ class RouterDeploymentConfig:
     num_cpus: float = 0  # the router only awaits; on 2 cores a whole CPU per replica hangs
     max_ongoing_requests: int = 1024
     settings: dict = field(default_factory=dict)  # RouterSettings fields except policy/page_size
-    startup_wait_s: float = 300.0  # the ingress waits this long for its first worker
+    startup_wait_s: float = 300.0  # the ingress waits up to this for the initial workers
 
     def __post_init__(self):
         o = "router"

@@ -50,11 +50,17 @@ class RouterIngress:
         self._workers = workers.options(stream=False)
 
     async def _startup(self) -> None:
+        """Wait (bounded) until Serve's initial worker replicas have joined, so that the app
+        reports RUNNING with its workers in the pool; later ones join in the background."""
         wait_s = self.config.router.startup_wait_s
-        n = await self.membership.wait_for_workers(1, wait_s)
-        if n == 0:
+        want = self.config.workers.initial_replicas
+        n = await self.membership.wait_for_workers(want, wait_s)
+        if n < want:
             log.warning(
-                "no worker replica joined within %.0f s; serving 503 until one does", wait_s
+                "%d of %d worker replicas joined within %.0f s; the rest join when ready",
+                n,
+                want,
+                wait_s,
             )
         self.membership.start()
 

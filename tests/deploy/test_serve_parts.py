@@ -45,6 +45,8 @@ def test_config_from_dict_and_deployment_options(monkeypatch):
     w = cfg.workers.deployment_options()
     assert w["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 1}
     assert w["autoscaling_config"]["max_replicas"] == 3 and "num_replicas" not in w
+    assert cfg.workers.initial_replicas == 1
+    assert ServeAppConfig.from_dict({"model": "tiny"}).workers.initial_replicas == 2
     assert cfg.router.deployment_options()["ray_actor_options"] == {"num_cpus": 0}
 
 
