@@ -4,6 +4,11 @@ Backends, best first: ``"flash_attn"`` (vLLM's flash-attn fork or flash-attn; CU
 page size a multiple of 16, or 256 upstream), ``"triton"`` (our kernels; CUDA, fp16/bf16/fp32),
 ``"torch"`` (reference.py; anywhere, always float32 math).
 
+The automatic choice on CPU with a float32 cache runs the "torch" backend's fast path (cpu.py:
+one plan per step shared by all layers, torch's fused attention), which is tested against the
+reference. Callers opt in per step with :func:`cpu_plan` and pass the plan to ``store_kv`` and
+``extend_attention``; without a plan (or with ``backend="torch"`` named) the reference runs.
+
 ``backend=None`` means: the environment variable RADIXRAY_ATTENTION_BACKEND if set, else the best
 backend that can run these tensors (on CPU that is always "torch"). A backend named by argument
 or environment variable is used or fails with an error naming why and the valid choices; it is
@@ -20,13 +25,14 @@ import os
 
 import torch
 
-from . import reference
+from . import cpu, reference
 
 __all__ = [
     "BACKENDS",
     "ENV_VAR",
     "BackendUnavailableError",
     "available_backends",
+    "cpu_plan",
     "extend_attention",
     "paged_decode_attention",
     "reference",
@@ -104,10 +110,31 @@ def resolve_backend(backend: str | None, q: torch.Tensor, k_cache: torch.Tensor)
     return backend
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, backend: str | None = None) -> None:
+def cpu_plan(
+    block_table, cu_seqlens_q, seq_lens, slot_mapping, k_cache, backend: str | None = None
+) -> cpu.CpuAttentionPlan | None:
+    """The per-step plan of the CPU fast path (cpu.py), or None where it does not apply. It
+    applies when the backend is chosen automatically (``backend`` None or "auto" and no
+    environment override) and the cache is a float32 CPU tensor. Build it once per forward and
+    pass it as ``plan=`` to every layer's ``store_kv`` / ``extend_attention``."""
+    if backend is None:
+        backend, _ = _requested()
+    if backend not in (None, "auto"):
+        return None
+    if k_cache.device.type != "cpu" or k_cache.dtype != torch.float32:
+        return None
+    return cpu.plan(block_table, cu_seqlens_q, seq_lens, slot_mapping, k_cache.shape[-3])
+
+
+def store_kv(
+    k, v, k_cache, v_cache, slot_mapping, backend: str | None = None, *, plan=None
+) -> None:
     """Write k/v [T, Hkv, D] into cache slots (page * P + offset; -1 skips the row), cast to the
     cache's dtype. Backend "flash_attn" stores with the Triton kernel (it has no store of its
-    own)."""
+    own). ``plan``: from :func:`cpu_plan` for this step (then slot_mapping is not read again)."""
+    if plan is not None:
+        cpu.store_kv(plan, k, v, k_cache, v_cache)
+        return
     name = resolve_backend(backend, k, k_cache)
     if name != "torch" and _triton_unavailable(k.device, k_cache.dtype, k.shape[-1]) is None:
         from .triton_store import store_kv as triton_store
@@ -142,11 +169,16 @@ def extend_attention(
     backend: str | None = None,
     *,
     max_seqlen_q: int | None = None,
+    plan=None,
 ) -> torch.Tensor:
     """Shapes and semantics: reference.extend_attention. ``max_seqlen_q``: the longest q_len,
     if the caller knows it (an int from the scheduler, never read from a device tensor). It lets
     the fast backends size their grid without a device sync, and 1 sends a pure decode batch to
-    the split-KV decode kernel. It must not be smaller than the true maximum."""
+    the split-KV decode kernel. It must not be smaller than the true maximum. ``plan``: from
+    :func:`cpu_plan` for this step; the CPU fast path then runs (block_table, cu_seqlens_q and
+    seq_lens are those the plan was built from and are not read again)."""
+    if plan is not None:
+        return cpu.extend_attention(plan, q, k_cache, v_cache, scale)
     name = resolve_backend(backend, q, k_cache)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
     if name == "torch":

@@ -94,15 +94,23 @@ class Attention(nn.Module):
         attn: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        plan=None,
     ) -> torch.Tensor:
         T = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping, plan=plan)
         out = kernels.extend_attention(
-            q, k_cache, v_cache, attn.block_table, attn.cu_seqlens_q, attn.seq_lens, self.scale
+            q,
+            k_cache,
+            v_cache,
+            attn.block_table,
+            attn.cu_seqlens_q,
+            attn.seq_lens,
+            self.scale,
+            plan=plan,
         )
         return self.o_proj(out.reshape(T, self.q_size))
 
@@ -127,8 +135,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
         self.mlp = MLP(cfg, device)
 
-    def forward(self, h, cos, sin, attn, k_cache, v_cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, k_cache, v_cache)
+    def forward(self, h, cos, sin, attn, k_cache, v_cache, plan=None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, k_cache, v_cache, plan)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -191,8 +199,13 @@ class LlamaModel(nn.Module):
             )
         h = self.embed_tokens(input_ids)
         cos, sin = self.rope(positions)
+        # Where the batch's tokens sit in the pool is the same for every layer: on CPU the
+        # attention fast path works it out once per step (None elsewhere: the kernels do it).
+        plan = kernels.cpu_plan(
+            attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.slot_mapping, k_cache[0]
+        )
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, attn, k_cache[i], v_cache[i])
+            h = layer(h, cos, sin, attn, k_cache[i], v_cache[i], plan)
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         h = self.norm(h[logits_indices])
