@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -121,7 +122,9 @@ def cmd_serve(args) -> int:
         handle = WorkerActor.options(
             name=f"radixray-{wid}",
             scheduling_strategy="SPREAD",
-            **worker_actor_options(use_gpu, num_cpus=args.worker_cpus),
+            **worker_actor_options(
+                use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
+            ),
         ).remote(cfg, wid)
         return RayWorkerClient(handle, wid)
 
@@ -157,6 +160,15 @@ def cmd_serve(args) -> int:
             asyncio.run(service.close())
         ray.shutdown()
     return 0
+
+
+def _json_dict(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(
+        isinstance(v, (int, float)) and v > 0 for v in value.values()
+    ):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of positive numbers: {text}")
+    return value
 
 
 def _named_workers():
@@ -260,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--policy", default="ttft")
     s.add_argument(
         "--address", default=None, help="Ray address (auto, ray://...); default: start a local Ray"
+    )
+    s.add_argument(
+        "--worker-resources",
+        type=_json_dict,
+        default=None,
+        help="custom Ray resources each worker needs, to pin workers to labelled nodes: "
+        "'{\"gpu_pool_a\": 1}'",
     )
     s.add_argument(
         "--join",
