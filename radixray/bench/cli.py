@@ -18,7 +18,7 @@ from .cluster import WorkerSpec
 from .compare import DEFAULT_TARGETS, CompareConfig, run_compare
 from .counters import SETTLE_S, counter_delta, worker_counters
 from .loadgen import LoadConfig, run_load
-from .report import markdown_table, summarize, write_json
+from .report import breakdown_table, markdown_table, summarize, write_json
 from .workloads import WORKLOADS, build_workload
 
 __all__ = ["main"]
@@ -133,11 +133,12 @@ def _cmd_compare(args, argv: list[str]) -> int:
         ),
         base_port=args.base_port,
         probe_requests=args.probe_requests,
-        command="radixray bench compare " + shlex.join(argv),
+        repeats=args.repeats,
+        command="radixray bench " + shlex.join(argv),
     )
     report = run_compare(cfg)
     for name, w in report["workloads"].items():
-        print(f"\n### {name}\n\n" + markdown_table(w["rows"]))
+        print(f"\n### {name}\n\n" + markdown_table(w["rows"]) + "\n" + breakdown_table(w["rows"]))
     print(f"wrote {args.out_dir}/bench_serving.json, .png and .md")
     return 0
 
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--mooncake-rate", type=float, default=4.0, help="requests/s")
     c.add_argument("--mtbench-concurrency", type=int, default=8, help="concurrent chat users")
     c.add_argument("--probe-requests", type=int, default=100)
+    c.add_argument(
+        "--repeats", type=int, default=2, help="runs per target, in alternating target order"
+    )
     c.add_argument("--out-dir", default="benchmarks/results/serving")
     _workload_args(c)
     _load_args(c)

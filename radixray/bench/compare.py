@@ -35,9 +35,9 @@ from .cluster import (
     start_sglang_router,
     start_workers,
 )
-from .counters import SETTLE_S, counter_delta, worker_counters
-from .loadgen import LoadConfig, RequestResult, run_load, stream_request
-from .report import markdown_table, plot, summarize, write_json
+from .counters import SETTLE_S, counter_delta, merge_deltas, worker_counters
+from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_request
+from .report import breakdown_table, markdown_table, plot, summarize, write_json
 from .workloads import BenchWorkload, build_workload
 
 __all__ = ["CompareConfig", "run_compare", "DEFAULT_TARGETS", "machine_info"]
@@ -61,6 +61,7 @@ class CompareConfig:
     worker: WorkerSpec = field(default_factory=WorkerSpec)
     base_port: int = 18100
     probe_requests: int = 100
+    repeats: int = 1
     command: str = ""
 
     def __post_init__(self):
@@ -68,6 +69,8 @@ class CompareConfig:
             router, _, policy = t.partition(":")
             if router not in ("radixray", "sglang") or not policy:
                 raise ValueError(f"target must be radixray:<policy> or sglang:<policy>, got {t!r}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         missing = set(self.workloads) - set(self.loads)
         if missing:
             raise ValueError(f"no load settings for workloads {sorted(missing)}")
@@ -83,8 +86,12 @@ def machine_info() -> dict:
     except OSError:
         pass
     try:
+        repo = Path(__file__).resolve().parents[2]
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
@@ -184,7 +191,8 @@ def _warm(urls: list[str], model: str) -> None:
 
 def _run_one(
     wl: BenchWorkload, target: str, i: int, load: LoadConfig, cfg: CompareConfig, log_dir: Path
-) -> tuple[dict, list[RequestResult]]:
+) -> tuple[RunResult, dict]:
+    """One run on fresh workers: the load run and the workers' counter deltas."""
     model = _served_name(cfg.worker.model)
     workers = start_workers(cfg.num_workers, cfg.base_port, cfg.worker, log_dir / target)
     router = None
@@ -198,8 +206,7 @@ def _run_one(
         run = asyncio.run(run_load(router.url, wl, replace(load), model=model, target=label))
         time.sleep(SETTLE_S)
         after = asyncio.run(worker_counters(urls))
-        row = summarize(run, counter_delta(before, after))
-        return row, run.requests
+        return run, counter_delta(before, after)
     finally:
         if router is not None:
             router.stop()
@@ -207,8 +214,32 @@ def _run_one(
             w.stop()
 
 
+def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
+    """Repeats of one target as one run: requests back to back in time, counters summed."""
+    requests: list[RequestResult] = []
+    offset = 0.0
+    for run, _ in runs:
+        for r in run.requests:
+            requests.append(replace(r, start_s=r.start_s + offset))
+        offset += max((r.start_s + (r.e2e_s or 0.0) for r in run.requests), default=0.0)
+    first = runs[0][0]
+    pooled = RunResult(
+        first.target,
+        first.url,
+        first.config,
+        requests,
+        sum(run.duration_s for run, _ in runs),
+        first.started_at,
+    )
+    return pooled, merge_deltas([d for _, d in runs])
+
+
 def run_compare(cfg: CompareConfig) -> dict:
-    """Run everything; write ``bench_serving.{json,png,md}`` under ``cfg.out_dir``."""
+    """Run everything; write ``bench_serving.{json,png,md}`` under ``cfg.out_dir``.
+
+    With ``repeats`` > 1 the targets run in alternating order (forward, backward, ...) so that
+    slow drifts of a shared machine's background load fall on every target alike; each
+    target's repeats are pooled (requests together, worker counters summed)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_dir = out / "logs"
@@ -225,6 +256,7 @@ def run_compare(cfg: CompareConfig) -> dict:
         "num_workers": cfg.num_workers,
         "worker": asdict(cfg.worker),
         "targets": list(targets),
+        "repeats": cfg.repeats,
         "skipped_targets": dict.fromkeys(skipped, why_not),
         "workloads": {},
     }
@@ -234,21 +266,36 @@ def run_compare(cfg: CompareConfig) -> dict:
         load = cfg.loads[name]
         print(f"== {name}: {len(wl.sessions)} sessions, {wl.num_requests} requests", flush=True)
         added = _measure_added_latency(wl, cfg, targets, log_dir / name)
+        runs: dict[str, list] = {t: [] for t in targets}
+        per_repeat: dict[str, list] = {t: [] for t in targets}
+        for rep in range(cfg.repeats):
+            order = list(enumerate(targets))
+            if rep % 2:
+                order.reverse()
+            for i, target in order:
+                run, delta = _run_one(wl, target, i, load, cfg, log_dir / name / f"rep{rep}")
+                runs[target].append((run, delta))
+                row = summarize(run, delta)
+                per_repeat[target].append(
+                    {k: row[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_rps")}
+                )
+                p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
+                print(
+                    f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
+                    f"{p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  "
+                    f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
+                    flush=True,
+                )
         rows, requests = [], {}
-        for i, target in enumerate(targets):
-            row, reqs = _run_one(wl, target, i, load, cfg, log_dir / name)
+        for target in targets:
+            run, delta = _pool(runs[target])
+            row = summarize(run, delta)
             router, _, policy = target.partition(":")
             row.update(router=router, policy=policy, workload=name)
             row["added_latency_p50_s"] = added.get(target, {}).get("added_p50_s")
+            row["per_repeat"] = per_repeat[target]
             rows.append(row)
-            requests[target] = [r.as_dict() for r in reqs]
-            p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
-            print(
-                f"   {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 {p50 * 1000:.0f} ms  "
-                f"p99 {p99 * 1000:.0f} ms  {row['throughput_rps']:.2f} req/s  "
-                f"errors {row['errors']}",
-                flush=True,
-            )
+            requests[target] = [r.as_dict() for r in run.requests]
         report["workloads"][name] = {
             "meta": wl.meta,
             "load": asdict(load),
@@ -269,6 +316,6 @@ def run_compare(cfg: CompareConfig) -> dict:
     plot(out / "bench_serving.png", curves)
     md = []
     for name, w in report["workloads"].items():
-        md.append(f"### {name}\n\n" + markdown_table(w["rows"]))
+        md.append(f"### {name}\n\n" + markdown_table(w["rows"]) + "\n" + breakdown_table(w["rows"]))
     (out / "bench_serving.md").write_text("\n".join(md))
     return report

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import httpx
 
-__all__ = ["worker_counters", "counter_delta", "COUNTER_KEYS"]
+__all__ = ["worker_counters", "counter_delta", "merge_deltas", "COUNTER_KEYS"]
 
 COUNTER_KEYS = ("prompt_tokens", "cached_tokens", "evicted_pages", "preemptions")
 # The worker app's poll interval (RouterSettings.poll_interval_s) plus margin: wait this long
@@ -60,3 +60,16 @@ def counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict:
         total["cached_tokens"] / total["prompt_tokens"] if total["prompt_tokens"] else 0.0
     )
     return {"total": total, "workers": per}
+
+
+def merge_deltas(deltas: list[dict]) -> dict:
+    """Several runs' ``counter_delta`` results as one (totals summed; workers per run)."""
+    total = {k: sum(d["total"][k] for d in deltas) for k in COUNTER_KEYS}
+    causes: dict[str, int] = {}
+    for d in deltas:
+        for c, n in d["total"]["miss_tokens"].items():
+            causes[c] = causes.get(c, 0) + n
+    total["miss_tokens"] = causes
+    prompt = total["prompt_tokens"]
+    total["hit_rate"] = total["cached_tokens"] / prompt if prompt else 0.0
+    return {"total": total, "workers": [d["workers"] for d in deltas]}

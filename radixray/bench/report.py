@@ -9,7 +9,14 @@ from pathlib import Path
 
 from .loadgen import RunResult
 
-__all__ = ["percentile", "summarize", "markdown_table", "write_json", "plot"]
+__all__ = [
+    "percentile",
+    "summarize",
+    "markdown_table",
+    "breakdown_table",
+    "write_json",
+    "plot",
+]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -65,9 +72,19 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         "hit_rate_beyond_shared": beyond / (prompt - shared) if prompt > shared else 0.0,
         "requests_per_worker": workers,
     }
+    # Where the time and the hits go: recomputed work, TTFT of hits vs misses, skew, eviction.
+    hit_reqs = [r.ttft_s for r in ok if r.cached_tokens > r.shared_prefix_tokens]
+    miss_reqs = [r.ttft_s for r in ok if r.cached_tokens <= r.shared_prefix_tokens]
+    row["uncached_tokens_per_request"] = (prompt - cached) / len(ok) if ok else 0.0
+    row["ttft_p50_hit_s"] = percentile(hit_reqs, 50)
+    row["ttft_p50_miss_s"] = percentile(miss_reqs, 50)
+    row["max_worker_share"] = max(workers.values()) / len(ok) if workers and ok else None
     if counters is not None:
         row["worker_counters"] = counters
         row["hit_rate"] = counters["total"]["hit_rate"]
+        total = counters["total"]
+        row["evicted_miss_tokens"] = total["miss_tokens"].get("evicted", 0)
+        row["evicted_pages"] = total["evicted_pages"]
     return row
 
 
@@ -93,6 +110,26 @@ def markdown_table(rows: Sequence[dict]) -> str:
             f"| {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p99_s'])} | {_ms(r['itl_p50_s'])} "
             f"| {r['throughput_rps']:.2f} "
             f"| {'-' if added is None else f'{added * 1000:+.2f}'} | {r['errors']} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def breakdown_table(rows: Sequence[dict]) -> str:
+    """Per target: recomputed prompt tokens per request, TTFT of requests that hit beyond the
+    shared block vs those that did not, the busiest worker's share, tokens missed because an
+    earlier copy had been evicted."""
+    head = (
+        "| router | policy | uncached tokens / request | TTFT p50 hit (ms) | TTFT p50 miss (ms) "
+        "| busiest worker's share | evicted-miss tokens |\n|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        share = r.get("max_worker_share")
+        lines.append(
+            f"| {r.get('router', '-')} | {r.get('policy', '-')} "
+            f"| {r['uncached_tokens_per_request']:.0f} | {_ms(r['ttft_p50_hit_s'])} "
+            f"| {_ms(r['ttft_p50_miss_s'])} | {'-' if share is None else f'{share:.0%}'} "
+            f"| {r.get('evicted_miss_tokens', '-')} |"
         )
     return head + "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ import pytest
 from radixray.bench.cli import main as bench_main
 from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, run_load
-from radixray.bench.report import markdown_table, percentile, plot, summarize
+from radixray.bench.report import breakdown_table, markdown_table, percentile, plot, summarize
 from radixray.bench.workloads import BenchWorkload, Session, Turn, block_text
 
 SHARED = "".join(block_text(i, 16) for i in range(4))  # 64 shared characters = 4 pages
@@ -60,6 +60,8 @@ def test_concurrency_run_measures_streams_usage_and_worker_counters(worker_app, 
     assert row["ok"] == wl.num_requests and row["errors"] == 0 and 0 < row["hit_rate"] < 1
     assert row["ttft_p50_s"] <= row["ttft_p99_s"] and row["throughput_rps"] > 0
     assert "| direct | - |" in markdown_table([row])
+    assert row["uncached_tokens_per_request"] > 0 and row["max_worker_share"] == 1.0
+    assert "| direct | - |" in breakdown_table([row])
     plot(tmp_path / "p.png", {"synthetic": [("direct", [r.ttft_s for r in run.requests], 0.5)]})
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -105,3 +107,33 @@ def test_cli_run_writes_a_report(worker_app, tmp_path, capsys):
     assert report["summary"]["ok"] == 3 and "hit_rate" in report["summary"]
     assert len(report["requests"]) == 3
     assert "cluster hit rate" in capsys.readouterr().out
+
+
+def test_repeats_pool_requests_in_time_and_sum_counters():
+    from radixray.bench.compare import _pool
+    from radixray.bench.loadgen import RequestResult, RunResult
+
+    def run(n):
+        reqs = [
+            RequestResult(f"s{i}", 0, float(i), ok=True, ttft_s=0.1, e2e_s=0.5) for i in range(n)
+        ]
+        return RunResult("t", "u", LoadConfig(), reqs, float(n), 0.0)
+
+    def delta(p, c):
+        return {
+            "total": {
+                "prompt_tokens": p,
+                "cached_tokens": c,
+                "evicted_pages": 0,
+                "preemptions": 0,
+                "miss_tokens": {"cached": c, "cold": p - c},
+                "hit_rate": c / p,
+            },
+            "workers": {},
+        }
+
+    pooled, merged = _pool([(run(3), delta(100, 50)), (run(2), delta(300, 50))])
+    assert [r.start_s for r in pooled.requests] == [0.0, 1.0, 2.0, 2.5, 3.5]
+    assert pooled.duration_s == 5.0
+    assert merged["total"]["hit_rate"] == 0.25
+    assert merged["total"]["miss_tokens"] == {"cached": 100, "cold": 300}
