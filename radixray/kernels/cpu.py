@@ -9,13 +9,15 @@ tolerance: it sums in a different order, so it is not bitwise equal). What makes
   on the batch, not on the layer; :func:`plan` computes them once per forward instead of
   30 times.
 * **torch's fused attention** (``F.scaled_dot_product_attention``, float32 in, float32 math)
-  on K/V gathered with one ``index_select`` each and read through strided views: no score matrix
-  in memory for long prefills, no repeat of K/V per query head (GQA is native), no extra copy.
+  on K/V gathered a page at a time (one ``index_select`` each) and read through strided views:
+  no score matrix in memory for long prefills, no repeat of K/V per query head (GQA is native),
+  no extra copy.
 * **Decode rows are grouped by length** so that a long sequence does not pad every short one to
   its length (at most ~25% padding per group, plus a little slack for short contexts).
 
-Flat slot of token ``t`` of a sequence: ``block_table[b, t // P] * P + t % P``, the cache viewed
-as ``[num_pages * P, Hkv, D]``.
+Store: flat slot ``page * P + offset`` in the cache viewed as ``[num_pages * P, Hkv, D]``.
+Attention: whole pages are gathered (the cache viewed as ``[num_pages, P * Hkv * D]``) and cut
+to each sequence's length; past it, masked.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _PAD_SLACK = 256
 @dataclass(frozen=True)
 class _DecodeGroup:
     rows: torch.Tensor  # int64 [n] rows of q (one per sequence)
-    index: torch.Tensor  # int64 [n * L] flat slots, padded with slot 0
+    pages: torch.Tensor  # int64 [n * ceil(L / P)] page ids, padded with page 0
     mask: torch.Tensor | None  # bool [n, 1, 1, L] True = attend; None when nothing is padded
     length: int  # L, the longest context in the group
 
@@ -46,8 +48,9 @@ class _DecodeGroup:
 class _Prefill:
     start: int  # rows start:end of q are this sequence's new tokens
     end: int
-    index: torch.Tensor  # int64 [L] flat slots of its whole context
+    pages: torch.Tensor  # int64 [ceil(L / P)] page ids of its whole context
     mask: torch.Tensor | None  # bool [q_len, L] (cached prefix + causal); None = plain causal
+    length: int  # L
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,8 @@ def plan(
         store_rows = torch.nonzero(slots >= 0).flatten()
         slots = slots[store_rows]
 
-    def flat_index(b_rows: torch.Tensor, length: int) -> torch.Tensor:  # [n, length]
-        t = torch.arange(length, device=dev)
-        return table[b_rows][:, t // P] * P + t % P
+    def page_ids(b_rows: torch.Tensor, length: int) -> torch.Tensor:  # [n, ceil(length / P)]
+        return table[b_rows][:, : -(-length // P)]
 
     decode_seqs = sorted((b for b in range(B) if cu[b + 1] - cu[b] == 1), key=lambda b: -lens[b])
     groups: list[_DecodeGroup] = []
@@ -99,14 +101,15 @@ def plan(
             j += 1
         members = sorted(decode_seqs[i:j])  # row order: one group covering all rows is q
         b_rows = torch.tensor(members, device=dev)
-        idx = flat_index(b_rows, longest)
+        pages = page_ids(b_rows, longest)
         mask = None
         if any(lens[b] != longest for b in members):
-            valid = torch.arange(longest, device=dev)[None, :] < seq_lens[b_rows].long()[:, None]
-            idx = torch.where(valid, idx, 0)  # padding reads slot 0, masked out below
-            mask = valid[:, None, None, :]
+            own = seq_lens[b_rows].long()[:, None]
+            used = torch.arange(pages.shape[1], device=dev)[None, :] * P < own
+            pages = torch.where(used, pages, 0)  # past its own pages: read page 0, masked below
+            mask = (torch.arange(longest, device=dev)[None, :] < own)[:, None, None, :]
         rows = torch.tensor([cu[b] for b in members], device=dev)
-        groups.append(_DecodeGroup(rows, idx.flatten(), mask, longest))
+        groups.append(_DecodeGroup(rows, pages.flatten(), mask, longest))
         i = j
 
     prefills: list[_Prefill] = []
@@ -115,13 +118,13 @@ def plan(
         if e - s <= 1:
             continue
         L = lens[b]
-        idx = flat_index(torch.tensor([b], device=dev), L)[0]
+        pages = page_ids(torch.tensor([b], device=dev), L)[0]
         mask = None
         if L != e - s:  # a cached prefix: new token j sits at position L - q_len + j
             k_pos = torch.arange(L, device=dev)[None, :]
             q_pos = torch.arange(L - (e - s), L, device=dev)[:, None]
             mask = k_pos <= q_pos
-        prefills.append(_Prefill(s, e, idx, mask))
+        prefills.append(_Prefill(s, e, pages, mask, L))
     return CpuAttentionPlan(int(cu[-1]), slots, store_rows, tuple(groups), tuple(prefills))
 
 
@@ -147,25 +150,28 @@ def extend_attention(
     scale: float,
 ) -> torch.Tensor:  # [T, Hq, D]
     T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
+    num_pages, P, Hkv = k_cache.shape[:3]
     group = Hq // Hkv
-    kc = k_cache.view(-1, Hkv, D)
-    vc = v_cache.view(-1, Hkv, D)
+    # pages as rows: gathering whole pages copies P * Hkv * D contiguous floats per index
+    kp = k_cache.view(num_pages, -1)
+    vp = v_cache.view(num_pages, -1)
     only_decode = len(plan_.decode) == 1 and not plan_.prefill
     out = None if only_decode else torch.empty_like(q)
     for g in plan_.decode:
-        n = g.rows.shape[0]
-        # [n, L, Hkv, D] gathered, read as [n, Hkv, L, D]; queries grouped by their KV head
-        k = kc.index_select(0, g.index).view(n, g.length, Hkv, D).transpose(1, 2)
-        v = vc.index_select(0, g.index).view(n, g.length, Hkv, D).transpose(1, 2)
+        n, L = g.rows.shape[0], g.length
+        # [n, pages * P, Hkv, D] gathered, cut to L and read as [n, Hkv, L, D]
+        k = kp.index_select(0, g.pages).view(n, -1, Hkv, D)[:, :L].transpose(1, 2)
+        v = vp.index_select(0, g.pages).view(n, -1, Hkv, D)[:, :L].transpose(1, 2)
+        # queries grouped by their KV head: [n, Hkv, group, D]
         qg = (q if only_decode else q.index_select(0, g.rows)).reshape(n, Hkv, group, D)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)
         if only_decode:
             return o.reshape(T, Hq, D)
         out.index_copy_(0, g.rows, o.reshape(n, Hq, D))
     for p in plan_.prefill:
-        k = kc.index_select(0, p.index).transpose(0, 1)[None]  # [1, Hkv, L, D]
-        v = vc.index_select(0, p.index).transpose(0, 1)[None]
+        L = p.length
+        k = kp.index_select(0, p.pages).view(-1, Hkv, D)[:L].transpose(0, 1)[None]
+        v = vp.index_select(0, p.pages).view(-1, Hkv, D)[:L].transpose(0, 1)[None]
         qs = q[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         o = F.scaled_dot_product_attention(
             qs, k, v, attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True

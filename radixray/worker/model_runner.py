@@ -42,7 +42,7 @@ class ModelRunner:
         meta, positions = AttentionMetadata.build(tables, cached, new, P, self.device)
         ids: list[int] = []
         for it in items:
-            ids += it.req.all_ids[it.start : it.start + it.num_tokens]
+            ids += _token_slice(it.req, it.start, it.start + it.num_tokens)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         rows = [i for i, it in enumerate(items) if it.sample]
         logits_indices = meta.last_token_indices()[rows]
@@ -50,3 +50,14 @@ class ModelRunner:
             input_ids, positions, meta, self.pool.k_cache, self.pool.v_cache, logits_indices
         )
         return logits.float()
+
+
+def _token_slice(req, start: int, end: int) -> list[int]:
+    """``req.all_ids[start:end]`` without building ``all_ids`` (a copy of the whole context per
+    request per step: at decode only the last token is needed)."""
+    prompt, n = req.prompt_ids, len(req.prompt_ids)
+    if end <= n:
+        return prompt[start:end]
+    if start >= n:
+        return req.output_ids[start - n : end - n]
+    return prompt[start:] + req.output_ids[: end - n]

@@ -32,12 +32,16 @@ class AttentionMetadata:
       a sequence's last page are ignored (any value, 0 by convention).
     - ``cu_seqlens_q`` int32 ``[B + 1]``: row offsets of each sequence's new tokens.
     - ``seq_lens`` int32 ``[B]``: context length after this step (cached + new).
+    - ``max_seqlen_q``: the most new tokens of any sequence, as a host int (None = unknown). The
+      GPU backends size their grid from it without a device sync, and 1 (a pure decode step)
+      takes the split-KV decode kernel.
     """
 
     slot_mapping: torch.Tensor
     block_table: torch.Tensor
     cu_seqlens_q: torch.Tensor
     seq_lens: torch.Tensor
+    max_seqlen_q: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -99,5 +103,6 @@ class AttentionMetadata:
                 dtype=torch.int32,
                 device=device,
             ),
+            max_seqlen_q=max(num_new, default=0),
         )
         return meta, torch.tensor(positions, dtype=torch.int64, device=device)

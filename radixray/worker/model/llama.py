@@ -41,6 +41,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(size, device=device), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same formula in one fused op (one pass over x instead of six small ops)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the dtype, then scale in the model dtype (as HF does).
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -110,6 +113,7 @@ class Attention(nn.Module):
             attn.cu_seqlens_q,
             attn.seq_lens,
             self.scale,
+            max_seqlen_q=attn.max_seqlen_q,
             plan=plan,
         )
         return self.o_proj(out.reshape(T, self.q_size))
