@@ -59,6 +59,7 @@ class WorkerEntry:
     inflight: dict[str, _InFlight] = field(default_factory=dict)
     events_applied: int = 0
     snapshots: int = 0
+    own_at_report: dict = field(default_factory=dict)  # our tally when ``report`` arrived
 
     @property
     def healthy(self) -> bool:
@@ -145,8 +146,26 @@ class WorkerPool:
         if entry:
             entry.inflight.pop(request_id, None)
 
+    @staticmethod
+    def _tally(entry: WorkerEntry) -> dict[str, int]:
+        """This router's own traffic on a worker, in the report's terms."""
+        waiting = [f for f in entry.inflight.values() if not f.started]
+        started = [f for f in entry.inflight.values() if f.started]
+        return {
+            "running": len(started),
+            "waiting": len(waiting),
+            "queued_prefill_tokens": sum(f.uncached_tokens for f in waiting),
+            "active_decode_tokens": sum(f.context_tokens for f in started),
+        }
+
     def states(self) -> list[WorkerState]:
-        """What the policy sees: routable workers only (healthy, not draining)."""
+        """What the policy sees: routable workers only (healthy, not draining).
+
+        Load = this router's own traffic now (exact, immediate) + the rest of the worker's last
+        report (other routers' traffic): the report minus our own traffic when it was taken.
+        Adding the stale report as it is would make a worker that just finished our request look
+        busy until the next poll, and push that request's successors off their cached prefix.
+        """
         measured = [
             e.report["prefill_tokens_per_s"]
             for e in self.workers.values()
@@ -158,26 +177,17 @@ class WorkerPool:
             if not e.healthy or e.draining:
                 continue
             r = e.report
-            waiting = [f for f in e.inflight.values() if not f.started]
-            started = [f for f in e.inflight.values() if f.started]
+            own = self._tally(e)
+            load = {k: own[k] + max(0, (r.get(k) or 0) - e.own_at_report.get(k, 0)) for k in own}
             out.append(
                 WorkerState(
                     worker_id=e.worker_id,
-                    running=max(r.get("running") or 0, len(started)),
-                    waiting=max(r.get("waiting") or 0, len(waiting)),
-                    queued_prefill_tokens=max(
-                        r.get("queued_prefill_tokens") or 0,
-                        sum(f.uncached_tokens for f in waiting),
-                    ),
-                    active_decode_tokens=max(
-                        r.get("active_decode_tokens") or 0,
-                        sum(f.context_tokens for f in started),
-                    ),
                     free_pages=r.get("free_pages") or 0,
                     total_pages=r.get("total_pages") or 0,
                     prefill_tokens_per_s=r.get("prefill_tokens_per_s") or prior,
                     decode_step_s=r.get("decode_step_s") or 0.0,
                     healthy=True,
+                    **load,
                 )
             )
         return out
@@ -208,6 +218,7 @@ class WorkerPool:
         entry.epoch = resp["epoch"]
         entry.seq = resp["seq"]
         entry.report = resp["load"]
+        entry.own_at_report = self._tally(entry)
         entry.stats = resp.get("stats", {})
         entry.last_ok = time.monotonic()
         if entry.breaker.record_success():
