@@ -1,8 +1,11 @@
 """Incremental detokenization with stop strings, for streaming.
 
-Each step decodes the whole output (short for chat answers; correct across multi-byte
-characters) and releases only text that cannot change: never a trailing replacement character
-(an incomplete UTF-8 sequence) and never a suffix that could still grow into a stop string.
+Decoding the whole output on every token costs O(n^2) over a long answer. Instead, each step
+decodes a short window (the standard prefix/read offsets): the text of ``ids[prefix:read]`` is
+already released; decoding ``ids[prefix:]`` and taking what follows it gives the new text, with
+the tokens before ``prefix`` giving context so that merges across token boundaries are right.
+A window that ends in an incomplete UTF-8 sequence (a replacement character) waits for more
+tokens. Text that could still grow into a stop string is held back until it cannot.
 """
 
 from __future__ import annotations
@@ -17,31 +20,44 @@ class IncrementalDetokenizer:
         self._decode = decode
         self.stop = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
-        self.text = ""  # full text so far (truncated at a stop string once found)
+        self.text = ""  # decoded text so far (cut before a stop string once one is found)
         self.emitted = 0  # characters already released
         self.stopped = False
+        self._prefix = 0  # token offsets of the decode window
+        self._read = 0
 
     def update(self, output_ids: list[int]) -> str:
-        """Decode ``output_ids``; return newly releasable text. Sets ``stopped`` on a stop
-        string (the text is cut before it)."""
-        text = self._decode(output_ids)
+        """Take the output so far (one more token than last time, or more); return the text that
+        can be released now. Sets ``stopped`` on a stop string (the text is cut before it)."""
+        if self.stopped:
+            return ""
+        before = self._decode(output_ids[self._prefix : self._read])
+        window = self._decode(output_ids[self._prefix :])
+        if len(window) > len(before) and not window.endswith("\ufffd"):
+            self.text += window[len(before) :]
+            self._prefix, self._read = self._read, len(output_ids)
         for s in self.stop:
-            # Search only where a new match can start: the last emitted char onward.
-            i = text.find(s, max(0, self.emitted - len(s)))
+            # A new match can only start in the part not yet released (or overlap its end).
+            i = self.text.find(s, max(0, self.emitted - len(s) + 1))
             if i != -1:
-                self.text = text[:i]
+                self.text = self.text[:i]
                 self.stopped = True
                 return self.flush()
-        self.text = text
-        end = len(text)
-        while end > self.emitted and text[end - 1] == "\ufffd":
-            end -= 1
-        end = max(self.emitted, end - self._hold) if self.stop else end
-        delta = text[self.emitted : end]
+        end = len(self.text) - self._hold if self.stop else len(self.text)
+        if end <= self.emitted:
+            return ""
+        delta = self.text[self.emitted : end]
         self.emitted = end
         return delta
 
-    def flush(self) -> str:
+    def flush(self, output_ids: list[int] | None = None) -> str:
+        """Release everything (the request ended). With ``output_ids``, text still waiting in
+        the window (e.g. an incomplete character at the very end) is decoded as it is."""
+        if output_ids is not None and not self.stopped and self._read < len(output_ids):
+            before = self._decode(output_ids[self._prefix : self._read])
+            window = self._decode(output_ids[self._prefix :])
+            self.text += window[len(before) :]
+            self._prefix = self._read = len(output_ids)
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta

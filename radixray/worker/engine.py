@@ -228,7 +228,7 @@ class Engine:
             reason = self._finish_reason(req, tok, tr.detok.stopped)
             if reason:
                 self.scheduler.finish(req, reason)
-                delta += tr.detok.flush()
+                delta += tr.detok.flush(req.output_ids)
             out.append(self._chunk(tr, [tok], delta, reason))
         return out
 
@@ -282,7 +282,7 @@ class Engine:
         tr = self._tracked.get(request_id)
         if tr is None or self.scheduler.abort(request_id) is None:
             return None
-        return self._chunk(tr, [], tr.detok.flush(), "abort")
+        return self._chunk(tr, [], tr.detok.flush(tr.req.output_ids), "abort")
 
     def _drain_inbox(self) -> None:
         while True:

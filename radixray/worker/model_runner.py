@@ -26,6 +26,13 @@ class ModelRunner:
         self.pool = pool
         self.device = device
         self.backend = backend
+        if backend is not None:
+            from radixray import kernels
+
+            # Fail at start-up, with the valid choices, not on the first request.
+            probe = pool.k_cache[0, :1, :1, :, :]
+            kernels.resolve_backend(backend, probe[0, 0].unsqueeze(0), pool.k_cache[0])
+            model.set_attention_backend(backend)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:

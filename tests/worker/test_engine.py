@@ -214,3 +214,17 @@ def test_bad_input_is_rejected_clearly():
     with pytest.raises(ValueError, match="cache must be one of"):
         EngineConfig(cache="lru")
     assert_no_leak(e)
+
+
+def test_attention_backend_is_applied_and_validated():
+    from radixray.kernels import BackendUnavailableError
+
+    prompts = shared_prefix_prompts(3, n=4)
+    want = tokens(engine().generate_batch(prompts, GREEDY))
+    forced = engine(attention_backend="torch")
+    assert all(layer.self_attn.backend == "torch" for layer in forced.runner.model.layers)
+    assert tokens(forced.generate_batch(prompts, GREEDY)) == want
+    with pytest.raises(ValueError, match="valid choices"):
+        engine(attention_backend="cuda-magic")
+    with pytest.raises(BackendUnavailableError):
+        engine(attention_backend="flash_attn")

@@ -86,6 +86,7 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim**-0.5
+        self.backend: str | None = None  # attention backend (None: best available / env var)
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, device)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, device)
 
@@ -104,7 +105,7 @@ class Attention(nn.Module):
         q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping, plan=plan)
+        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping, self.backend, plan=plan)
         out = kernels.extend_attention(
             q,
             k_cache,
@@ -113,6 +114,7 @@ class Attention(nn.Module):
             attn.cu_seqlens_q,
             attn.seq_lens,
             self.scale,
+            self.backend,
             max_seqlen_q=attn.max_seqlen_q,
             plan=plan,
         )
@@ -167,6 +169,14 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, self.device
         )
+        self.attention_backend: str | None = None
+
+    def set_attention_backend(self, backend: str | None) -> None:
+        """Run every layer's attention on ``backend`` ("torch", "triton", "flash_attn"; None:
+        the best available, or RADIXRAY_ATTENTION_BACKEND)."""
+        self.attention_backend = backend
+        for layer in self.layers:
+            layer.self_attn.backend = backend
 
     # --- forward ------------------------------------------------------------------------------
 
@@ -206,7 +216,12 @@ class LlamaModel(nn.Module):
         # Where the batch's tokens sit in the pool is the same for every layer: on CPU the
         # attention fast path works it out once per step (None elsewhere: the kernels do it).
         plan = kernels.cpu_plan(
-            attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.slot_mapping, k_cache[0]
+            attn.block_table,
+            attn.cu_seqlens_q,
+            attn.seq_lens,
+            attn.slot_mapping,
+            k_cache[0],
+            self.attention_backend,
         )
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, attn, k_cache[i], v_cache[i], plan)
