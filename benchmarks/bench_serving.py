@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_serving.py            # the published table's settings
     .venv/bin/python benchmarks/bench_serving.py --help     # every knob (radixray bench compare)
 
-Writes benchmarks/results/serving/bench_serving.{json,png,md}; the table and the reading of it
+Writes /tmp/bench_serving/bench_serving.{json,png,md}; the table and the reading of it
 are in benchmarks/README.md ("Live serving benchmark").
 """
 

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--repeats", type=int, default=2, help="runs per target, in alternating target order"
     )
-    c.add_argument("--out-dir", default="benchmarks/results/serving")
+    c.add_argument("--out-dir", default="/tmp/bench_serving")
     _workload_args(c)
     _load_args(c)
 

@@ -206,12 +206,26 @@ def _run_one(
         run = asyncio.run(run_load(router.url, wl, replace(load), model=model, target=label))
         time.sleep(SETTLE_S)
         after = asyncio.run(worker_counters(urls))
-        return run, counter_delta(before, after)
+        delta = counter_delta(before, after)
+        if target.startswith("radixray:"):
+            delta["decisions"] = _decisions(router.url)
+        return run, delta
     finally:
         if router is not None:
             router.stop()
         for w in workers:
             w.stop()
+
+
+def _decisions(url: str) -> list[dict]:
+    """The radixray router's decision log (chosen worker, predicted vs actual cached tokens,
+    queued prefill at decision time, scores): the evidence for where hits and time went."""
+    try:
+        r = httpx.get(url + "/debug/decisions", params={"limit": 4096}, timeout=10)
+        r.raise_for_status()
+        return r.json()["decisions"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
 
 
 def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
@@ -231,7 +245,9 @@ def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
         sum(run.duration_s for run, _ in runs),
         first.started_at,
     )
-    return pooled, merge_deltas([d for _, d in runs])
+    merged = merge_deltas([d for _, d in runs])
+    merged["decisions"] = [d.get("decisions", []) for _, d in runs]
+    return pooled, merged
 
 
 def run_compare(cfg: CompareConfig) -> dict:
