@@ -185,6 +185,7 @@ class WorkerPool:
                     free_pages=r.get("free_pages") or 0,
                     total_pages=r.get("total_pages") or 0,
                     prefill_tokens_per_s=r.get("prefill_tokens_per_s") or prior,
+                    prefill_overhead_s=r.get("prefill_overhead_s") or 0.0,
                     decode_step_s=r.get("decode_step_s") or 0.0,
                     healthy=True,
                     **load,

@@ -45,6 +45,7 @@ LOAD_FIELDS = (
     "cached_pages",
     "evictable_pages",
     "prefill_tokens_per_s",
+    "prefill_overhead_s",
     "decode_step_s",
     "decode_tokens_per_s",
     "hit_rate",

@@ -76,6 +76,7 @@ class WorkerState:
     free_pages: int = 0
     total_pages: int = 0
     prefill_tokens_per_s: float = 1.0
+    prefill_overhead_s: float = 0.0  # fixed cost of a prefill step (rate is per extra token)
     decode_step_s: float = 0.0
     healthy: bool = True
 

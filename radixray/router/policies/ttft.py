@@ -5,13 +5,15 @@ For each healthy worker ``w``, with ``c_w`` the tokens of this request cached th
 page-aligned, at most ``n - 1``: the last prompt token is always computed) and ``R_w`` the worker's
 measured prefill rate (tokens/s, EWMA reported by the worker)::
 
-    ttft_w  = (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if w is decoding]
+    ttft_w  = O_w + (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if decoding]
     reuse_w = (c_best - c_w) / R_w                      c_best = max over workers of c_w
     cost_w  = ttft_w + L * reuse_w                      L = rho / (1 - rho)
 
-``ttft_w`` is what the request itself waits: the prefill work queued ahead of it, its own uncached
-tokens, and the decode step in flight (decode interference during its chunks is already inside
-the measured effective rate ``R_w``).
+``R_w`` is the worker's *marginal* rate and ``O_w`` its fixed cost per prefill step, both fitted by
+the worker (a plain tokens/time ratio would make a worker that happened to get long prompts look
+faster and attract more of them). ``ttft_w`` is what the request itself waits: the prefill work
+queued ahead of it, its own uncached tokens, and the decode step in flight (decode interference
+during its chunks is already inside the measured effective rate ``R_w``).
 
 ``reuse_w`` is what a myopic TTFT rule leaves out. Recomputing a prefix that another worker holds
 does not only cost this request: the duplicate work occupies a worker that the requests arriving
@@ -86,7 +88,10 @@ class PredictedTTFT(Policy):
         for w in live:
             c = min(matched.get(w.worker_id, 0) * P, cap)
             rate = w.prefill_tokens_per_s
-            cost = (w.queued_prefill_tokens + n - c + weight * (c_best - c)) / rate
+            cost = (
+                w.prefill_overhead_s
+                + (w.queued_prefill_tokens + n - c + weight * (c_best - c)) / rate
+            )
             if w.running:
                 cost += w.decode_step_s
             scores[w.worker_id] = cost
