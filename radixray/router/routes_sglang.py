@@ -8,8 +8,8 @@ front it besides plain OpenAI clients:
   ``/get_load``, which must be a JSON *list*. It rebuilds OpenAI request bodies and adds its own
   extension fields (``skip_special_tokens: true``, ``ignore_eos: false``, ...). The OpenAI schema
   rejects unknown fields, so :class:`WorkerEdge` drops those fields when they carry the
-  value that changes nothing for radixray; any other value still reaches the schema and gets a
-  400 naming the field (radixray does not pretend to support ``ignore_eos: true``).
+  value that changes nothing for radixray; any other value still reaches the schema, which
+  either honours it (``ignore_eos: true``) or answers 400 naming the field.
 * radixray's router in another process (:class:`radixray.router.http_worker.HttpWorkerClient`)
   speaks the ``WorkerClient`` protocol over ``/internal/*``: token ids in, NDJSON chunk dicts
   out, and ``poll`` as one msgpack body (the KV events are already msgpack bytes inside it).

@@ -117,7 +117,7 @@ class SimWorker:
             waiting=len(self.waiting),
             queued_prefill_tokens=self.queued_prefill,
             active_decode_tokens=self.decode_ctx,
-            free_pages=self.allocator.num_free + self.cache.evictable_tokens // self.P,
+            free_pages=self.allocator.num_free,  # holding nothing, as the engine reports it
             total_pages=self.allocator.num_pages,
             prefill_tokens_per_s=self._pf_tok / self._pf_time,
             decode_step_s=self._decode_step,

@@ -7,7 +7,8 @@ measured prefill rate (tokens/s, EWMA reported by the worker)::
 
     ttft_w  = O_w + (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if decoding]
     reuse_w = (c_best - c_w) / R_w                      c_best = max over workers of c_w
-    cost_w  = ttft_w + L * reuse_w                      L = rho / (1 - rho)
+    evict_w = h * max(0, n - c_w - free_tokens_w) / R_w  h = share of prompts found cached
+    cost_w  = ttft_w + L * reuse_w + evict_w            L = rho / (1 - rho)
 
 ``R_w`` is the worker's *marginal* rate and ``O_w`` its fixed cost per prefill step, both fitted by
 the worker (a plain tokens/time ratio would make a worker that happened to get long prompts look
@@ -26,6 +27,12 @@ requests arrive estimates the utilisation; the policy keeps an EWMA of it over ~
 Idle cluster: ``L ~ 0``, pure predicted TTFT (spread load, recompute freely). Saturated cluster:
 ``L`` large, recomputation is avoided unless a queue is long enough to be worth it. There are no
 hand-set thresholds; ``rho`` is clipped at ``rho_max`` only to keep ``L`` finite.
+
+``evict_w`` prices the cache room a placement takes: the new pages beyond a worker's free ones
+evict cached tokens, and each evicted token is recomputed later with the probability that a
+cached token is reused, estimated by ``h``, the EWMA share of arriving prompt tokens found cached
+on some worker. Without it, a cold request on an idle cluster goes to whichever worker measures
+fastest, load concentrates, and one cache churns while the others sit empty.
 
 Lowest cost wins; exact ties are broken at random (seeded). Cost: one index match and O(workers)
 arithmetic per request.
@@ -62,6 +69,7 @@ class PredictedTTFT(Policy):
         self._decay = 1.0 - 1.0 / ewma_requests
         self.rho_max = rho_max
         self.rho = 0.0  # EWMA of the busy fraction seen at arrivals
+        self.reuse = 0.0  # EWMA of the share of arriving prompts found cached somewhere
 
     def _observe(self, live: Sequence[WorkerState]) -> float:
         busy = 0
@@ -82,15 +90,21 @@ class PredictedTTFT(Policy):
         n = request.num_tokens
         cap = max(n - 1, 0)
         c_best = min(max(matched.values(), default=0) * P, cap)
+        if n:
+            self.reuse = self._decay * self.reuse + (1.0 - self._decay) * c_best / n
+        reuse = self.reuse
         scores = {}
         best_cost = None
         best: list[WorkerState] = []
         for w in live:
             c = min(matched.get(w.worker_id, 0) * P, cap)
             rate = w.prefill_tokens_per_s
+            # Cached tokens this placement would evict (its new pages beyond the free ones),
+            # each worth a recompute with the probability that a cached token is reused.
+            spill = max(0, n - c - w.free_pages * P) if w.total_pages else 0
             cost = (
                 w.prefill_overhead_s
-                + (w.queued_prefill_tokens + n - c + weight * (c_best - c)) / rate
+                + (w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill) / rate
             )
             if w.running:
                 cost += w.decode_step_s
