@@ -202,6 +202,7 @@ class WorkerPool:
         """One poll; it is also the circuit breaker's probe while the worker is out."""
         if not entry.breaker.may_probe():
             return
+        sent = self._tally(entry)
         try:
             resp = await asyncio.wait_for(
                 entry.client.poll(entry.seq, entry.epoch), self.poll_timeout_s
@@ -219,7 +220,10 @@ class WorkerPool:
         entry.epoch = resp["epoch"]
         entry.seq = resp["seq"]
         entry.report = resp["load"]
-        entry.own_at_report = self._tally(entry)
+        # The worker took its report somewhere between our send and this receipt: count a request
+        # of ours that started or finished in between as ours (not as another router's load).
+        received = self._tally(entry)
+        entry.own_at_report = {k: max(sent[k], received[k]) for k in sent}
         entry.stats = resp.get("stats", {})
         entry.last_ok = time.monotonic()
         if entry.breaker.record_success():

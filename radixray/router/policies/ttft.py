@@ -2,19 +2,21 @@
 recomputation imposes on everyone else, is lowest.
 
 For each healthy worker ``w``, with ``c_w`` the tokens of this request cached there (index match,
-page-aligned, at most ``n - 1``: the last prompt token is always computed) and ``R_w`` the worker's
-measured prefill rate (tokens/s, EWMA reported by the worker)::
+page-aligned, at most ``n - 1``: the last prompt token is always computed) and ``R_w``, ``O_w``
+the prefill rate and step overhead the worker measured and reported::
 
     ttft_w  = O_w + (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if decoding]
     reuse_w = (c_best - c_w) / R_w                      c_best = max over workers of c_w
     evict_w = h * max(0, n - c_w - free_tokens_w) / R_w  h = share of prompts found cached
     cost_w  = ttft_w + L * reuse_w + evict_w            L = rho / (1 - rho)
 
-``R_w`` is the worker's *marginal* rate and ``O_w`` its fixed cost per prefill step, both fitted by
-the worker (a plain tokens/time ratio would make a worker that happened to get long prompts look
-faster and attract more of them). ``ttft_w`` is what the request itself waits: the prefill work
-queued ahead of it, its own uncached tokens, and the decode step in flight (decode interference
-during its chunks is already inside the measured effective rate ``R_w``).
+``O_w + x / R_w`` is the worker's own fit of a prefill step's time against its size (fixed cost
+``O_w``, marginal rate ``R_w``; a plain tokens/time ratio would make a worker that happened to
+get long prompts look faster and attract more of them). The fit's prediction is what is compared,
+not its two parameters apart: near the step sizes a worker has seen it is accurate even when
+the slope alone is noisy. ``ttft_w`` is what the request itself waits: the
+prefill work queued ahead of it, its own uncached tokens, and the decode step in flight (decode
+interference during its chunks is already inside the measured effective rate ``R_w``).
 
 ``reuse_w`` is what a myopic TTFT rule leaves out. Recomputing a prefix that another worker holds
 does not only cost this request: the duplicate work occupies a worker that the requests arriving
@@ -102,10 +104,8 @@ class PredictedTTFT(Policy):
             # Cached tokens this placement would evict (its new pages beyond the free ones),
             # each worth a recompute with the probability that a cached token is reused.
             spill = max(0, n - c - w.free_pages * P) if w.total_pages else 0
-            cost = (
-                w.prefill_overhead_s
-                + (w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill) / rate
-            )
+            work = w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill
+            cost = w.prefill_overhead_s + work / rate
             if w.running:
                 cost += w.decode_step_s
             scores[w.worker_id] = cost
