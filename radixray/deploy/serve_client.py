@@ -20,7 +20,11 @@ import asyncio
 import contextvars
 from collections.abc import Callable
 
-from radixray.router.worker_client import WorkerUnavailable
+from radixray.router.worker_client import (
+    RemoteWorkerClient,
+    WorkerUnavailable,
+    ray_transport_errors,
+)
 
 from .replicas import TARGET_KWARG, ReplicaGone
 
@@ -28,19 +32,10 @@ __all__ = ["ServeWorkerClient"]
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
-    import ray.exceptions as rex
     from ray.serve.exceptions import RayServeException
 
-    return (
-        ReplicaGone,
-        RayServeException,  # back-pressure, deployment unavailable, cancelled
-        rex.RayActorError,  # ActorDiedError, ActorUnavailableError
-        rex.ObjectLostError,
-        rex.WorkerCrashedError,
-        rex.NodeDiedError,
-        rex.GetTimeoutError,
-        asyncio.TimeoutError,
-    )
+    # Serve's own failures (back-pressure, deployment unavailable, cancelled) besides Ray's.
+    return (ReplicaGone, RayServeException, *ray_transport_errors())
 
 
 def _detached(fn, *args, **kwargs):
@@ -48,7 +43,7 @@ def _detached(fn, *args, **kwargs):
     return contextvars.Context().run(fn, *args, **kwargs)
 
 
-class ServeWorkerClient:
+class ServeWorkerClient(RemoteWorkerClient):
     """One worker replica. Every call is awaited (never ``ray.get`` in async code)."""
 
     def __init__(
@@ -68,9 +63,6 @@ class ServeWorkerClient:
         self.call_timeout_s = call_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self._errors = _transport_errors()
-
-    def _unavailable(self, e: BaseException) -> WorkerUnavailable:
-        return WorkerUnavailable(f"worker {self.worker_id}: {type(e).__name__}: {e}")
 
     def _require_running(self) -> None:
         if not self._is_running(self.worker_id):
@@ -100,18 +92,6 @@ class ServeWorkerClient:
                 yield chunk
         except self._errors as e:
             raise self._unavailable(e) from e
-
-    async def abort(self, request_id: str) -> None:
-        await self._call("abort", request_id)
-
-    async def poll(self, since_seq: int, epoch: str | None) -> dict:
-        return await self._call("poll", since_seq, epoch)
-
-    async def health(self) -> dict:
-        return await self._call("health")
-
-    async def info(self) -> dict:
-        return await self._call("info", timeout_s=self.ready_timeout_s)
 
     async def check_integrity(self) -> dict:
         return await self._call("check_integrity", timeout_s=60.0)

@@ -11,7 +11,14 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-__all__ = ["WorkerClient", "RayWorkerClient", "LocalWorkerClient", "WorkerUnavailable"]
+__all__ = [
+    "WorkerClient",
+    "RemoteWorkerClient",
+    "RayWorkerClient",
+    "LocalWorkerClient",
+    "WorkerUnavailable",
+    "ray_transport_errors",
+]
 
 
 class WorkerUnavailable(RuntimeError):
@@ -67,7 +74,8 @@ class LocalWorkerClient:
         await asyncio.to_thread(self.host.shutdown)
 
 
-def _transport_errors() -> tuple[type[BaseException], ...]:
+def ray_transport_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the worker is gone or unreachable" for a call through Ray."""
     import ray.exceptions as rex
 
     # ActorDiedError, ActorUnavailableError and NodeDiedError derive from these.
@@ -81,34 +89,18 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-class RayWorkerClient:
-    """A ``WorkerActor`` handle. Every call is awaited (never ``ray.get`` in async code)."""
+class RemoteWorkerClient:
+    """The request/response half of the protocol over a transport that subclasses provide as
+    ``_call(method, *args, timeout_s=None)``; transport failures become WorkerUnavailable."""
 
-    def __init__(
-        self, handle, worker_id: str, call_timeout_s: float = 10.0, ready_timeout_s: float = 600.0
-    ):
-        self.handle = handle
-        self.ready_timeout_s = ready_timeout_s
-        self.worker_id = worker_id
-        self.call_timeout_s = call_timeout_s
-        self._errors = _transport_errors()
+    worker_id: str
+    ready_timeout_s: float
+
+    def _unavailable(self, e: BaseException) -> WorkerUnavailable:
+        return WorkerUnavailable(f"worker {self.worker_id}: {type(e).__name__}: {e}")
 
     async def _call(self, method: str, *args, timeout_s: float | None = None):
-        try:
-            ref = getattr(self.handle, method).remote(*args)
-            return await asyncio.wait_for(ref, timeout_s or self.call_timeout_s)
-        except self._errors as e:
-            raise WorkerUnavailable(f"worker {self.worker_id}: {type(e).__name__}: {e}") from e
-
-    async def generate(self, prompt_ids, params, request_id, extra_key=None):
-        try:
-            gen = self.handle.generate.options(num_returns="streaming").remote(
-                list(prompt_ids), params, request_id, extra_key
-            )
-            async for ref in gen:
-                yield await ref
-        except self._errors as e:
-            raise WorkerUnavailable(f"worker {self.worker_id}: {type(e).__name__}: {e}") from e
+        raise NotImplementedError
 
     async def abort(self, request_id: str) -> None:
         await self._call("abort", request_id)
@@ -120,8 +112,38 @@ class RayWorkerClient:
         return await self._call("health")
 
     async def info(self) -> dict:
-        # The first call waits for the actor to load its model: allow for a slow disk.
+        # The first call waits for the worker to load its model: allow for a slow disk.
         return await self._call("info", timeout_s=self.ready_timeout_s)
+
+
+class RayWorkerClient(RemoteWorkerClient):
+    """A ``WorkerActor`` handle. Every call is awaited (never ``ray.get`` in async code)."""
+
+    def __init__(
+        self, handle, worker_id: str, call_timeout_s: float = 10.0, ready_timeout_s: float = 600.0
+    ):
+        self.handle = handle
+        self.ready_timeout_s = ready_timeout_s
+        self.worker_id = worker_id
+        self.call_timeout_s = call_timeout_s
+        self._errors = ray_transport_errors()
+
+    async def _call(self, method: str, *args, timeout_s: float | None = None):
+        try:
+            ref = getattr(self.handle, method).remote(*args)
+            return await asyncio.wait_for(ref, timeout_s or self.call_timeout_s)
+        except self._errors as e:
+            raise self._unavailable(e) from e
+
+    async def generate(self, prompt_ids, params, request_id, extra_key=None):
+        try:
+            gen = self.handle.generate.options(num_returns="streaming").remote(
+                list(prompt_ids), params, request_id, extra_key
+            )
+            async for ref in gen:
+                yield await ref
+        except self._errors as e:
+            raise self._unavailable(e) from e
 
     async def close(self) -> None:
         import ray
