@@ -78,6 +78,27 @@ def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> Proc:
     return Proc(name, url, p, log)
 
 
+def _spawn_router(
+    name: str,
+    cmd: list[str],
+    log_dir: Path,
+    port: int,
+    ready_path: str,
+    worker_urls: list[str],
+    timeout_s: float,
+) -> Proc:
+    """Start a router and wait until it reports every worker healthy (stop it if it fails)."""
+    proc = _spawn(name, cmd, log_dir, f"http://{LOCAL}:{port}")
+    try:
+        wait_ready(
+            proc, ready_path, timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
 def wait_ready(proc: Proc, path: str, timeout_s: float, check=None) -> None:
     """Poll ``proc.url + path`` until it answers 200 (and ``check(json)`` holds)."""
     deadline = time.monotonic() + timeout_s
@@ -145,15 +166,9 @@ def start_radixray_router(
         "--worker-urls",
         *worker_urls,
     )
-    proc = _spawn(f"radixray-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
-    try:
-        wait_ready(
-            proc, "/health", timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
-        )
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return _spawn_router(
+        f"radixray-{policy}", cmd, log_dir, port, "/health", worker_urls, timeout_s
+    )
 
 
 def start_sglang_router(
@@ -194,15 +209,9 @@ def start_sglang_router(
         "--shutdown-grace-period-secs",
         "2",
     ]
-    proc = _spawn(f"sglang-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
-    try:
-        wait_ready(
-            proc, "/readiness", timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
-        )
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return _spawn_router(
+        f"sglang-{policy}", cmd, log_dir, port, "/readiness", worker_urls, timeout_s
+    )
 
 
 def sglang_router_available() -> str | None:
