@@ -112,6 +112,8 @@ class RoutedStream:
                     "finish_reason": "error",
                     "error": f"worker {self.worker_id} failed mid-stream: {e}",
                 }
+        if chunk.get("token_ids"):
+            self.router.pool.track_tokens(self.worker_id, self.request_id, len(chunk["token_ids"]))
         if chunk.get("finish_reason"):
             self._finish(chunk)
         return chunk

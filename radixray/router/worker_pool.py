@@ -1,15 +1,16 @@
 """The router's registry of workers: load accounting, health, KV-event feed, index ownership.
 
-Load a policy sees is the larger of two views of each worker:
+Load a policy sees on each worker is the sum of two parts:
 
 * the router's own tally, exact and immediate for the traffic this router sent: requests not yet
   past their first token (waiting, with their predicted uncached prefill tokens) and requests
   decoding (with their context);
-* the worker's last report (``poll``), which also counts other routers' traffic.
+* other routers' traffic: the worker's last report (``poll``) less what of ours it counted.
 
-Rates (prefill tokens/s, decode step time) only come from the workers' own measurements. A worker
-that never measured one borrows the mean of those that did, else a nominal prior, so a new worker
-is neither shunned nor flooded.
+Rates (prefill step cost, decode step time) only come from the workers' own measurements. Workers
+of one performance class share one prefill fit over all their steps (see ``prefill_fits``). A
+worker that never measured one borrows the mean of those that did, else a nominal prior, so a new
+worker is neither shunned nor flooded.
 
 The pool owns the worker side of the ``ApproxIndex``: a worker that fails is dropped from it
 at once, a worker whose events were lost is rebuilt from a snapshot.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from radixray.cache_index import ApproxIndex
 from radixray.cache_index.events import decode
+from radixray.step_cost import fit_moments, sum_moments
 
 from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
@@ -35,6 +37,12 @@ log = logging.getLogger(__name__)
 # Before any worker has measured its prefill rate: a CPU worker on the default model is in the
 # thousands of tokens/s range; only the ratio between workers matters to the policies.
 _PRIOR_PREFILL_TPS = 1000.0
+_LOAD_KEYS = ("running", "waiting", "queued_prefill_tokens", "active_decode_tokens")
+
+
+def _has_moments(e: WorkerEntry) -> bool:
+    m = e.report.get("prefill_fit_moments")
+    return isinstance(m, list | tuple) and len(m) == 5 and m[0] > 0
 
 
 @dataclass
@@ -59,7 +67,11 @@ class WorkerEntry:
     inflight: dict[str, _InFlight] = field(default_factory=dict)
     events_applied: int = 0
     snapshots: int = 0
-    own_at_report: dict = field(default_factory=dict)  # our tally when ``report`` arrived
+    # This router's traffic on the worker, in the report's terms, kept as requests move.
+    own: dict = field(default_factory=lambda: dict.fromkeys(_LOAD_KEYS, 0))
+    # Our traffic as the report counted it: its peak over the poll that brought the report.
+    own_at_report: dict = field(default_factory=dict)
+    open_polls: list = field(default_factory=list)  # peak tallies of polls in flight
 
     @property
     def healthy(self) -> bool:
@@ -82,6 +94,7 @@ class WorkerPool:
         self._poll_task: asyncio.Task | None = None
         self.on_worker_down = None  # callback(worker_id, reason)
         self._kicks: set[asyncio.Task] = set()
+        self._fits: dict[str, tuple[float, float]] | None = None  # prefill_fits(), until a report
 
     # ------------------------------------------------------------------ membership
 
@@ -99,12 +112,14 @@ class WorkerPool:
             client, client.worker_id, info=info, breaker=CircuitBreaker(self.failure_threshold)
         )
         self.workers[client.worker_id] = entry
+        self._fits = None
         self.index.add_worker(client.worker_id)
         await self._poll_worker(entry)
         return entry
 
     async def remove(self, worker_id: str, close: bool = True) -> None:
         entry = self.workers.pop(worker_id, None)
+        self._fits = None
         self.index.remove_worker(worker_id)
         if entry is not None and close:
             await entry.client.close()
@@ -134,29 +149,83 @@ class WorkerPool:
     # ------------------------------------------------------------------ load accounting
 
     def track_dispatch(self, worker_id: str, request_id: str, uncached: int, context: int):
-        self.workers[worker_id].inflight[request_id] = _InFlight(uncached, context)
+        entry = self.workers[worker_id]
+        entry.inflight[request_id] = _InFlight(uncached, context)
+        self._count(entry, waiting=1, queued_prefill_tokens=uncached)
 
     def track_first_token(self, worker_id: str, request_id: str) -> None:
         entry = self.workers.get(worker_id)
-        if entry and request_id in entry.inflight:
-            entry.inflight[request_id].started = True
+        f = entry.inflight.get(request_id) if entry else None
+        if f is not None and not f.started:
+            f.started = True
+            self._count(
+                entry,
+                waiting=-1,
+                queued_prefill_tokens=-f.uncached_tokens,
+                running=1,
+                active_decode_tokens=f.context_tokens,
+            )
+
+    def track_tokens(self, worker_id: str, request_id: str, n: int) -> None:
+        """``n`` more tokens generated: the request's context on the worker grew by ``n``."""
+        entry = self.workers.get(worker_id)
+        f = entry.inflight.get(request_id) if entry else None
+        if f is not None and n:
+            f.context_tokens += n
+            if f.started:
+                self._count(entry, active_decode_tokens=n)
 
     def track_finish(self, worker_id: str, request_id: str) -> None:
         entry = self.workers.get(worker_id)
-        if entry:
-            entry.inflight.pop(request_id, None)
+        f = entry.inflight.pop(request_id, None) if entry else None
+        if f is None:
+            return
+        if f.started:
+            self._count(entry, running=-1, active_decode_tokens=-f.context_tokens)
+        else:
+            self._count(entry, waiting=-1, queued_prefill_tokens=-f.uncached_tokens)
 
     @staticmethod
-    def _tally(entry: WorkerEntry) -> dict[str, int]:
-        """This router's own traffic on a worker, in the report's terms."""
-        waiting = [f for f in entry.inflight.values() if not f.started]
-        started = [f for f in entry.inflight.values() if f.started]
-        return {
-            "running": len(started),
-            "waiting": len(waiting),
-            "queued_prefill_tokens": sum(f.uncached_tokens for f in waiting),
-            "active_decode_tokens": sum(f.context_tokens for f in started),
-        }
+    def _count(entry: WorkerEntry, **delta: int) -> None:
+        own = entry.own
+        for k, d in delta.items():
+            own[k] += d
+        # A poll in flight may see the worker at any moment until its reply: remember the most
+        # of our traffic it could have counted, so none of it is taken for another router's.
+        for peak in entry.open_polls:
+            for k in delta:
+                if own[k] > peak[k]:
+                    peak[k] = own[k]
+
+    def prefill_fits(self) -> dict[str, tuple[float, float]]:
+        """Each worker's prefill step cost ``(overhead_s, tokens_per_s)``.
+
+        Workers of one performance class (their ``info["perf_class"]``: same model, dtype,
+        device type and threads) share one fit over all their reported steps, so the router
+        compares their load and cache, not the noise between their separate fits. A worker that
+        reports no class or no moments keeps its own fit; one with no measurement yet borrows
+        the mean rate of those that have one, else a nominal prior.
+        """
+        groups: dict[object, list[WorkerEntry]] = {}
+        for e in self.workers.values():
+            groups.setdefault(e.info.get("perf_class") or ("worker", e.worker_id), []).append(e)
+        fits: dict[str, tuple[float, float]] = {}
+        for members in groups.values():
+            moments = [e.report["prefill_fit_moments"] for e in members if _has_moments(e)]
+            pooled = fit_moments(sum_moments(moments)) if moments else None
+            for e in members:
+                if pooled is not None:
+                    fits[e.worker_id] = pooled
+                elif e.report.get("prefill_tokens_per_s"):
+                    r = e.report
+                    fits[e.worker_id] = (
+                        r.get("prefill_overhead_s") or 0.0,
+                        r["prefill_tokens_per_s"],
+                    )
+        prior = sum(rate for _, rate in fits.values()) / len(fits) if fits else _PRIOR_PREFILL_TPS
+        for wid in self.workers:
+            fits.setdefault(wid, (0.0, prior))
+        return fits
 
     def states(self) -> list[WorkerState]:
         """What the policy sees: routable workers only (healthy, not draining).
@@ -166,26 +235,24 @@ class WorkerPool:
         Adding the stale report as it is would make a worker that just finished our request look
         busy until the next poll, and push that request's successors off their cached prefix.
         """
-        measured = [
-            e.report["prefill_tokens_per_s"]
-            for e in self.workers.values()
-            if e.report.get("prefill_tokens_per_s")
-        ]
-        prior = sum(measured) / len(measured) if measured else _PRIOR_PREFILL_TPS
+        if self._fits is None:
+            self._fits = self.prefill_fits()
+        fits = self._fits
         out = []
         for e in self.workers.values():
             if not e.healthy or e.draining:
                 continue
             r = e.report
-            own = self._tally(e)
+            own = e.own
             load = {k: own[k] + max(0, (r.get(k) or 0) - e.own_at_report.get(k, 0)) for k in own}
+            overhead, rate = fits.get(e.worker_id, (0.0, _PRIOR_PREFILL_TPS))
             out.append(
                 WorkerState(
                     worker_id=e.worker_id,
                     free_pages=r.get("free_pages") or 0,
                     total_pages=r.get("total_pages") or 0,
-                    prefill_tokens_per_s=r.get("prefill_tokens_per_s") or prior,
-                    prefill_overhead_s=r.get("prefill_overhead_s") or 0.0,
+                    prefill_tokens_per_s=rate,
+                    prefill_overhead_s=overhead,
                     decode_step_s=r.get("decode_step_s") or 0.0,
                     healthy=True,
                     **load,
@@ -202,7 +269,8 @@ class WorkerPool:
         """One poll; it is also the circuit breaker's probe while the worker is out."""
         if not entry.breaker.may_probe():
             return
-        sent = self._tally(entry)
+        peak = dict(entry.own)
+        entry.open_polls.append(peak)
         try:
             resp = await asyncio.wait_for(
                 entry.client.poll(entry.seq, entry.epoch), self.poll_timeout_s
@@ -211,6 +279,8 @@ class WorkerPool:
             if entry.breaker.record_failure():
                 self._went_down(entry, f"poll failed: {type(e).__name__}: {e}")
             return
+        finally:
+            entry.open_polls.remove(peak)
         batch = decode(resp["events"])
         if resp["snapshot"]:
             self.index.clear(entry.worker_id)
@@ -220,10 +290,10 @@ class WorkerPool:
         entry.epoch = resp["epoch"]
         entry.seq = resp["seq"]
         entry.report = resp["load"]
-        # The worker took its report somewhere between our send and this receipt: count a request
-        # of ours that started or finished in between as ours (not as another router's load).
-        received = self._tally(entry)
-        entry.own_at_report = {k: max(sent[k], received[k]) for k in sent}
+        self._fits = None
+        # The worker took its report at some moment between our send and this receipt: whatever
+        # of ours it may have counted (up to our peak in between) is not another router's load.
+        entry.own_at_report = peak
         entry.stats = resp.get("stats", {})
         entry.last_ok = time.monotonic()
         if entry.breaker.record_success():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import platform
 import queue
 import threading
 import time
@@ -447,6 +448,19 @@ class Engine:
         with self._lock:
             self.scheduler.check_integrity()
 
+    @property
+    def perf_class(self) -> str:
+        """What sets this worker's speed: workers that share it run at the same speed, so a
+        router pools their step-time measurements instead of routing on the noise between them.
+        """
+        dev = self.device
+        if dev.type == "cuda":
+            hw = torch.cuda.get_device_name(dev)
+        else:
+            hw = f"{_cpu_model()} x{torch.get_num_threads()} threads"
+        c = self.config
+        return " | ".join((c.model, c.dtype, hw, c.attention_backend or "auto"))
+
     def stats(self) -> dict:
         s = self.stats_.as_dict()
         sched, alloc = self.scheduler, self.pool.allocator
@@ -472,6 +486,18 @@ class Engine:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from radixray.step_cost import StepCostModel
+
 from .request import MISS_CAUSES
 
 __all__ = ["EngineStats", "Ewma", "StepCostModel"]
@@ -18,43 +20,6 @@ class Ewma:
 
     def update(self, x: float) -> None:
         self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
-
-
-class StepCostModel:
-    """Fits ``step_seconds ~ overhead + tokens / rate`` over recent prefill steps (exponentially
-    weighted least squares).
-
-    A plain tokens/seconds ratio is biased by the fixed cost of a step: a worker that happened
-    to prefill long prompts looks faster than one that prefilled short ones, a router then
-    favours it, and it keeps looking fast. Separating the per-step overhead from the marginal
-    per-token cost makes identical workers report identical rates whatever their mix.
-    """
-
-    def __init__(self, decay: float = 0.95):
-        self.decay = decay
-        self._s = [0.0] * 5  # weights, sum x, sum y, sum x^2, sum x*y
-
-    def update(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        s0, sx, sy, sxx, sxy = self._s
-        x, y = float(tokens), float(seconds)
-        self._s = [d * s0 + 1, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y]
-
-    def fit(self) -> tuple[float, float] | None:
-        """(overhead seconds, tokens per second), or None before any prefill step."""
-        s0, sx, sy, sxx, sxy = self._s
-        if s0 == 0 or sx <= 0:
-            return None
-        mean_x = sx / s0
-        var_x = sxx / s0 - mean_x * mean_x
-        if var_x > (0.05 * mean_x) ** 2:  # enough spread in step sizes to separate the two
-            slope = (sxy / s0 - mean_x * sy / s0) / var_x
-            intercept = sy / s0 - slope * mean_x
-            if slope > 0 and intercept >= 0:
-                return intercept, 1.0 / slope
-        if sy <= 0:
-            return None
-        return 0.0, sx / sy  # no spread in step sizes yet: the plain ratio
 
 
 class EngineStats:
@@ -108,6 +73,7 @@ class EngineStats:
             "decode_tokens": self.decode_tokens,
             "prefill_tokens_per_s": fit[1] if fit else None,
             "prefill_overhead_s": fit[0] if fit else None,
+            "prefill_fit_moments": self.prefill_cost.moments,
             "decode_step_s": self.decode_step_time.value,
             "decode_tokens_per_s": self.decode_rate.value,
         }

@@ -101,7 +101,8 @@ def test_stop_string_and_seed(client):
     assert a == b
 
 
-def test_repeated_long_prefix_hits_the_same_worker(client):
+def test_repeated_long_prefix_hits_the_same_worker(live, client):
+    _, url, _, _ = live
     system = "You are a routing test. " * 12
     workers, cached = [], []
     for q in ("first question", "second question", "third question"):
@@ -113,7 +114,8 @@ def test_repeated_long_prefix_hits_the_same_worker(client):
         workers.append(raw.headers["x-radixray-worker"])
         cached.append(int(raw.headers["x-radixray-cached-tokens"]))
         assert raw.parse().usage.prompt_tokens_details.cached_tokens == cached[-1]
-    assert len(set(workers)) == 1
+    decisions = httpx.get(f"{url}/debug/decisions?limit=3").json()["decisions"]
+    assert len(set(workers)) == 1, decisions
     # The first sees at most the chat template's shared head; the others the whole system prompt.
     assert cached[0] < len(system) < min(cached[1], cached[2])
 

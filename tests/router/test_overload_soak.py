@@ -62,8 +62,13 @@ def test_overload_answers_429_with_retry_after_and_accepted_requests_finish():
 def test_client_disconnect_aborts_on_the_worker():
     service, hosts, clients = inprocess_service(1)
     with LiveServer(service, clients) as url:
-        body = {"model": "tiny", "prompt": "go on and on", "max_tokens": 3000,
-                "temperature": 0, "ignore_eos": True}
+        body = {
+            "model": "tiny",
+            "prompt": "go on and on",
+            "max_tokens": 3000,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         r = stream_completion(url, body, stop_after=2)
         assert r["status"] == 200 and len(r["chunks"]) == 2 and not r["done"]
         # The 3000-token request was aborted, not left running.

@@ -1,7 +1,13 @@
 """WorkerPool load accounting: own traffic now + other routers' traffic from the last report."""
 
+import asyncio
+
 from radixray.cache_index import ApproxIndex
+from radixray.router.worker_client import LocalWorkerClient
 from radixray.router.worker_pool import WorkerEntry, WorkerPool
+from radixray.step_cost import StepCostModel
+from radixray.worker.actor import WorkerHost
+from radixray.worker.request import SamplingParams
 
 
 def pool_with(report: dict, own_at_report: dict | None = None) -> tuple[WorkerPool, WorkerEntry]:
@@ -62,3 +68,93 @@ def test_down_and_draining_workers_are_not_routable():
     pool.workers["c"].draining = True
     assert pool.routable() == ["a"]
     assert pool.index.num_blocks("b") == 0
+
+
+def test_workers_of_one_perf_class_share_one_prefill_fit():
+    # Same hardware (4000 tok/s + 50 ms a step), different prompt mixes: alone, "a" and "b" would
+    # report ratios 2.5x apart; "c" runs elsewhere and keeps its own; "d" reports no moments.
+    pool = WorkerPool(ApproxIndex(4))
+    for wid, cls, steps in (
+        ("a", "gpu-x", [(100, 0.05 + 100 / 4000.0)] * 8),
+        ("b", "gpu-x", [(1000, 0.05 + 1000 / 4000.0)] * 8),
+        ("c", "gpu-y", [(t, 0.01 + t / 9000.0) for t in (50, 400, 900, 120) * 3]),
+    ):
+        model = StepCostModel()
+        for tokens, seconds in steps:
+            model.update(tokens, seconds)
+        overhead, rate = model.fit()
+        report = {
+            "prefill_fit_moments": model.moments,
+            "prefill_overhead_s": overhead,
+            "prefill_tokens_per_s": rate,
+        }
+        pool.workers[wid] = WorkerEntry(None, wid, info={"perf_class": cls}, report=report)
+    report = {"prefill_tokens_per_s": 777.0, "prefill_overhead_s": 0.002}
+    pool.workers["d"] = WorkerEntry(None, "d", report=report)
+    fits = {s.worker_id: (s.prefill_overhead_s, s.prefill_tokens_per_s) for s in pool.states()}
+    assert fits["a"] == fits["b"]
+    assert abs(fits["a"][0] - 0.05) < 1e-9 and abs(fits["a"][1] - 4000.0) < 1e-6
+    assert abs(fits["c"][0] - 0.01) < 1e-9 and abs(fits["c"][1] - 9000.0) < 1e-6
+    assert fits["d"] == (0.002, 777.0)
+
+
+class GatedClient(LocalWorkerClient):
+    """A real in-process worker whose poll the test holds before the worker takes its report
+    and again before the reply arrives, to place requests inside the poll's window."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.before_report = asyncio.Event()
+        self.before_reply = asyncio.Event()
+        self.reported = asyncio.Event()
+
+    async def poll(self, since_seq, epoch):
+        await self.before_report.wait()
+        resp = await super().poll(since_seq, epoch)
+        self.reported.set()
+        await self.before_reply.wait()
+        return resp
+
+
+def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
+    # Poll sent (our tally 0) -> request dispatched -> worker reports it running -> it finishes
+    # -> reply arrives (tally 0 again). The report's running=1 was ours, not another router's.
+    host = WorkerHost({"model": "tiny", "page_size": 4}, "w0")
+
+    async def scenario():
+        pool = WorkerPool(ApproxIndex(4))
+        client = GatedClient(host)
+        client.before_report.set()
+        client.before_reply.set()
+        await pool.add(client)
+        client.before_report.clear()
+        client.before_reply.clear()
+        poll = asyncio.ensure_future(pool.poll_once())
+        await asyncio.sleep(0)
+        pool.track_dispatch("w0", "r1", uncached=9, context=9)
+        stream = host.generate(
+            list(range(9)), SamplingParams(max_tokens=200, ignore_eos=True), "r1"
+        )
+        first = await anext(stream)
+        pool.track_first_token("w0", "r1")
+        pool.track_tokens("w0", "r1", len(first["token_ids"]))
+        client.reported.clear()
+        client.before_report.set()
+        await client.reported.wait()
+        async for chunk in stream:  # the router counts each streamed token as context
+            pool.track_tokens("w0", "r1", len(chunk["token_ids"]))
+        pool.track_finish("w0", "r1")
+        client.before_reply.set()
+        await poll
+        entry = pool.workers["w0"]
+        assert entry.report["running"] == 1  # the report did count it
+        # What the router pools prefill fits by, and the moments it pools.
+        assert entry.info["perf_class"].startswith("tiny | float32 | ")
+        assert entry.report["prefill_fit_moments"][0] > 0
+        (s,) = pool.states()
+        return s.running, s.waiting, s.active_decode_tokens
+
+    try:
+        assert asyncio.run(scenario()) == (0, 0, 0)
+    finally:
+        host.shutdown()

@@ -3,7 +3,8 @@ recomputation imposes on everyone else, is lowest.
 
 For each healthy worker ``w``, with ``c_w`` the tokens of this request cached there (index match,
 page-aligned, at most ``n - 1``: the last prompt token is always computed) and ``R_w``, ``O_w``
-the prefill rate and step overhead the worker measured and reported::
+the prefill rate and step overhead measured by the worker (pooled over the workers of its
+performance class, so identical workers are compared on load and cache, not on fit noise)::
 
     ttft_w  = O_w + (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if decoding]
     reuse_w = (c_best - c_w) / R_w                      c_best = max over workers of c_w

@@ -1,0 +1,79 @@
+"""The prefill step-cost model shared by workers (which measure it) and routers (which pool it).
+
+A worker fits ``step_seconds ~ overhead + tokens / rate`` over its recent prefill steps by
+exponentially weighted least squares. The fit's sufficient statistics (five moments) travel in
+the worker's load report, so a router can also fit one model over several workers of the same
+performance class: on identical hardware, per-worker fits differ only by noise, and a router that
+compared them would route on that noise (a few milliseconds of fitted overhead outweigh a cached
+prefix of a hundred tokens on a small model).
+
+Pure Python, no torch: the router imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["StepCostModel", "fit_moments", "sum_moments"]
+
+
+def fit_moments(moments: Sequence[float]) -> tuple[float, float] | None:
+    """(overhead seconds, tokens per second) from weighted moments
+    ``(sum w, sum w*x, sum w*y, sum w*x^2, sum w*x*y)``, or None before any prefill step.
+
+    With too little spread in step sizes to separate the two (or a fit that is not physical:
+    negative overhead, non-positive slope) it falls back to the plain ratio with zero overhead.
+    """
+    s0, sx, sy, sxx, sxy = moments
+    if s0 <= 0 or sx <= 0:
+        return None
+    mean_x = sx / s0
+    var_x = sxx / s0 - mean_x * mean_x
+    if var_x > (0.05 * mean_x) ** 2:  # enough spread in step sizes to separate the two
+        slope = (sxy / s0 - mean_x * sy / s0) / var_x
+        intercept = sy / s0 - slope * mean_x
+        if slope > 0 and intercept >= 0:
+            return intercept, 1.0 / slope
+    if sy <= 0:
+        return None
+    return 0.0, sx / sy
+
+
+def sum_moments(many: Iterable[Sequence[float]]) -> list[float]:
+    """The moments of several workers' steps taken together (a pooled fit)."""
+    total = [0.0] * 5
+    for m in many:
+        for i in range(5):
+            total[i] += m[i]
+    return total
+
+
+class StepCostModel:
+    """Fits ``step_seconds ~ overhead + tokens / rate`` over recent prefill steps (exponentially
+    weighted least squares).
+
+    A plain tokens/seconds ratio is biased by the fixed cost of a step: a worker that happened
+    to prefill long prompts looks faster than one that prefilled short ones, a router then
+    favours it, and it keeps looking fast. Separating the per-step overhead from the marginal
+    per-token cost makes identical workers report identical rates whatever their mix.
+    """
+
+    def __init__(self, decay: float = 0.95):
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        self._s = [0.0] * 5  # weights, sum x, sum y, sum x^2, sum x*y
+
+    def update(self, tokens: int, seconds: float) -> None:
+        d = self.decay
+        s0, sx, sy, sxx, sxy = self._s
+        x, y = float(tokens), float(seconds)
+        self._s = [d * s0 + 1, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y]
+
+    @property
+    def moments(self) -> list[float]:
+        return list(self._s)
+
+    def fit(self) -> tuple[float, float] | None:
+        """(overhead seconds, tokens per second), or None before any prefill step."""
+        return fit_moments(self._s)
