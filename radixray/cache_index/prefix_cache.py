@@ -164,7 +164,8 @@ class RadixCache(PrefixCache):
     # -------------------------------------------------------------- contract
 
     def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
-        pages, node = self._tree.match(tuple(token_ids), extra_key)
+        tokens = token_ids if type(token_ids) is list else list(token_ids)
+        pages, node = self._tree.match(tokens, extra_key)
         return MatchResult(pages, len(pages) * self.page_size, node)
 
     def insert(
@@ -178,10 +179,11 @@ class RadixCache(PrefixCache):
                 f"page_size {P} need {n_full} pages, got {len(pages)}"
             )
 
-        def hash_fn(key: tuple[int, ...], parent: int | None) -> list[int]:
+        def hash_fn(key: list[int], parent: int | None) -> list[int]:
             return hash_blocks(key, P, parent=parent, extra_key=extra_key)
 
-        cached, leaf = self._tree.insert(tuple(token_ids), list(pages), hash_fn, extra_key)
+        tokens = token_ids if type(token_ids) is list else list(token_ids)
+        cached, leaf = self._tree.insert(tokens, list(pages), hash_fn, extra_key)
         if leaf is not None:
             self._ghost.discard(leaf.hashes)
             if self.enable_events:
@@ -325,7 +327,7 @@ class RadixCache(PrefixCache):
             raise AssertionError(f"{node!r} has the wrong parent")
         if not node.key or len(node.key) % P:
             raise AssertionError(f"{node!r} key length {len(node.key)} is not a page multiple")
-        if node.key[:P] != first:
+        if tuple(node.key[:P]) != first:
             raise AssertionError(f"{node!r} is filed under the wrong first page")
         if len(node.pages) != len(node.key) // P or len(node.hashes) != len(node.pages):
             raise AssertionError(

@@ -47,12 +47,12 @@ class TreeNode:
 
     def __init__(
         self,
-        key: tuple[int, ...] = (),
+        key: list[int] | None = None,
         pages: list[int] | None = None,
         hashes: list[int] | None = None,
         parent: TreeNode | None = None,
     ):
-        self.key = key
+        self.key: list[int] = key if key is not None else []
         self.pages: list[int] = pages if pages is not None else []
         self.hashes: list[int] = hashes if hashes is not None else []
         self.children: dict[tuple[int, ...], TreeNode] = {}
@@ -125,8 +125,11 @@ class RadixTree:
 
     # ------------------------------------------------------------------ match / insert
 
-    def match(self, tokens: tuple[int, ...], extra_key: str | None = None) -> tuple[list, TreeNode]:
+    def match(self, tokens: list[int], extra_key: str | None = None) -> tuple[list, TreeNode]:
         """Longest page-aligned cached prefix of ``tokens``: (pages, last matched node).
+
+        ``tokens`` must be a list (node keys are lists: comparing list slices in C is what
+        makes a 4k-token match cheap; a child is found by its first page as a tuple).
 
         Splits the node where the match ends inside it, so the returned node ends exactly at the
         match. Touches every node on the path (access time, hit count).
@@ -141,7 +144,7 @@ class RadixTree:
         pages: list[int] = []
         pos = 0
         while pos < n:
-            child = node.children.get(tokens[pos : pos + P])
+            child = node.children.get(tuple(tokens[pos : pos + P]))
             if child is None:
                 break
             klen = len(child.key)
@@ -159,9 +162,9 @@ class RadixTree:
 
     def insert(
         self,
-        tokens: tuple[int, ...],
+        tokens: list[int],
         pages: list[int],
-        hash_fn: Callable[[tuple[int, ...], int | None], list[int]],
+        hash_fn: Callable[[list[int], int | None], list[int]],
         extra_key: str | None = None,
     ) -> tuple[int, TreeNode | None]:
         """Insert the page-aligned part of ``tokens`` with ``pages[i]`` holding page ``i``.
@@ -176,7 +179,7 @@ class RadixTree:
         now = self._clock
         pos = 0
         while pos < n:
-            child = node.children.get(tokens[pos : pos + P])
+            child = node.children.get(tuple(tokens[pos : pos + P]))
             if child is None:
                 break
             klen = len(child.key)
@@ -191,13 +194,13 @@ class RadixTree:
         key = tokens[pos:n]
         leaf = TreeNode(key, list(pages[pos // P : n // P]), hash_fn(key, node.last_hash), node)
         leaf.last_access = now
-        node.children[key[:P]] = leaf
+        node.children[tuple(key[:P])] = leaf
         self.total_tokens += len(key)
         self._leaves.discard(node)  # it has a child now
         self._add_leaf(leaf)
         return pos, leaf
 
-    def _common_len(self, key: tuple, tokens: tuple, pos: int, n: int) -> int:
+    def _common_len(self, key: list, tokens: list, pos: int, n: int) -> int:
         """Matched tokens of ``key`` against ``tokens[pos:n]``, in whole pages (>= 1 page: the
         first page is the child's dict key). Binary search over pages, comparing slices in C."""
         P = self.page_size
@@ -222,12 +225,12 @@ class RadixTree:
         top.lock_ref = node.lock_ref
         top.last_access = node.last_access
         top.hits = node.hits
-        node.parent.children[node.key[:P]] = top
+        node.parent.children[tuple(node.key[:P])] = top
         node.key = node.key[m:]
         node.pages = node.pages[k:]
         node.hashes = node.hashes[k:]
         node.parent = top
-        top.children[node.key[:P]] = node
+        top.children[tuple(node.key[:P])] = node
         return top
 
     # ------------------------------------------------------------------ locks
@@ -284,7 +287,7 @@ class RadixTree:
 
     def _detach(self, node: TreeNode) -> None:
         parent = node.parent
-        del parent.children[node.key[: self.page_size]]
+        del parent.children[tuple(node.key[: self.page_size])]
         self.total_tokens -= len(node.key)
         if parent.parent is not None and not parent.children and parent.lock_ref == 0:
             self._add_leaf(parent)

@@ -49,9 +49,9 @@ def test_partial_match_splits_the_node():
     r = cache.match_prefix(b)
     assert (r.pages, r.num_tokens) == ([0], 4)
     # The handle ends exactly at the match: a node holding page 0 only, with the rest below.
-    assert r.node.pages == [0] and r.node.key == (0, 1, 2, 3)
+    assert r.node.pages == [0] and r.node.key == [0, 1, 2, 3]
     (child,) = r.node.children.values()
-    assert child.pages == [1, 2] and child.key == tuple(range(4, 12))
+    assert child.pages == [1, 2] and child.key == list(range(4, 12))
     assert child.hashes == hash_blocks(a, 4)[1:] and r.node.hashes == hash_blocks(a, 4)[:1]
     assert cache.total_tokens == 12
     cache.check_integrity(held_pages=[])
