@@ -53,6 +53,14 @@ class PrefixCache(ABC):
         node and it updates access times). The pages are safe only while ``node`` is locked."""
 
     @abstractmethod
+    def peek_prefix(
+        self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        """Tokens ``match_prefix`` would find among the first ``len(block_hashes)`` pages, from
+        the pages' chained hashes, without changing anything (no split, no access time). Cheap
+        (O(edges)); for estimates such as admission order."""
+
+    @abstractmethod
     def insert(
         self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
     ) -> int:
@@ -167,6 +175,11 @@ class RadixCache(PrefixCache):
         tokens = token_ids if type(token_ids) is list else list(token_ids)
         pages, node = self._tree.match(tokens, extra_key)
         return MatchResult(pages, len(pages) * self.page_size, node)
+
+    def peek_prefix(
+        self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        return self._tree.peek(token_ids, block_hashes, extra_key)
 
     def insert(
         self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
@@ -356,6 +369,11 @@ class ChunkCache(PrefixCache):
 
     def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         return MatchResult([], 0, self._root)
+
+    def peek_prefix(
+        self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        return 0
 
     def insert(
         self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None

@@ -30,7 +30,7 @@ This module knows nothing of allocators or events: ``prefix_cache.RadixCache`` o
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 __all__ = ["TreeNode", "RadixTree", "EVICTION_POLICIES"]
 
@@ -159,6 +159,42 @@ class RadixTree:
             pos += klen
             node = child
         return pages, node
+
+    def peek(self, tokens: list[int], hashes: Sequence[int], extra_key: str | None = None) -> int:
+        """Cached tokens of ``tokens``'s longest page-aligned prefix, read-only and cheap.
+
+        ``hashes`` are the chained block hashes of ``tokens``'s full pages (``hash_blocks``),
+        and only that many pages are looked at. Each edge is checked by its last page's hash
+        (chained: equal hashes mean equal prefixes) instead of comparing every token, so a walk
+        costs O(edges), not O(tokens). Nothing changes: no split, no access time, no hit count.
+        For estimates (admission order), not for taking pages: ``match`` compares tokens.
+        """
+        P = self.page_size
+        node = self._roots.get(extra_key)
+        n = len(hashes)
+        pg = 0
+        while node is not None and pg < n:
+            child = node.children.get(tuple(tokens[pg * P : (pg + 1) * P]))
+            if child is None:
+                break
+            h = child.hashes
+            k = len(h)
+            if pg + k <= n and h[-1] == hashes[pg + k - 1]:
+                pg += k
+                node = child
+                continue
+            # The match ends inside this edge. Its first page matched (same tokens after the
+            # same parent); chained hashes agree up to the first difference: binary search.
+            lo, hi = 1, min(k, n - pg)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if h[mid - 1] == hashes[pg + mid - 1]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            pg += lo
+            break
+        return pg * P
 
     def insert(
         self,

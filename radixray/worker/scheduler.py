@@ -183,8 +183,13 @@ class Scheduler:
         young = [r for r in waiting if self.steps - r.arrival_step < self.config.max_wait_steps]
         if len(young) <= 1:
             return old + young  # nothing to order: skip the matches
+        # A read-only estimate from the prompt's page hashes: O(edges) a request, and it leaves
+        # the cache's access times and hit counts alone (a real match would count every step a
+        # request waits as a hit for LFU). The last token is always computed, so a prompt's
+        # last page only counts when more tokens follow it.
+        P, peek = self.P, self.cache.peek_prefix
         match_len = {
-            id(r): self.cache.match_prefix(r.all_ids[: r.num_tokens - 1], r.extra_key).num_tokens
+            id(r): peek(r.prompt_ids, r.block_hashes[: (r.num_tokens - 1) // P], r.extra_key)
             for r in young
         }
         young.sort(key=lambda r: -match_len[id(r)])  # stable: FCFS among equals

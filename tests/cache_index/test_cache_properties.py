@@ -289,6 +289,18 @@ class CacheMachine(RuleBasedStateMachine):
     def match_only(self, data, ns):
         self.checked_match(self.draw_tokens(data), ns)
 
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
+    def peek_only(self, data, ns):
+        # The read-only estimate agrees with the model within the pages it is given, and
+        # changes nothing: no events now, and no access time or hit count (the exact eviction
+        # order checked later would differ).
+        tokens = list(self.draw_tokens(data))
+        hashes = hash_blocks(tokens, self.P, extra_key=ns)
+        cut = data.draw(st.integers(0, len(hashes)), label="pages given")
+        k = self.model_match(ns, tokens)
+        assert self.cache.peek_prefix(tokens, hashes[:cut], ns) == min(k, cut) * self.P
+        assert self.drain_events() == []
+
     @rule(n=st.integers(-1, 12))
     def evict(self, n):
         self.checked_evict(n)

@@ -1,4 +1,4 @@
-from radixray.cache_index import ChunkCache, PageAllocator, make_cache
+from radixray.cache_index import ChunkCache, PageAllocator, hash_blocks, make_cache
 
 
 def test_chunk_cache_matches_nothing_and_frees_on_insert():
@@ -24,3 +24,9 @@ def test_chunk_cache_matches_nothing_and_frees_on_insert():
     cache.reset()
     cache.check_integrity(held_pages=[])
     assert alloc.num_free == 8
+
+
+def test_chunk_cache_peeks_nothing():
+    cache = ChunkCache(4, PageAllocator(8))
+    tokens = list(range(12))
+    assert cache.peek_prefix(tokens, hash_blocks(tokens, 4)) == 0

@@ -41,6 +41,25 @@ def test_basic_insert_and_match():
     cache.check_integrity(held_pages=[])
 
 
+def test_peek_reads_the_match_from_hashes_without_splitting_or_touching():
+    cache, alloc = new_cache(4, num_pages=16)
+    a = list(range(12))  # one node, pages [0, 1, 2]
+    put(cache, alloc, a)
+    (node,) = cache._tree.root().children.values()
+    before = (node.last_access, node.hits)
+    b = list(range(8)) + [50, 51, 52, 53]  # diverges at page 2, inside the node
+    hb = hash_blocks(b, 4)
+    assert cache.peek_prefix(b, hb) == 8
+    assert cache.peek_prefix(b, hb[:1]) == 4  # only the pages given are looked at
+    assert cache.peek_prefix(a, hash_blocks(a, 4)) == 12
+    assert cache.peek_prefix(a, hash_blocks(a, 4, extra_key="x"), "x") == 0
+    assert cache.peek_prefix([9] * 12, hash_blocks([9] * 12, 4)) == 0
+    # Nothing moved: still one node, same access time and hits, no events.
+    assert list(cache._tree.root().children.values()) == [node] and node.pages == [0, 1, 2]
+    assert (node.last_access, node.hits) == before
+    assert cache.match_prefix(b).num_tokens == 8  # the real match agrees (and splits)
+
+
 def test_partial_match_splits_the_node():
     cache, alloc = new_cache(4, num_pages=16)
     a = list(range(12))  # pages [0, 1, 2]
