@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex
 from radixray.router.policies import Policy, RoutingRequest, make_policy
+from radixray.step_cost import fit_moments, sum_moments
 
 from .metrics import RequestRecord, RunResult, ceiling
 from .timing import TIMING_PRESETS, TimingModel
@@ -152,7 +153,9 @@ class Simulator:
             hs = hashes[i]
             now = req.arrival
             rreq = RoutingRequest(req.rid, req.num_tokens, hs, req.session, now)
-            decision = policy.choose(rreq, [w.state() for w in workers], index)
+            # One timing model, one performance class: the router pools the workers' fits.
+            fit = fit_moments(sum_moments(w.prefill_cost.moments for w in workers))
+            decision = policy.choose(rreq, [w.state(fit) for w in workers], index)
             wid = decision.worker_id
             records[i] = RequestRecord(
                 req.rid, wid, now, req.num_tokens, decision.predicted_cached_tokens, decision.reason

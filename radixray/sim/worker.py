@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from radixray.cache_index import PageAllocator, RadixCache
 from radixray.router.policies import WorkerState
+from radixray.step_cost import StepCostModel
 
 from .timing import TimingModel
 from .workload import SimRequest, Workload
@@ -102,15 +103,21 @@ class SimWorker:
         self.inflight: dict[int, int] = {}  # block hash -> prefills computing it now
         self._step_chunks: list[tuple[ReqState, int]] = []
         self._step_decode = 0
-        # Measured rates, seeded from the timing model as a warm-up benchmark would.
-        self._pf_tok = float(timing.max_batch_tokens)
-        self._pf_time = timing.step_time(0, 0, timing.max_batch_tokens, 0)
+        # Measured as the engine measures them (radixray.step_cost), seeded from the timing
+        # model as a warm-up benchmark would: a few prefill steps of different sizes.
+        self.prefill_cost = StepCostModel()
+        for tokens in {max(1, timing.max_batch_tokens // 8), timing.max_batch_tokens}:
+            self.prefill_cost.update(tokens, timing.step_time(0, 0, tokens, 0))
         self._decode_step = timing.step_time(1, 0, 0, 0)
         self.oversize = 0
 
     # ------------------------------------------------------------------ state for the router
 
-    def state(self) -> WorkerState:
+    def state(self, prefill_fit: tuple[float, float] | None = None) -> WorkerState:
+        """The report a router would see. ``prefill_fit`` = (overhead_s, tokens_per_s) pooled
+        over the workers of this worker's class, as the live router pools them; by default this
+        worker's own fit."""
+        overhead, rate = prefill_fit or self.prefill_cost.fit()
         return WorkerState(
             worker_id=self.worker_id,
             running=len(self.prefilling) + len(self.decoding),
@@ -119,7 +126,8 @@ class SimWorker:
             active_decode_tokens=self.decode_ctx,
             free_pages=self.allocator.num_free,  # holding nothing, as the engine reports it
             total_pages=self.allocator.num_pages,
-            prefill_tokens_per_s=self._pf_tok / self._pf_time,
+            prefill_tokens_per_s=rate,
+            prefill_overhead_s=overhead,
             decode_step_s=self._decode_step,
         )
 
@@ -233,8 +241,7 @@ class SimWorker:
         self.busy_time += dt
         self.steps += 1
         if prefill_tokens:
-            self._pf_tok = _EWMA * self._pf_tok + prefill_tokens
-            self._pf_time = _EWMA * self._pf_time + dt
+            self.prefill_cost.update(prefill_tokens, dt)
         if decode:
             self._decode_step = _EWMA * self._decode_step + (1 - _EWMA) * dt
         return dt

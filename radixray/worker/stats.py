@@ -8,7 +8,7 @@ from radixray.step_cost import StepCostModel
 
 from .request import MISS_CAUSES
 
-__all__ = ["EngineStats", "Ewma", "StepCostModel"]
+__all__ = ["EngineStats", "Ewma"]
 
 
 class Ewma:

@@ -11,13 +11,16 @@ performance class, so identical workers are compared on load and cache, not on f
     evict_w = h * max(0, n - c_w - free_tokens_w) / R_w  h = share of prompts found cached
     cost_w  = ttft_w + L * reuse_w + evict_w            L = rho / (1 - rho)
 
-``O_w + x / R_w`` is the worker's own fit of a prefill step's time against its size (fixed cost
+``O_w + x / R_w`` is the measured fit of a prefill step's time against its size (fixed cost
 ``O_w``, marginal rate ``R_w``; a plain tokens/time ratio would make a worker that happened to
-get long prompts look faster and attract more of them). The fit's prediction is what is compared,
-not its two parameters apart: near the step sizes a worker has seen it is accurate even when
-the slope alone is noisy. ``ttft_w`` is what the request itself waits: the
-prefill work queued ahead of it, its own uncached tokens, and the decode step in flight (decode
-interference during its chunks is already inside the measured effective rate ``R_w``).
+get long prompts look faster and attract more of them). The router fits it over all workers of
+one performance class together, so identical workers get the same cost curve and differ only in
+what they hold and what they are doing. The fit's prediction is what is compared, not its two
+parameters apart: near the step sizes a worker has seen it is accurate even when the slope alone
+is noisy. ``ttft_w`` is what the request itself waits: the prefill work queued ahead of it, its
+own uncached tokens, and the decode step in flight (the class's average decode interference
+during prefill chunks is inside the fit; the worker's own decode batch shows in
+``decode_step_s``).
 
 ``reuse_w`` is what a myopic TTFT rule leaves out. Recomputing a prefix that another worker holds
 does not only cost this request: the duplicate work occupies a worker that the requests arriving
