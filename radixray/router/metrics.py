@@ -93,9 +93,16 @@ class RouterMetrics:
             self.mispredicted.inc()
 
     def refresh(self, pool) -> None:
-        """Copy the pool's latest worker reports and the index size into gauges."""
+        """Copy the pool's latest worker reports, the prefill cost each worker is routed by
+        (``pool.prefill_fits()``: pooled over its performance class) and the index size into
+        gauges."""
+        fits = pool.prefill_fits()
         for e in pool.workers.values():
             w = e.worker_id
+            if w in fits:
+                overhead, rate = fits[w]
+                self.worker_load.labels(w, "routed_prefill_overhead_s").set(overhead)
+                self.worker_load.labels(w, "routed_prefill_tokens_per_s").set(rate)
             self.worker_healthy.labels(w).set(1 if e.healthy and not e.draining else 0)
             for f in (
                 "running",
