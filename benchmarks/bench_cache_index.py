@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from radixray.cache_index import ApproxIndex, PageAllocator, RadixCache  # noqa: E402
+from radixray.cache_index import ApproxIndex, PageAllocator, RadixCache, hash_blocks  # noqa: E402
 
 P = 16
 VOCAB = list(range(32000))
@@ -180,6 +180,20 @@ def bench_radix(args) -> list[dict]:
     results.append(
         summary("RadixCache.insert, 4096-token prompt, 2048 new tokens", ins, "median <= 100 us")
     )
+
+    # The same, called as the engine calls it: with the block hashes the request computed on
+    # arrival (for routing, dedupe and events), so the cache does not hash its pages again.
+    ins_h = []
+    for _ in tqdm(range(n_new), desc="insert new prompt, hashes known"):
+        toks = fresh(ps.new_prompt(rng.randrange(args.groups), rng.randrange(args.contexts)))
+        hashes = hash_blocks(toks, P)
+        pages = alloc.alloc(prompt_len // P)
+        t = perf()
+        cached = cache.insert(toks, pages, block_hashes=hashes)
+        ins_h.append(perf() - t)
+        assert cached == sys_len + ctx_len
+        alloc.free(pages[: cached // P])
+    results.append(summary("... the same with the request's block hashes (engine path)", ins_h, ""))
 
     # insert of a prompt that is fully cached (a request that matched everything).
     dup = []

@@ -62,10 +62,16 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        extra_key: str | None = None,
+        block_hashes: Sequence[int] | None = None,
     ) -> int:
         """Give the full pages of ``token_ids`` to the cache; return the tokens already cached
-        (see the module docstring for who frees what)."""
+        (see the module docstring for who frees what). ``block_hashes``, if given, are
+        ``hash_blocks(token_ids, page_size, extra_key=extra_key)`` for some leading pages (the
+        engine has them from the request's arrival): those pages are not hashed again."""
 
     @abstractmethod
     def lock(self, node: TreeNode) -> None:
@@ -182,7 +188,11 @@ class RadixCache(PrefixCache):
         return self._tree.peek(token_ids, block_hashes, extra_key)
 
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        extra_key: str | None = None,
+        block_hashes: Sequence[int] | None = None,
     ) -> int:
         P = self.page_size
         n_full = len(token_ids) // P
@@ -192,8 +202,13 @@ class RadixCache(PrefixCache):
                 f"page_size {P} need {n_full} pages, got {len(pages)}"
             )
 
-        def hash_fn(key: list[int], parent: int | None) -> list[int]:
-            return hash_blocks(key, P, parent=parent, extra_key=extra_key)
+        def hash_fn(first: int, key: list[int], parent: int | None) -> list[int]:
+            known = list(block_hashes[first : first + len(key) // P]) if block_hashes else []
+            if len(known) * P == len(key):
+                return known
+            if known:
+                parent = known[-1]
+            return known + hash_blocks(key[len(known) * P :], P, parent=parent, extra_key=extra_key)
 
         tokens = token_ids if type(token_ids) is list else list(token_ids)
         cached, leaf = self._tree.insert(tokens, list(pages), hash_fn, extra_key)
@@ -376,7 +391,11 @@ class ChunkCache(PrefixCache):
         return 0
 
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        extra_key: str | None = None,
+        block_hashes: Sequence[int] | None = None,
     ) -> int:
         n_full = len(token_ids) // self.page_size
         if len(pages) < n_full:

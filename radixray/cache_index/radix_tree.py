@@ -200,13 +200,14 @@ class RadixTree:
         self,
         tokens: list[int],
         pages: list[int],
-        hash_fn: Callable[[list[int], int | None], list[int]],
+        hash_fn: Callable[[int, list[int], int | None], list[int]],
         extra_key: str | None = None,
     ) -> tuple[int, TreeNode | None]:
         """Insert the page-aligned part of ``tokens`` with ``pages[i]`` holding page ``i``.
 
         Returns (tokens already cached, the new leaf or None). Pages of the already-cached part
-        are not adopted: the tree keeps its own. ``hash_fn(key, parent_hash)`` hashes a new node.
+        are not adopted: the tree keeps its own. ``hash_fn(first_page, key, parent_hash)`` gives
+        the hashes of a new node's pages (``key`` starts at page ``first_page`` of ``tokens``).
         """
         P = self.page_size
         n = len(tokens) - len(tokens) % P
@@ -228,7 +229,8 @@ class RadixTree:
         if pos >= n:
             return pos, None
         key = tokens[pos:n]
-        leaf = TreeNode(key, list(pages[pos // P : n // P]), hash_fn(key, node.last_hash), node)
+        hashes = hash_fn(pos // P, key, node.last_hash)
+        leaf = TreeNode(key, list(pages[pos // P : n // P]), hashes, node)
         leaf.last_access = now
         node.children[tuple(key[:P])] = leaf
         self.total_tokens += len(key)

@@ -289,7 +289,7 @@ class Scheduler:
         if k <= req.num_tree_pages:
             return
         tokens = req.all_ids[: k * P]
-        cached = cache.insert(tokens, req.pages[:k], req.extra_key)
+        cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
         dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
         m = cache.match_prefix(tokens, req.extra_key)
         assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
@@ -310,7 +310,9 @@ class Scheduler:
         ntp = req.num_tree_pages
         to_free: list[int] = []
         if k > ntp or (not self.reuse and k > 0):
-            cached = cache.insert(req.all_ids[: k * P], req.pages[:k], req.extra_key)
+            cached = cache.insert(
+                req.all_ids[: k * P], req.pages[:k], req.extra_key, req.block_hashes
+            )
             to_free += req.pages[ntp : max(ntp, min(cached // P, k))]  # duplicates
             to_free += req.pages[k:]
         else:

@@ -172,17 +172,20 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.drain_events() == []  # a match never changes what is cached
         return r
 
-    def checked_insert(self, tokens, ns, pages) -> int:
+    def checked_insert(self, tokens, ns, pages, known_pages: int | None = None) -> int:
         """Insert and check the return value, adopted pages and the BlockStored event.
+        ``known_pages``: hand the cache the hashes of that many leading pages (as the engine
+        does); its events must carry exactly the hashes it would have computed.
         Returns the number of leading pages that were already cached."""
         P = self.P
         n_full = len(tokens) // P
         k = self.model_match(ns, tokens)
-        cached = self.cache.insert(tokens, pages, extra_key=ns)
+        full_hashes = hash_blocks(tokens[: n_full * P], P, extra_key=ns)
+        known = None if known_pages is None else full_hashes[:known_pages]
+        cached = self.cache.insert(tokens, pages, extra_key=ns, block_hashes=known)
         self.clock += 1
         assert cached == k * P
         entries = self.prefixes(ns, tokens, n_full)
-        full_hashes = hash_blocks(tokens[: n_full * P], P, extra_key=ns)
         for i, e in enumerate(entries):
             if i >= k:
                 self.model[e] = pages[i]
@@ -282,7 +285,8 @@ class CacheMachine(RuleBasedStateMachine):
         pages = self.alloc_or_evict(-(-len(tokens) // P))
         if pages is None:
             return
-        k = self.checked_insert(tokens, ns, pages)
+        known = data.draw(st.none() | st.integers(0, len(tokens) // P), label="known pages")
+        k = self.checked_insert(tokens, ns, pages, known)
         self.alloc.free(pages[:k] + pages[len(tokens) // P :])
 
     @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
