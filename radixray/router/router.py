@@ -201,6 +201,18 @@ class Router:
                 self.decisions.append(record)
                 await asyncio.sleep(self.retry_backoff_s * attempt)
                 continue
+            if first.get("error_type") == "engine":
+                # The worker's engine failed before this request produced anything: another
+                # worker can serve it. Poll the failed one now; if it reports itself broken,
+                # its breaker takes it out of routing.
+                last_error = f"worker {wid}: {first.get('error')}"
+                self.pool.track_finish(wid, request_id)
+                self.pool.kick(wid)
+                excluded.add(wid)
+                record.error = last_error
+                self.decisions.append(record)
+                await asyncio.sleep(self.retry_backoff_s * attempt)
+                continue
             self.pool.track_first_token(wid, request_id)
             if first.get("error"):
                 self.pool.track_finish(wid, request_id)

@@ -281,6 +281,10 @@ class WorkerPool:
             return
         finally:
             entry.open_polls.remove(peak)
+        if resp.get("ok") is False:  # reachable, but its engine says it cannot serve
+            if entry.breaker.record_failure():
+                self._went_down(entry, "worker reports its engine stopped")
+            return
         batch = decode(resp["events"])
         if resp["snapshot"]:
             self.index.clear(entry.worker_id)

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 from radixray.cache_index.events import EventBatch, KVEvent, encode
 
 from .config import EngineConfig
-from .engine import Engine
+from .engine import Engine, EngineError
 from .request import SamplingParams
 
 __all__ = ["WorkerHost", "WorkerActor", "worker_actor_options", "LOAD_FIELDS"]
@@ -78,8 +78,13 @@ class WorkerHost:
         extra_key: str | None = None,
     ) -> AsyncIterator[dict]:
         sp = params if isinstance(params, SamplingParams) else SamplingParams(**params)
-        async for chunk in self.engine.generate(list(prompt_ids), sp, request_id, extra_key):
-            yield dataclasses.asdict(chunk)
+        try:
+            async for chunk in self.engine.generate(list(prompt_ids), sp, request_id, extra_key):
+                yield dataclasses.asdict(chunk)
+        except EngineError as e:
+            # The worker failed, not the request: say so in-band, so a router retries the
+            # request elsewhere (before its first token) instead of blaming the client.
+            yield dataclasses.asdict(Engine._error_chunk(request_id, str(e)))
 
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -111,13 +116,14 @@ class WorkerHost:
             "seq": seq,
             "snapshot": snapshot,
             "events": encode(batch),
+            "ok": self.engine.alive,
             "load": {k: stats.get(k) for k in LOAD_FIELDS},
             "stats": stats,
         }
 
     async def health(self) -> dict:
         thread = self.engine._thread
-        ok = thread is not None and thread.is_alive()
+        ok = thread is not None and thread.is_alive() and self.engine.alive
         return {"ok": ok, "worker_id": self.worker_id, "uptime_s": time.time() - self._started}
 
     async def info(self) -> dict:

@@ -38,7 +38,7 @@ from .sampler import Sampler
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .stats import EngineStats
 
-__all__ = ["Engine", "GenerationChunk"]
+__all__ = ["Engine", "EngineError", "GenerationChunk"]
 
 log = logging.getLogger(__name__)
 Prompt = str | Sequence[int]
@@ -58,6 +58,13 @@ class GenerationChunk:
     completion_tokens: int = 0
     miss: dict[str, int] | None = None
     error: str | None = None
+    # "invalid_request": this request was refused (the client's fault, do not retry);
+    # "engine": the engine failed while running it (the worker's fault: retry elsewhere).
+    error_type: str | None = None
+
+
+class EngineError(RuntimeError):
+    """The engine failed, not the request: another worker may well serve it."""
 
 
 @dataclass(eq=False)
@@ -110,6 +117,7 @@ class Engine:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._broken: str | None = None  # why the engine stopped for good (state unknown)
         self._stop_ids = frozenset(tokenizer.stop_token_ids) if tokenizer else frozenset()
 
     # ------------------------------------------------------------------ requests
@@ -170,6 +178,7 @@ class Engine:
         extra_key: str | None = None,
     ) -> str:
         """Queue a request (inline mode: drive it with ``step()``). Returns its id."""
+        self.check_alive()
         req = self._make_request(prompt, params or SamplingParams(), request_id, extra_key)
         with self._lock:
             self._add(req)
@@ -293,10 +302,22 @@ class Engine:
                 return
             if cmd == "add":
                 req, sink = arg
+                if self._broken:
+                    sink(self._error_chunk(req.request_id, f"engine stopped: {self._broken}"))
+                    continue
                 try:
                     self._add(req, sink)
                 except ValueError as e:
-                    sink(GenerationChunk(req.request_id, [], "", "error", error=str(e)))
+                    sink(
+                        GenerationChunk(
+                            req.request_id,
+                            [],
+                            "",
+                            "error",
+                            error=str(e),
+                            error_type="invalid_request",
+                        )
+                    )
             elif cmd == "abort":
                 self._abort_now(arg)
 
@@ -309,6 +330,7 @@ class Engine:
         extra_keys: Sequence[str | None] | None = None,
     ) -> list[Completion]:
         """Submit all prompts together (they share batches) and run until all finish."""
+        self.check_alive()
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -348,7 +370,7 @@ class Engine:
         for r in reqs:
             c = final[r.request_id]
             if c.error:
-                raise ValueError(c.error)
+                raise _chunk_error(c)
             out.append(
                 Completion(
                     r.request_id,
@@ -373,6 +395,7 @@ class Engine:
         """Stream a request's chunks. Leaving early (break, cancellation, client disconnect)
         aborts it and frees its pages."""
         req = self._make_request(prompt, params or SamplingParams(), request_id, extra_key)
+        self.check_alive()
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[GenerationChunk] = asyncio.Queue()
         self.start()
@@ -384,7 +407,7 @@ class Engine:
                 chunk = await q.get()
                 if chunk.error:
                     finished = True
-                    raise ValueError(chunk.error)
+                    raise _chunk_error(chunk)
                 if chunk.finish_reason:
                     finished = True
                 yield chunk
@@ -425,18 +448,50 @@ class Engine:
                     self.step()
                 except Exception:  # step() already ended the affected streams with an error
                     log.exception("engine step failed")
+                    if self._broken:
+                        log.error("engine stopped: %s", self._broken)
+                        with self._lock:
+                            self._drain_inbox()  # refuse what arrived meanwhile
+                        return
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()
 
+    @property
+    def alive(self) -> bool:
+        """False once a failure left the engine in an unknown state (it serves nothing more),
+        or when its loop thread died."""
+        return self._broken is None and (self._thread is None or self._thread.is_alive())
+
+    def check_alive(self) -> None:
+        """Raise EngineError if the engine cannot serve (see ``alive``)."""
+        if self._broken:
+            raise EngineError(f"engine stopped: {self._broken}")
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping:
+            raise EngineError("engine loop thread is not running")
+
+    @staticmethod
+    def _error_chunk(request_id: str, message: str) -> GenerationChunk:
+        return GenerationChunk(request_id, [], "", "error", error=message, error_type="engine")
+
     def _fail_all(self, message: str) -> None:
+        """End every request with an error and free its pages. If freeing fails too, the
+        engine's state is unknown: it marks itself broken (the loop stops, health says so, new
+        requests are refused) rather than keep failing every step."""
         with self._lock:
             for rid, tr in list(self._tracked.items()):
-                if tr.req.status is not RequestStatus.FINISHED:
-                    self.scheduler.abort(rid)
+                if self._broken is None and tr.req.status is not RequestStatus.FINISHED:
+                    try:
+                        self.scheduler.abort(rid)
+                    except Exception as e:
+                        log.exception("could not free request %s after a failed step", rid)
+                        self._broken = (
+                            f"freeing request {rid} after a failed step raised "
+                            f"{type(e).__name__}: {e}"
+                        )
                 del self._tracked[rid]
                 if tr.sink is not None:
-                    tr.sink(GenerationChunk(rid, [], "", "error", error=message))
+                    tr.sink(self._error_chunk(rid, message))
 
     # ------------------------------------------------------------------ introspection
 
@@ -486,6 +541,13 @@ class Engine:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _chunk_error(chunk: GenerationChunk) -> Exception:
+    """The exception a caller sees for an error chunk: the client's fault or the engine's."""
+    if chunk.error_type == "engine":
+        return EngineError(chunk.error)
+    return ValueError(chunk.error)
 
 
 def _cpu_model() -> str:

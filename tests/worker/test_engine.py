@@ -13,6 +13,7 @@ import pytest
 
 from radixray.cache_index import BlockStored, hash_blocks
 from radixray.worker import Engine, EngineConfig, SamplingParams
+from radixray.worker.engine import EngineError
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -228,3 +229,66 @@ def test_attention_backend_is_applied_and_validated():
         engine(attention_backend="cuda-magic")
     with pytest.raises(BackendUnavailableError):
         engine(attention_backend="flash_attn")
+
+
+def _fail_next_forward(e: Engine) -> None:
+    """Fault injection: the model's next forward raises (as a CUDA error or a kernel bug would);
+    the forward after it is the real one again."""
+    real = e.runner.run
+
+    def boom(batch):
+        e.runner.run = real
+        raise RuntimeError("injected forward failure")
+
+    e.runner.run = boom
+
+
+def test_a_failed_step_is_an_engine_error_and_the_engine_goes_on():
+    e = engine()
+    try:
+        ref = e.generate_batch(["after the failure"], GREEDY)[0]
+        _fail_next_forward(e)
+
+        async def run(prompt):
+            return [c async for c in e.generate(prompt, GREEDY)]
+
+        with pytest.raises(EngineError, match="engine step failed: RuntimeError: injected"):
+            asyncio.run(run("this one fails"))
+        assert e.alive
+        chunks = asyncio.run(run("after the failure"))  # the next request is served as usual
+        assert [t for c in chunks for t in c.token_ids] == ref.token_ids
+        # A bad request is still the client's error, not the engine's.
+        with pytest.raises(ValueError) as bad:
+            asyncio.run(run([]))
+        assert not isinstance(bad.value, EngineError)
+        e.shutdown()
+        assert_no_leak(e)
+    finally:
+        e.shutdown()
+
+
+def test_a_failure_that_cannot_be_cleaned_up_stops_the_engine():
+    # The forward fails and then freeing the failed request fails too: the engine's state is
+    # unknown, so it stops for good instead of failing (and logging) every later step.
+    e = engine()
+    try:
+        _fail_next_forward(e)
+
+        def broken_abort(request_id):
+            raise RuntimeError("injected failure while freeing")
+
+        e.scheduler.abort = broken_abort
+
+        async def run(prompt):
+            return [c async for c in e.generate(prompt, GREEDY)]
+
+        with pytest.raises(EngineError, match="engine step failed"):
+            asyncio.run(run("a prompt long enough to fill a page or two"))
+        e._thread.join(10)
+        assert not e.alive and not e._thread.is_alive()
+        with pytest.raises(EngineError, match="engine stopped: freeing request .* raised"):
+            asyncio.run(run("refused at once, not queued forever"))
+        with pytest.raises(EngineError, match="engine stopped"):
+            e.generate_batch(["also refused"], GREEDY)
+    finally:
+        e.shutdown()
