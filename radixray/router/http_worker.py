@@ -1,9 +1,11 @@
 """``HttpWorkerClient``: the ``WorkerClient`` protocol over HTTP to a ``radixray worker`` process.
 
-The worker serves ``/internal/*`` (see ``routes_sglang.py``): ``generate`` posts token ids and
-reads NDJSON chunk dicts as they are produced; ``poll`` returns one msgpack body with the load and
-the KV events, exactly what ``WorkerHost.poll`` returns in-process. So a router can front the same
-worker processes that another router (SGLang's) fronts, and index them from their own events.
+The worker serves ``/internal/*`` (see ``routes_sglang.py``): ``generate`` posts token ids (a
+msgpack body with the ids packed as little-endian int32: JSON for 2k ids cost ~0.4 ms a request
+to write, parse and check) and reads NDJSON chunk dicts as they are produced; ``poll`` returns
+one msgpack body with the load and the KV events, exactly what ``WorkerHost.poll`` returns
+in-process. So a router can front the same worker processes that another router (SGLang's)
+fronts, and index them from their own events.
 
 Transport failures (refused, reset, timeout, a 5xx) raise ``WorkerUnavailable``; a 4xx means the
 request was bad and becomes an error chunk, never a retry elsewhere.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
@@ -20,12 +23,29 @@ import msgpack
 
 from .worker_client import WorkerUnavailable
 
-__all__ = ["HttpWorkerClient"]
+__all__ = ["HttpWorkerClient", "MSGPACK", "pack_ids", "unpack_ids"]
+
+MSGPACK = "application/x-msgpack"
 
 # aiohttp (a dependency of ray[serve]) rather than httpx on this hop: its C HTTP parser took
 # ~3-4 ms less per streamed request than httpx on 2 shared cores, and this hop is the router's
 # whole added latency.
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+def pack_ids(ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32 (ValueError outside the int32 range)."""
+    try:
+        return struct.pack(f"<{len(ids)}i", *ids)
+    except struct.error as e:
+        raise ValueError(f"token ids must be int32: {e}") from None
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    """Inverse of :func:`pack_ids` (ValueError if ``data`` is not whole int32s)."""
+    if len(data) % 4:
+        raise ValueError(f"packed token ids must be a multiple of 4 bytes, got {len(data)}")
+    return list(struct.unpack(f"<{len(data) // 4}i", data))
 
 
 class HttpWorkerClient:
@@ -96,14 +116,17 @@ class HttpWorkerClient:
         request_id: str,
         extra_key: str | None = None,
     ) -> AsyncIterator[dict]:
-        body = {
-            "prompt_ids": list(prompt_ids),
-            "params": _jsonable(params),
-            "request_id": request_id,
-            "extra_key": extra_key,
-        }
+        body = msgpack.packb(
+            {
+                "prompt_ids": pack_ids(prompt_ids),
+                "params": _jsonable(params),
+                "request_id": request_id,
+                "extra_key": extra_key,
+            }
+        )
+        url = self.base_url + "/internal/generate"
         try:
-            async with self.session.post(self.base_url + "/internal/generate", json=body) as r:
+            async with self.session.post(url, data=body, headers={"content-type": MSGPACK}) as r:
                 if r.status >= 500:
                     text = (await r.read()).decode(errors="replace")[:200]
                     raise self._down(RuntimeError(f"HTTP {r.status}: {text}"))

@@ -28,6 +28,7 @@ import msgpack
 from fastapi import APIRouter, FastAPI
 
 from .errors import ApiError
+from .http_worker import MSGPACK, unpack_ids
 from .openai_api import error_body
 from .service import RouterService
 from .worker_client import WorkerUnavailable
@@ -164,7 +165,7 @@ class WorkerEdge:
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
             if method == "POST" and path == "/internal/generate":
-                await self._generate(receive, send)
+                await self._generate(scope, receive, send)
                 return
             if method == "GET" and path == "/internal/poll":
                 await self._poll(scope, send)
@@ -200,12 +201,13 @@ class WorkerEdge:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    async def _generate(self, receive, send) -> None:
+    async def _generate(self, scope, receive, send) -> None:
         try:
             raw = await self._read(receive)
             if raw is None:
                 return
-            req = self._parse_generate(raw)
+            content_type = dict(scope.get("headers") or ()).get(b"content-type", b"")
+            req = self._parse_generate(raw, content_type.split(b";")[0].strip() == MSGPACK.encode())
             client = self._worker().client
         except _Reject as e:
             await e.send(send)
@@ -264,13 +266,22 @@ class WorkerEdge:
         if finished:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _parse_generate(self, raw: bytes):
+    def _parse_generate(self, raw: bytes, packed: bool = False):
+        """The body is JSON (``prompt_ids`` a list of ints: for curl and debugging) or, with
+        ``content-type: application/x-msgpack`` (what HttpWorkerClient sends), msgpack with
+        ``prompt_ids`` as little-endian int32 bytes."""
         try:
-            body = json.loads(raw)
+            body = msgpack.unpackb(raw, raw=False) if packed else json.loads(raw)
         except ValueError:
-            raise _Reject(400, "body must be JSON", "invalid_json") from None
+            kind = "msgpack" if packed else "JSON"
+            raise _Reject(400, f"body must be {kind}", "invalid_json") from None
         if not isinstance(body, dict):
-            raise _Reject(400, "body must be a JSON object", "invalid_json")
+            raise _Reject(400, "body must be an object", "invalid_json")
+        if packed and isinstance(body.get("prompt_ids"), bytes):
+            try:
+                body["prompt_ids"] = unpack_ids(body["prompt_ids"])
+            except ValueError as e:
+                raise _Reject(400, str(e), "prompt_ids") from None
         unknown = set(body) - {"prompt_ids", "params", "request_id", "extra_key"}
         if unknown:
             raise _Reject(400, f"unknown fields {sorted(unknown)}", "extra_forbidden")
@@ -279,7 +290,7 @@ class WorkerEdge:
         vocab = self.service.meta.vocab_size
         if not isinstance(ids, list) or not ids:
             raise _Reject(400, "prompt_ids must be a non-empty list of token ids", "prompt_ids")
-        if any(type(t) is not int or not 0 <= t < vocab for t in ids):
+        if not all(type(t) is int for t in ids) or min(ids) < 0 or max(ids) >= vocab:
             raise _Reject(400, f"prompt_ids must be ints in [0, {vocab})", "prompt_ids")
         if not isinstance(params, dict):
             raise _Reject(400, "params must be an object of sampling parameters", "params")

@@ -7,11 +7,12 @@ import asyncio
 import time
 
 import httpx
+import msgpack
 import pytest
 
 from radixray.cache_index import hash_blocks
 from radixray.cache_index.events import BlockStored, decode
-from radixray.router.http_worker import HttpWorkerClient
+from radixray.router.http_worker import MSGPACK, HttpWorkerClient, pack_ids, unpack_ids
 from radixray.router.model_meta import load_model_meta
 from radixray.router.service import RouterService, RouterSettings
 from radixray.router.worker_client import WorkerUnavailable
@@ -114,3 +115,31 @@ def test_router_over_http_workers_routes_by_cache(worker_app, second_worker_app)
 async def _add_all(service, urls):
     for u in urls:
         await service.add_worker(await HttpWorkerClient.connect(u))
+
+
+def test_packed_token_ids_round_trip_and_bad_bodies_are_400(worker_app):
+    url, _ = worker_app
+    ids = [0, 1, 255, 256, 49151, 2**31 - 1]
+    assert unpack_ids(pack_ids(ids)) == ids
+    with pytest.raises(ValueError, match="int32"):
+        pack_ids([2**31])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        unpack_ids(b"\x00" * 5)
+
+    def post(body: dict) -> httpx.Response:
+        return httpx.post(
+            f"{url}/internal/generate",
+            content=msgpack.packb(body),
+            headers={"content-type": MSGPACK},
+            timeout=30,
+        )
+
+    good = {"prompt_ids": pack_ids([5, 6, 7]), "params": PARAMS, "request_id": "pk1"}
+    r = post(good)
+    assert r.status_code == 200 and '"finish_reason":"length"' in r.text
+    r = post(good | {"request_id": "pk2", "prompt_ids": b"\x01\x02\x03\x04\x05"})
+    assert r.status_code == 400 and "multiple of 4" in r.text
+    r = post(good | {"request_id": "pk3", "prompt_ids": pack_ids([5, 10**6])})
+    assert r.status_code == 400 and "prompt_ids" in r.text
+    r = httpx.post(f"{url}/internal/generate", content=b"\xc1", headers={"content-type": MSGPACK})
+    assert r.status_code == 400 and "msgpack" in r.text
