@@ -134,6 +134,8 @@ class RadixTree:
         Splits the node where the match ends inside it, so the returned node ends exactly at the
         match. Touches every node on the path (access time, hit count).
         """
+        if type(tokens) is not list:  # a tuple slice never equals a list key
+            tokens = list(tokens)
         P = self.page_size
         n = len(tokens) - len(tokens) % P
         node = self._roots.get(extra_key)
@@ -209,6 +211,8 @@ class RadixTree:
         are not adopted: the tree keeps its own. ``hash_fn(first_page, key, parent_hash)`` gives
         the hashes of a new node's pages (``key`` starts at page ``first_page`` of ``tokens``).
         """
+        if type(tokens) is not list:  # a tuple slice never equals a list key
+            tokens = list(tokens)
         P = self.page_size
         n = len(tokens) - len(tokens) % P
         node = self.root(extra_key)

@@ -66,6 +66,7 @@ class HttpWorkerClient:
         self.stream_timeout_s = stream_timeout_s
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._packed = True  # token ids as msgpack + int32 (False: the worker only takes JSON)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -116,27 +117,33 @@ class HttpWorkerClient:
         request_id: str,
         extra_key: str | None = None,
     ) -> AsyncIterator[dict]:
-        body = msgpack.packb(
-            {
-                "prompt_ids": pack_ids(prompt_ids),
-                "params": _jsonable(params),
-                "request_id": request_id,
-                "extra_key": extra_key,
-            }
-        )
+        fields = {"params": _jsonable(params), "request_id": request_id, "extra_key": extra_key}
         url = self.base_url + "/internal/generate"
+        packed = self._packed
         try:
-            async with self.session.post(url, data=body, headers={"content-type": MSGPACK}) as r:
-                if r.status >= 500:
-                    text = (await r.read()).decode(errors="replace")[:200]
-                    raise self._down(RuntimeError(f"HTTP {r.status}: {text}"))
-                if r.status >= 400:
-                    text = (await r.read()).decode(errors="replace")[:500]
-                    yield {"finish_reason": "error", "error": f"HTTP {r.status}: {text}"}
+            while True:
+                if packed:
+                    body = msgpack.packb(fields | {"prompt_ids": pack_ids(prompt_ids)})
+                    kwargs = {"data": body, "headers": {"content-type": MSGPACK}}
+                else:
+                    kwargs = {"json": fields | {"prompt_ids": list(prompt_ids)}}
+                async with self.session.post(url, **kwargs) as r:
+                    if r.status >= 500:
+                        text = (await r.read()).decode(errors="replace")[:200]
+                        raise self._down(RuntimeError(f"HTTP {r.status}: {text}"))
+                    if r.status >= 400:
+                        raw = await r.read()
+                        if packed and b"body must be JSON" in raw:
+                            # A worker from before the msgpack hop: speak JSON to it from now on.
+                            packed = self._packed = False
+                            continue
+                        text = raw.decode(errors="replace")[:500]
+                        yield {"finish_reason": "error", "error": f"HTTP {r.status}: {text}"}
+                        return
+                    async for line in r.content:
+                        if line.strip():
+                            yield json.loads(line)
                     return
-                async for line in r.content:
-                    if line.strip():
-                        yield json.loads(line)
         except _TRANSPORT_ERRORS as e:
             raise self._down(e) from e
 

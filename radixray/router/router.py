@@ -36,6 +36,11 @@ class NoWorkerAvailable(RuntimeError):
     """No healthy worker could take the request (after retries)."""
 
 
+class RequestFailed(RuntimeError):
+    """Workers' engines failed while running this request, on more than one worker: likely the
+    request itself trips them, so it is not retried further (a server error, not the client's)."""
+
+
 @dataclass
 class DecisionRecord:
     request_id: str
@@ -176,6 +181,7 @@ class Router:
         started = time.monotonic()
         excluded: set[str] = set()
         last_error = "no healthy worker"
+        engine_failures = 0
         for attempt in range(1, self.max_retries + 2):
             states = [s for s in self.pool.states() if s.worker_id not in excluded]
             try:
@@ -201,16 +207,25 @@ class Router:
                 self.decisions.append(record)
                 await asyncio.sleep(self.retry_backoff_s * attempt)
                 continue
+            except BaseException:
+                self.pool.track_finish(wid, request_id)
+                raise
             if first.get("error_type") == "engine":
                 # The worker's engine failed before this request produced anything: another
-                # worker can serve it. Poll the failed one now; if it reports itself broken,
-                # its breaker takes it out of routing.
+                # worker can serve it, once (a request that fails two engines is likely what
+                # trips them, and every retry takes a whole batch down with it). Poll the
+                # failed worker now; if it reports its engine stopped, it leaves routing.
                 last_error = f"worker {wid}: {first.get('error')}"
                 self.pool.track_finish(wid, request_id)
                 self.pool.kick(wid)
                 excluded.add(wid)
                 record.error = last_error
                 self.decisions.append(record)
+                engine_failures += 1
+                if engine_failures > 1:
+                    raise RequestFailed(
+                        f"the engine failed on {engine_failures} workers: {last_error}"
+                    )
                 await asyncio.sleep(self.retry_backoff_s * attempt)
                 continue
             self.pool.track_first_token(wid, request_id)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from . import openai_api as oa
 from .errors import ApiError
-from .router import NoWorkerAvailable, RoutedStream
+from .router import NoWorkerAvailable, RequestFailed, RoutedStream
 from .service import Overloaded, RouterService
 
 __all__ = ["openai_routes"]
@@ -104,6 +104,9 @@ def openai_routes(service: RouterService) -> APIRouter:
                 code="no_worker",
                 headers={"Retry-After": "1"},
             ) from None
+        except RequestFailed as e:
+            service.release()
+            raise ApiError(500, str(e), "server_error", code="engine_failed") from None
         except ValueError as e:
             service.release()
             raise ApiError(400, str(e)) from None
@@ -197,7 +200,7 @@ def openai_routes(service: RouterService) -> APIRouter:
         else:
             prompt_ids = list(body.prompt)
             param = "prompt"
-            bad = next((t for t in prompt_ids if t >= meta.vocab_size), None)
+            bad = next((t for t in prompt_ids if not 0 <= t < meta.vocab_size), None)
             if bad is not None:
                 raise ApiError(
                     400,

@@ -279,11 +279,10 @@ class WorkerPool:
             if entry.breaker.record_failure():
                 self._went_down(entry, f"poll failed: {type(e).__name__}: {e}")
             return
-        finally:
-            entry.open_polls.remove(peak)
-        if resp.get("ok") is False:  # reachable, but its engine says it cannot serve
-            if entry.breaker.record_failure():
-                self._went_down(entry, "worker reports its engine stopped")
+        finally:  # by identity: polls open at once (a kick during a round) may hold equal dicts
+            entry.open_polls = [p for p in entry.open_polls if p is not peak]
+        if resp.get("ok") is False:  # reachable, but its engine says it stopped for good
+            self.mark_down(entry.worker_id, "the worker reports its engine stopped")
             return
         batch = decode(resp["events"])
         if resp["snapshot"]:

@@ -364,6 +364,7 @@ class Engine:
         for r in reqs:
             self._inbox.put(("add", (r, sink)))
         self._wake.set()
+        self._refuse_if_stopped()
         for _ in reqs:
             done.acquire()
         out = []
@@ -401,6 +402,7 @@ class Engine:
         self.start()
         self._inbox.put(("add", (req, _loop_sink(loop, q))))
         self._wake.set()
+        self._refuse_if_stopped()
         finished = False
         try:
             while True:
@@ -469,6 +471,13 @@ class Engine:
             raise EngineError(f"engine stopped: {self._broken}")
         if self._thread is not None and not self._thread.is_alive() and not self._stopping:
             raise EngineError("engine loop thread is not running")
+
+    def _refuse_if_stopped(self) -> None:
+        """The loop may have stopped between ``check_alive`` and our ``put``: then nobody
+        would ever read the inbox. Answer what is queued (an error each) ourselves."""
+        if self._broken:
+            with self._lock:
+                self._drain_inbox()
 
     @staticmethod
     def _error_chunk(request_id: str, message: str) -> GenerationChunk:

@@ -143,3 +143,28 @@ def test_packed_token_ids_round_trip_and_bad_bodies_are_400(worker_app):
     assert r.status_code == 400 and "prompt_ids" in r.text
     r = httpx.post(f"{url}/internal/generate", content=b"\xc1", headers={"content-type": MSGPACK})
     assert r.status_code == 400 and "msgpack" in r.text
+
+
+def test_a_worker_that_only_takes_json_is_spoken_json_to(worker_app, monkeypatch):
+    # A worker from before the msgpack hop (its generate route parsed JSON only), served by the
+    # real app with the old parser in place: the client falls back to JSON and stays there.
+    from radixray.router.routes_sglang import WorkerEdge
+
+    json_only = WorkerEdge._parse_generate
+    monkeypatch.setattr(
+        WorkerEdge, "_parse_generate", lambda self, raw, packed=False: json_only(self, raw)
+    )
+    url, _ = worker_app
+
+    async def go():
+        client = await HttpWorkerClient.connect(url)
+        try:
+            first = await _generate(client, [5, 6, 7, 8], "old1")
+            second = await _generate(client, [5, 6, 7, 8], "old2")
+            return first, second, client._packed
+        finally:
+            await client.close()
+
+    first, second, packed = asyncio.run(go())
+    assert first[-1]["finish_reason"] == "length" and second[-1]["finish_reason"] == "length"
+    assert not packed

@@ -412,3 +412,15 @@ def test_make_cache_registry():
         RadixCache(4, alloc, eviction="fifo")
     with pytest.raises(ValueError, match="page_size"):
         RadixCache(3, alloc)
+
+
+def test_the_tree_takes_tuples_as_well_as_lists():
+    # Edge keys are lists; a tuple query must still match whole edges (a tuple slice never
+    # equals a list, which would have matched one page per edge and split every node).
+    cache, alloc = new_cache(4, num_pages=16)
+    a = list(range(12))
+    put(cache, alloc, a)
+    pages, node = cache._tree.match(tuple(a))
+    assert pages == [0, 1, 2] and node.key == a
+    assert sum(1 for _ in cache._tree.iter_nodes()) == 1  # still one node: nothing split
+    assert cache.match_prefix(tuple(a)).num_tokens == 12

@@ -57,3 +57,29 @@ def test_requests_on_a_failing_engine_are_retried_elsewhere_and_it_leaves_routin
     finally:
         for h in hosts:
             h.shutdown()
+
+
+def test_a_request_that_fails_two_engines_is_a_500_not_retried_everywhere():
+    # Every forward fails on every worker (as if this request tripped a kernel bug); freeing
+    # works, so the engines stay up. The router retries once, then answers 500.
+    service, hosts, clients = inprocess_service(3, poll_interval_s=0.05)
+    try:
+        for h in hosts:
+
+            def boom(batch):
+                raise RuntimeError("injected forward failure")
+
+            h.engine.runner.run = boom
+        with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
+            body = {"model": "tiny", "prompt": "poison", "max_tokens": 3}
+            r = http.post(f"{url}/v1/completions", json=body)
+            assert r.status_code == 500, r.text
+            err = r.json()["error"]
+            assert err["code"] == "engine_failed" and "on 2 workers" in err["message"]
+            decisions = http.get(f"{url}/debug/decisions?limit=10").json()["decisions"]
+            assert len([d for d in decisions if d["error"]]) == 2
+            assert all(h.engine.alive for h in hosts)
+            assert http.get(f"{url}/health").json()["healthy_workers"] == 3
+    finally:
+        for h in hosts:
+            h.shutdown()

@@ -158,3 +158,56 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
         assert asyncio.run(scenario()) == (0, 0, 0)
     finally:
         host.shutdown()
+
+
+class QueuedPollClient(LocalWorkerClient):
+    """A real in-process worker whose polls each wait for their own release, so the test
+    decides the order in which overlapping polls (a kick during a round) finish."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.gates: list[asyncio.Event] = []
+        self.hold = False
+
+    async def poll(self, since_seq, epoch):
+        if self.hold:
+            gate = asyncio.Event()
+            self.gates.append(gate)
+            await gate.wait()
+        return await super().poll(since_seq, epoch)
+
+
+def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
+    host = WorkerHost({"model": "tiny", "page_size": 4}, "w0")
+
+    async def scenario():
+        pool = WorkerPool(ApproxIndex(4))
+        client = QueuedPollClient(host)
+        await pool.add(client)
+        client.hold = True
+        first = asyncio.ensure_future(pool.poll_once())
+        pool.kick("w0")  # a second poll while the first is open: both peaks start all zero
+        while len(client.gates) < 2:
+            await asyncio.sleep(0.001)
+        entry = pool.workers["w0"]
+        assert len(entry.open_polls) == 2
+        client.gates[1].set()  # the later poll finishes first
+        while len(entry.open_polls) != 1:
+            await asyncio.sleep(0.001)
+        # The earlier poll is still open: its peak sees this request come and go.
+        pool.track_dispatch("w0", "r1", uncached=7, context=7)
+        pool.track_finish("w0", "r1")
+        client.gates[0].set()
+        await first
+        for _ in range(5000):
+            if not entry.open_polls:
+                break
+            await asyncio.sleep(0.001)
+        return entry.open_polls, entry.own_at_report
+
+    try:
+        open_polls, at_report = asyncio.run(scenario())
+        assert open_polls == []  # each poll removed its own peak, none leaked
+        assert at_report["waiting"] == 1 and at_report["queued_prefill_tokens"] == 7
+    finally:
+        host.shutdown()
