@@ -41,6 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from radixray.sysinfo import cpu_model  # noqa: E402
+
 TEXT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "text_prompts"
 
 
@@ -248,15 +250,7 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    return f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> dict:

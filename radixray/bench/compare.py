@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from radixray.sysinfo import cpu_model
+
 from .cluster import (
     Proc,
     WorkerSpec,
@@ -77,14 +79,7 @@ class CompareConfig:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     try:
         repo = Path(__file__).resolve().parents[2]
         commit = subprocess.run(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from radixray.router.policies import policy_names
 
-from .metrics import RunResult
+from .metrics import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
 from .timing import TIMING_PRESETS, timing_preset
 from .workload import Workload, azure_shared_prefix, load_mooncake, multiturn_chat
@@ -18,17 +18,7 @@ from .workload import Workload, azure_shared_prefix, load_mooncake, multiturn_ch
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
 
 DEFAULT_POLICIES = "round_robin,cache_aware,kv_cost,ttft"
-JSON_KEYS = (
-    "hit_rate",
-    "hit_rate_beyond_first_block",
-    "ceiling",
-    "ttft_p50",
-    "ttft_p90",
-    "ttft_p99",
-    "throughput",
-    "imbalance",
-    "index_memory_bytes",
-)
+JSON_KEYS = (*SUMMARY_KEYS, "index_memory_bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:

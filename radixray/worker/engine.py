@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import platform
 import queue
 import threading
 import time
@@ -28,6 +27,7 @@ import torch
 
 from radixray.cache_index import hash_blocks, make_cache
 from radixray.cache_index.events import KVEvent
+from radixray.sysinfo import cpu_model
 
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
@@ -521,7 +521,7 @@ class Engine:
         if dev.type == "cuda":
             hw = torch.cuda.get_device_name(dev)
         else:
-            hw = f"{_cpu_model()} x{torch.get_num_threads()} threads"
+            hw = f"{cpu_model()} x{torch.get_num_threads()} threads"
         c = self.config
         return " | ".join((c.model, c.dtype, hw, c.attention_backend or "auto"))
 
@@ -557,18 +557,6 @@ def _chunk_error(chunk: GenerationChunk) -> Exception:
     if chunk.error_type == "engine":
         return EngineError(chunk.error)
     return ValueError(chunk.error)
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue):
