@@ -7,7 +7,22 @@ from fastapi.responses import JSONResponse
 
 from .openai_api import error_body
 
-__all__ = ["BodyLimit", "CountRequests"]
+__all__ = ["BodyLimit", "CountRequests", "replay_body"]
+
+
+def replay_body(data: bytes, receive):
+    """A ``receive`` that hands the app an already-read body once, then the real channel (a
+    disconnect must still reach the app)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _reject(status: int, message: str) -> JSONResponse:
@@ -47,17 +62,7 @@ class BodyLimit:
                 return await _reject(413, text)(scope, receive, send)
             if not msg.get("more_body"):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # later: http.disconnect, as the app expects
-
-        return await self.app(scope, replay, send)
+        return await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
 
 class CountRequests:

@@ -29,6 +29,7 @@ from fastapi import APIRouter, FastAPI
 
 from .errors import ApiError
 from .http_worker import MSGPACK, unpack_ids
+from .middleware import replay_body
 from .openai_api import error_body
 from .service import RouterService
 from .worker_client import WorkerUnavailable
@@ -329,7 +330,7 @@ class WorkerEdge:
         while more:
             message = await receive()
             if message["type"] != "http.request":  # disconnect: let the app see it
-                await self.app(scope, _replay(bytes(body), receive), send)
+                await self.app(scope, replay_body(bytes(body), receive), send)
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
@@ -339,7 +340,7 @@ class WorkerEdge:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
             headers.append((b"content-length", str(len(data)).encode()))
             scope = dict(scope, headers=headers)
-        await self.app(scope, _replay(data, receive), send)
+        await self.app(scope, replay_body(data, receive), send)
 
 
 class _Reject(Exception):
@@ -372,20 +373,6 @@ def _strip_neutral(data: bytes) -> bytes:
         if key in obj and obj[key] == neutral and type(obj[key]) is type(neutral):
             del obj[key]
     return json.dumps(obj).encode()
-
-
-def _replay(data: bytes, receive):
-    """The buffered body once, then the real channel (a disconnect must still reach the app)."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def install_sglang_routes(app: FastAPI, service: RouterService) -> None:
