@@ -99,25 +99,19 @@ def _cmd_run(args) -> int:
 
 def _cmd_compare(args, argv: list[str]) -> int:
     names = args.workloads
+    common = {
+        "max_requests": args.max_requests,
+        "max_duration_s": args.max_duration,
+        "seed": args.seed,
+        "progress": not args.no_progress,
+    }
     loads = {}
     for name in names:
-        if name == "mooncake":
+        if name == "mooncake":  # open loop: arrivals at a fixed rate, as in the trace
+            loads[name] = LoadConfig(mode="rate", rate=args.mooncake_rate, **common)
+        else:  # chat users in a closed loop
             loads[name] = LoadConfig(
-                mode="rate",
-                rate=args.mooncake_rate,
-                max_requests=args.max_requests,
-                max_duration_s=args.max_duration,
-                seed=args.seed,
-                progress=not args.no_progress,
-            )
-        else:
-            loads[name] = LoadConfig(
-                mode="concurrency",
-                concurrency=args.mtbench_concurrency,
-                max_requests=args.max_requests,
-                max_duration_s=args.max_duration,
-                seed=args.seed,
-                progress=not args.no_progress,
+                mode="concurrency", concurrency=args.mtbench_concurrency, **common
             )
     cfg = CompareConfig(
         out_dir=Path(args.out_dir),
