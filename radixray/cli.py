@@ -13,6 +13,7 @@ __all__ = ["main"]
 
 log = logging.getLogger("radixray")
 NAMESPACE = "radixray"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ACTOR_PREFIX = "radixray-"  # worker actors are named radixray-<worker id>
 
 
@@ -38,7 +39,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_config(args, worker_id: str) -> dict:
+def _engine_config(args, worker_id: str | None) -> dict:
     return {
         "model": args.model,
         "page_size": args.page_size,
@@ -64,6 +65,16 @@ def _router_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-debug", action="store_true", help="turn the /debug routes off")
     p.add_argument("--max-inflight", type=int, default=1024)
+    _cluster_token_arg(p)
+
+
+def _cluster_token_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cluster-token",
+        default=os.environ.get("RADIXRAY_CLUSTER_TOKEN"),
+        help="shared token of the workers' internal routes (default $RADIXRAY_CLUSTER_TOKEN); "
+        "a worker listening beyond loopback without one generates one and prints it",
+    )
 
 
 def _settings(args, policy: str):
@@ -100,10 +111,10 @@ def cmd_serve(args) -> int:
         return _serve_http_workers(args)
     import ray
 
+    from radixray.model_meta import load_model_meta
+    from radixray.protocol import RayTransport, WorkerClient
     from radixray.router.app import build_app
-    from radixray.router.model_meta import load_model_meta
     from radixray.router.service import RouterService
-    from radixray.router.worker_client import RayWorkerClient
     from radixray.worker.actor import WorkerActor, worker_actor_options
 
     # One namespace, so that a second router (--join) finds the workers by name.
@@ -126,7 +137,7 @@ def cmd_serve(args) -> int:
                 use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
             ),
         ).remote(cfg, wid)
-        return RayWorkerClient(handle, wid)
+        return WorkerClient(RayTransport(handle), wid)
 
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
 
@@ -175,7 +186,7 @@ def _named_workers():
     """Clients for every running radixray worker actor in the namespace (for --join)."""
     import ray
 
-    from radixray.router.worker_client import RayWorkerClient
+    from radixray.protocol import RayTransport, WorkerClient
 
     names = sorted(
         a["name"]
@@ -187,7 +198,11 @@ def _named_workers():
             f"--join: no worker actors named {ACTOR_PREFIX}* in namespace {NAMESPACE!r}"
         )
     return [
-        RayWorkerClient(ray.get_actor(n, namespace=NAMESPACE), n[len(ACTOR_PREFIX) :])
+        WorkerClient(
+            # Not ours to stop: the router that started them owns them.
+            RayTransport(ray.get_actor(n, namespace=NAMESPACE), kill_on_close=False),
+            n[len(ACTOR_PREFIX) :],
+        )
         for n in names
     ]
 
@@ -195,19 +210,18 @@ def _named_workers():
 def _serve_http_workers(args) -> int:
     """The router in front of running ``radixray worker`` processes (no Ray): it polls their
     KV events over HTTP as it polls actors."""
+    from radixray.model_meta import load_model_meta
     from radixray.router.app import build_app
-    from radixray.router.http_worker import HttpWorkerClient
-    from radixray.router.model_meta import load_model_meta
     from radixray.router.service import RouterService
 
     meta = load_model_meta(args.model)
     service = RouterService(meta, _settings(args, args.policy))
+    clients = asyncio.run(_connect_http_workers(args.worker_urls, args.cluster_token))
 
-    async def connect_workers():
-        clients = [await HttpWorkerClient.connect(u) for u in args.worker_urls]
+    async def add_workers():
         await asyncio.gather(*(service.add_worker(c) for c in clients))
 
-    app = build_app(service, on_startup=[connect_workers])
+    app = build_app(service, on_startup=[add_workers])
 
     def ready():
         n, url = len(args.worker_urls), f"http://{args.host}:{args.port}"
@@ -220,25 +234,58 @@ def _serve_http_workers(args) -> int:
     return 0
 
 
+async def _connect_http_workers(urls: list[str], token: str | None) -> list:
+    """A client per worker URL, named by the worker itself. Refuses to start (a clear message,
+    no traceback) when a worker cannot be reached or two workers claim one id."""
+    from radixray.protocol import RequestError, WorkerClient
+    from radixray.protocol.http_transport import HttpTransport
+
+    clients = [WorkerClient(HttpTransport(u, token)) for u in urls]
+    try:
+        infos = await asyncio.gather(*(c.info() for c in clients))
+    except RequestError as e:
+        raise SystemExit(f"radixray serve: {e.message}") from None
+    finally:
+        # The sessions belong to this event loop; the server's loop opens its own.
+        await asyncio.gather(*(c.close() for c in clients))
+    seen: dict[str, str] = {}
+    for url, c, info in zip(urls, clients, infos, strict=True):
+        c.worker_id = info.worker_id
+        if info.worker_id in seen:
+            raise SystemExit(
+                f"radixray serve: two workers claim the worker id {info.worker_id!r}: "
+                f"{seen[info.worker_id]} and {url}; start each with its own --worker-id"
+            )
+        seen[info.worker_id] = url
+    return clients
+
+
 def cmd_worker(args) -> int:
-    """One engine behind the OpenAI API (and the probes other routers use)."""
-    from radixray.router.app import build_app
-    from radixray.router.model_meta import load_model_meta
-    from radixray.router.service import RouterService
-    from radixray.router.worker_client import LocalWorkerClient
-    from radixray.worker.actor import WorkerHost
+    """One engine over HTTP: the worker protocol for radixray's router, the probes SGLang's
+    router needs, and the OpenAI API."""
+    import secrets
+    import socket
 
-    meta = load_model_meta(args.model)
-    host = WorkerHost(_engine_config(args, args.worker_id), args.worker_id)
-    service = RouterService(meta, _settings(args, "round_robin"))
+    from radixray.worker.host import WorkerHost
+    from radixray.worker.http_server import WorkerServer
 
-    async def register():
-        await service.add_worker(LocalWorkerClient(host))
-
-    app = build_app(service, on_startup=[register])
+    token = args.cluster_token
+    if token is None and args.host not in _LOOPBACK:
+        token = secrets.token_urlsafe(32)
+        print(
+            f"radixray worker listens on {args.host}: its internal routes need a cluster token; "
+            f"generated one (pass it to the router as --cluster-token):\n  {token}",
+            file=sys.stderr,
+            flush=True,
+        )
+    name = socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
+    address = f"http://{name}:{args.port}"
+    worker_id = args.worker_id or f"{name}:{args.port}"
+    host = WorkerHost(_engine_config(args, worker_id), worker_id, address)
+    app = WorkerServer(host, token=token)
 
     def ready():
-        print(f"radixray worker {args.worker_id} on http://{args.host}:{args.port}", flush=True)
+        print(f"radixray worker {worker_id} on http://{args.host}:{args.port}", flush=True)
 
     try:
         _serve_uvicorn(app, args.host, args.port, ready)
@@ -300,11 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     _engine_args(s)
     _router_args(s)
-    w = sub.add_parser("worker", help="one engine behind an OpenAI-compatible HTTP API")
-    w.add_argument("--worker-id", default="worker-0")
+    w = sub.add_parser("worker", help="one engine over HTTP (for a router, or OpenAI clients)")
+    w.add_argument(
+        "--worker-id", default=None, help="the id routers know it by (default: host:port)"
+    )
+    w.add_argument("--host", default="127.0.0.1")
+    w.add_argument("--port", type=int, default=9001)
     _engine_args(w)
-    _router_args(w)
-    w.set_defaults(port=9001)
+    _cluster_token_arg(w)
     sub.add_parser("sim", help="trace-driven routing simulator (see radixray sim --help)")
     sub.add_parser("bench", help="live serving benchmark (see radixray bench --help)")
     args = parser.parse_args(argv)

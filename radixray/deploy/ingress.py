@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 
+from radixray.model_meta import load_model_meta
 from radixray.router.app import build_app
-from radixray.router.model_meta import load_model_meta
 from radixray.router.service import RouterService
 
 from .config import ServeAppConfig
 from .membership import ReplicaMembership
 from .replicas import running_replicas
-from .serve_client import ServeWorkerClient
+from .serve_client import serve_worker_client
 
 __all__ = ["RouterIngress"]
 
@@ -43,7 +43,7 @@ class RouterIngress:
         self.membership = ReplicaMembership(
             self.service,
             lambda: running_replicas(app_name, dep_name),
-            lambda rid: ServeWorkerClient(workers, rid, is_running),
+            lambda rid: serve_worker_client(workers, rid, is_running),
         )
         # Creating the streaming handle starts the handle's router, which starts hearing the
         # replica set: membership is known without sending a request first.

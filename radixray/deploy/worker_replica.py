@@ -8,9 +8,9 @@ to the wrong replica fails loudly instead of reading another engine's cache.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
-from radixray.worker.actor import WorkerHost
+from radixray.worker.host import WorkerHost
 
 __all__ = ["WorkerReplica", "WrongReplica"]
 
@@ -36,36 +36,18 @@ class WorkerReplica:
         if replica is not None and replica != self.replica_id:
             raise WrongReplica(f"call for replica {replica!r} reached {self.replica_id!r}")
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: dict,
-        request_id: str,
-        extra_key: str | None = None,
-        *,
-        replica: str | None = None,
-    ) -> AsyncIterator[dict]:
+    async def call(self, method: str, payload: bytes, *, replica: str | None = None) -> bytes:
+        """One encoded call of the worker protocol (``radixray.protocol.rpc``)."""
         self._check(replica)
-        async for chunk in self.host.generate(prompt_ids, params, request_id, extra_key):
-            yield chunk
+        return await self.host.call(method, payload)
 
-    async def abort(self, request_id: str, *, replica: str | None = None) -> None:
+    async def stream(
+        self, method: str, payload: bytes, *, replica: str | None = None
+    ) -> AsyncIterator[bytes]:
+        """One encoded streaming call (``generate``): encoded chunks."""
         self._check(replica)
-        await self.host.abort(request_id)
-
-    async def poll(
-        self, since_seq: int = -1, epoch: str | None = None, *, replica: str | None = None
-    ) -> dict:
-        self._check(replica)
-        return await self.host.poll(since_seq, epoch)
-
-    async def health(self, *, replica: str | None = None) -> dict:
-        self._check(replica)
-        return await self.host.health()
-
-    async def info(self, *, replica: str | None = None) -> dict:
-        self._check(replica)
-        return await self.host.info()
+        async for data in self.host.stream(method, payload):
+            yield data
 
     async def check_integrity(self, *, replica: str | None = None) -> dict:
         self._check(replica)
@@ -74,7 +56,7 @@ class WorkerReplica:
     async def check_health(self) -> None:
         """Serve's own health check: a dead engine thread restarts the replica."""
         h = await self.host.health()
-        if not h["ok"]:
+        if not h.ok:
             raise RuntimeError(f"worker {self.replica_id}: engine loop is not running")
 
     def __del__(self):

@@ -1,7 +1,9 @@
-"""The global router: policies (``radixray.router.policies``) choose a worker per request.
+"""The global router: policies (``radixray.router.policies``) choose a worker per request,
+``router.py`` dispatches and streams, ``worker_pool.py`` keeps the workers' load and the index,
+``service.py`` and ``app.py`` serve it over HTTP. Workers are reached through
+``radixray.protocol`` (never ``radixray.worker``: a router process does not load torch).
 
-Only the policy layer lives here so far; the worker pool, the dispatch loop and the HTTP app are
-added beside it. Importing this package stays light (no FastAPI, no Ray).
+Importing this package stays light (the policies only: no FastAPI, no Ray).
 """
 
 from .policies import (

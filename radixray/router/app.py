@@ -1,4 +1,5 @@
-"""Builds the router's FastAPI app; routes live in routes_openai.py and routes_ops.py."""
+"""Builds the router's FastAPI app: the OpenAI edge (``radixray.api``) served from the
+``RouterService``, and the operations routes (``routes_ops.py``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from .errors import install_error_handlers
-from .middleware import BodyLimit, CountRequests
-from .routes_openai import openai_routes
-from .routes_ops import ops_routes
-from .routes_sglang import install_sglang_routes
+from radixray.api import BodyLimit, CountRequests, install_openai
+
+from .routes_ops import ops_router
 from .service import RouterService
 
 __all__ = ["build_app"]
@@ -36,12 +35,9 @@ def build_app(
 
     app = FastAPI(title="radixray router", version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    install_error_handlers(app)
+    install_openai(app, service)
+    app.include_router(ops_router)
     # The last added runs first: CountRequests also counts the body limit's refusals.
     app.add_middleware(BodyLimit, limit=service.settings.max_body_bytes)
     app.add_middleware(CountRequests, counter=service.metrics.requests)
-
-    app.include_router(openai_routes(service))
-    app.include_router(ops_routes(service))
-    install_sglang_routes(app, service)  # SGLang-router probes, /internal/* for HttpWorkerClient
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from radixray.worker.request import MISS_CAUSES
+from radixray.protocol import MISS_CAUSES
 
 __all__ = ["RouterMetrics"]
 
@@ -112,11 +112,11 @@ class RouterMetrics:
                 "prefill_tokens_per_s",
                 "decode_step_s",
             ):
-                v = e.report.get(f)
+                v = getattr(e.report, f)
                 if v is not None:
                     self.worker_load.labels(w, f).set(v)
             for kind in ("free_pages", "total_pages", "cached_pages", "evictable_pages"):
-                v = e.report.get(kind)
+                v = getattr(e.report, kind)
                 if v is not None:
                     self.worker_pages.labels(w, kind.removesuffix("_pages")).set(v)
         st = pool.index.stats()

@@ -1,10 +1,10 @@
 """choose -> dispatch -> stream -> feed back actual reuse.
 
-``Router.open(prompt_ids, params)`` hashes the prompt's pages, asks the policy, records the
-optimistic index entry, dispatches to the chosen worker and waits for the first chunk. A worker
-that fails before its first chunk is marked down and the request is retried on another worker
-(bounded, with backoff). The returned ``RoutedStream`` yields the remaining chunks; closing it
-early aborts the request on the worker, so its pages are freed.
+``Router.open(request)`` (a ``GenerateRequest``) hashes the prompt's pages, asks the policy,
+records the optimistic index entry, dispatches to the chosen worker and waits for the first
+chunk. A worker that fails before its first chunk is marked down and the request is retried on
+another worker (bounded, with backoff). The returned ``RoutedStream`` yields the chunks; closing
+it early aborts the request on the worker, so its pages are freed.
 
 Closed loop: every final chunk carries the worker's actual cached tokens. When it is below the
 prediction, the router's view of that worker was stale, so that worker is polled at once (its
@@ -18,25 +18,32 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex, hash_blocks
+from radixray.protocol import (
+    EngineFailure,
+    GenerateRequest,
+    Overloaded,
+    RequestError,
+    StreamChunk,
+    WorkerUnavailable,
+)
 
 from .policies import Decision, NoHealthyWorker, Policy, RoutingRequest
-from .worker_client import WorkerUnavailable
 from .worker_pool import WorkerPool
 
-__all__ = ["Router", "RoutedStream", "DecisionRecord", "NoWorkerAvailable"]
+__all__ = ["Router", "RoutedStream", "DecisionRecord", "NoWorkerAvailable", "RequestFailed"]
 
 log = logging.getLogger(__name__)
 
 
-class NoWorkerAvailable(RuntimeError):
-    """No healthy worker could take the request (after retries)."""
+class NoWorkerAvailable(WorkerUnavailable):
+    """No healthy worker could take the request (after retries): a 503."""
 
 
-class RequestFailed(RuntimeError):
+class RequestFailed(EngineFailure):
     """Workers' engines failed while running this request, on more than one worker: likely the
     request itself trips them, so it is not retried further (a server error, not the client's)."""
 
@@ -69,7 +76,13 @@ class DecisionRecord:
 
 
 class RoutedStream:
-    """One routed request: ``decision``, ``record``, ``first`` chunk, then ``async for``."""
+    """One routed request: ``decision``, ``record``, ``first`` chunk, then ``async for``.
+
+    Iterating yields the first chunk, then the rest, up to the final one. A worker that fails
+    mid-stream raises its ``RequestError`` (the edge ends the answer with an error event);
+    ``aclose()`` before the end aborts the request on the worker. ``on_close`` runs exactly
+    once, however the stream ends (the service releases the request's admission slot).
+    """
 
     def __init__(
         self,
@@ -77,30 +90,30 @@ class RoutedStream:
         worker_id: str,
         request_id: str,
         agen,
-        first: dict,
+        first: StreamChunk,
         record: DecisionRecord,
-        hashes: list[int],
         started: float,
+        on_close: Callable[[], None] | None = None,
     ):
         self.router = router
         self.worker_id = worker_id
         self.request_id = request_id
         self.record = record
         self.first = first
+        self.on_close = on_close
         self._agen = agen
-        self._hashes = hashes
         self._started = started
         self._done = False
         self._first_pending = True
 
     @property
     def cached_tokens(self) -> int:
-        return int(self.first.get("cached_tokens") or 0)
+        return self.first.cached_tokens
 
     def __aiter__(self):
         return self
 
-    async def __anext__(self) -> dict:
+    async def __anext__(self) -> StreamChunk:
         if self._done:
             raise StopAsyncIteration
         if self._first_pending:
@@ -109,38 +122,43 @@ class RoutedStream:
         else:
             try:
                 chunk = await self._agen.__anext__()
-            except StopAsyncIteration:
-                chunk = {"finish_reason": "error", "error": "worker ended the stream early"}
-            except WorkerUnavailable as e:
-                self.router.pool.mark_down(self.worker_id, str(e))
-                chunk = {
-                    "finish_reason": "error",
-                    "error": f"worker {self.worker_id} failed mid-stream: {e}",
-                }
-        if chunk.get("token_ids"):
-            self.router.pool.track_tokens(self.worker_id, self.request_id, len(chunk["token_ids"]))
-        if chunk.get("finish_reason"):
-            self._finish(chunk)
+            except StopAsyncIteration:  # the client ends a stream after its final chunk only
+                self._end(None, f"worker {self.worker_id} ended the stream early")
+                raise WorkerUnavailable(f"worker {self.worker_id} ended the stream early") from None
+            except RequestError as e:
+                if isinstance(e, WorkerUnavailable):
+                    self.router.pool.mark_down(self.worker_id, str(e))
+                self._end(None, f"worker {self.worker_id} failed mid-stream: {e.message}")
+                raise
+        if chunk.token_ids:
+            self.router.pool.track_tokens(self.worker_id, self.request_id, len(chunk.token_ids))
+        if chunk.finish_reason is not None:
+            self._end(chunk, None)
         return chunk
 
-    def _finish(self, chunk: dict) -> None:
-        self._done = True
-        self.router._complete(self, chunk)
-
-    async def aclose(self) -> None:
-        """Stop early (client gone): abort on the worker, release accounting."""
+    def _end(self, final: StreamChunk | None, error: str | None) -> None:
         if self._done:
             return
         self._done = True
-        try:
-            await self.router.pool.workers[self.worker_id].client.abort(self.request_id)
-        except (WorkerUnavailable, KeyError):
-            pass
+        self.router._complete(self, final, error)
+        if self.on_close is not None:
+            self.on_close()
+
+    async def aclose(self) -> None:
+        """Stop (at the end, or early when the client is gone: then abort on the worker)."""
+        if self._done:
+            return
+        self._end(None, "aborted: the client went away")
+        entry = self.router.pool.workers.get(self.worker_id)
+        if entry is not None:
+            try:
+                await entry.client.abort(self.request_id)
+            except RequestError:  # the worker is gone: nothing to free there
+                pass
         try:
             await self._agen.aclose()
         except Exception:  # the generator may already be broken; nothing else to free here
             pass
-        self.router._complete(self, {"finish_reason": "abort"})
 
 
 class Router:
@@ -169,14 +187,16 @@ class Router:
 
     async def open(
         self,
-        prompt_ids: Sequence[int],
-        params: dict,
-        request_id: str | None = None,
-        extra_key: str | None = None,
+        req: GenerateRequest,
         session_key: str | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> RoutedStream:
-        request_id = request_id or self.new_request_id()
-        hashes = hash_blocks(prompt_ids, self.page_size, extra_key=extra_key)
+        """Route ``req`` and return its stream once the first chunk is in. Raises the
+        ``RequestError`` that ended it: ``InvalidRequest`` (the client's), ``NoWorkerAvailable``
+        (no worker left to try), ``RequestFailed`` (engines failed on two workers)."""
+        prompt_ids = req.prompt_ids
+        request_id = req.request_id
+        hashes = hash_blocks(prompt_ids, self.page_size, extra_key=req.extra_key)
         rr = RoutingRequest(request_id, len(prompt_ids), hashes, session_key, time.monotonic())
         started = time.monotonic()
         excluded: set[str] = set()
@@ -187,7 +207,7 @@ class Router:
             try:
                 decision = self.policy.choose(rr, states, self.index)
             except NoHealthyWorker:
-                raise NoWorkerAvailable(last_error) from None
+                raise NoWorkerAvailable(f"No worker is available: {last_error}") from None
             wid = decision.worker_id
             record = self._record(rr, decision, states, attempt)
             entry = self.pool.workers[wid]
@@ -195,45 +215,36 @@ class Router:
             self.pool.track_dispatch(wid, request_id, len(prompt_ids) - predicted, len(prompt_ids))
             self.index.insert(wid, hashes)  # optimistic: it will hold them after prefill
             self.policy.on_dispatch(decision, rr)
-            agen = entry.client.generate(prompt_ids, params, request_id, extra_key)
+            agen = entry.client.generate(req)
             try:
                 first = await agen.__anext__()
-            except (WorkerUnavailable, StopAsyncIteration) as e:
-                last_error = f"worker {wid}: {e}"
+            except (WorkerUnavailable, Overloaded, EngineFailure) as e:
                 self.pool.track_finish(wid, request_id)
-                self.pool.mark_down(wid, str(e))
                 excluded.add(wid)
+                last_error = f"worker {wid}: {e.message}"
                 record.error = last_error
                 self.decisions.append(record)
+                if isinstance(e, WorkerUnavailable):
+                    self.pool.mark_down(wid, e.message)
+                elif isinstance(e, EngineFailure):
+                    # The worker's engine failed before this request produced anything: another
+                    # worker can serve it, once (a request that fails two engines is likely
+                    # what trips them, and every retry takes a whole batch down with it). Poll
+                    # the failed worker now; if it reports its engine stopped, it leaves.
+                    self.pool.poll_now(wid)
+                    engine_failures += 1
+                    if engine_failures > 1:
+                        raise RequestFailed(
+                            f"the engine failed on {engine_failures} workers: {last_error}"
+                        ) from None
                 await asyncio.sleep(self.retry_backoff_s * attempt)
                 continue
-            except BaseException:
+            except BaseException:  # the client's own error, or cancellation
                 self.pool.track_finish(wid, request_id)
                 raise
-            if first.get("error_type") == "engine":
-                # The worker's engine failed before this request produced anything: another
-                # worker can serve it, once (a request that fails two engines is likely what
-                # trips them, and every retry takes a whole batch down with it). Poll the
-                # failed worker now; if it reports its engine stopped, it leaves routing.
-                last_error = f"worker {wid}: {first.get('error')}"
-                self.pool.track_finish(wid, request_id)
-                self.pool.kick(wid)
-                excluded.add(wid)
-                record.error = last_error
-                self.decisions.append(record)
-                engine_failures += 1
-                if engine_failures > 1:
-                    raise RequestFailed(
-                        f"the engine failed on {engine_failures} workers: {last_error}"
-                    )
-                await asyncio.sleep(self.retry_backoff_s * attempt)
-                continue
             self.pool.track_first_token(wid, request_id)
-            if first.get("error"):
-                self.pool.track_finish(wid, request_id)
-                raise ValueError(first["error"])
             record.ttft_s = time.monotonic() - started
-            return RoutedStream(self, wid, request_id, agen, first, record, hashes, started)
+            return RoutedStream(self, wid, request_id, agen, first, record, started, on_close)
         raise NoWorkerAvailable(f"gave up after {self.max_retries + 1} attempts: {last_error}")
 
     def _record(self, rr: RoutingRequest, d: Decision, states, attempt: int) -> DecisionRecord:
@@ -250,24 +261,26 @@ class Router:
             scores=dict(d.scores),
         )
 
-    def _complete(self, stream: RoutedStream, chunk: dict) -> None:
+    def _complete(self, stream: RoutedStream, final: StreamChunk | None, error: str | None):
         rec = stream.record
         wid = stream.worker_id
         self.pool.track_finish(wid, stream.request_id)
-        rec.finish_reason = chunk.get("finish_reason")
-        rec.error = chunk.get("error")
         rec.latency_s = time.monotonic() - stream._started
-        if chunk.get("finish_reason") not in ("abort", "error"):
-            actual = int(chunk.get("cached_tokens") or 0)
+        if final is None:
+            rec.finish_reason = "abort" if error and error.startswith("aborted") else "error"
+            rec.error = error
+        else:
+            rec.finish_reason = final.finish_reason
+            actual = final.cached_tokens
             rec.actual_cached_tokens = actual
-            rec.miss = chunk.get("miss")
+            rec.miss = dict(final.miss) if final.miss else None
             if actual < rec.predicted_cached_tokens:
                 # The index promised blocks the worker did not have: its view of this worker is
                 # stale (an eviction not yet reported). The blocks themselves are right again
                 # now (the worker just computed them), so resync from the worker's own events
                 # at once instead of waiting for the next poll.
                 self.mispredictions += 1
-                self.pool.kick(wid)
+                self.pool.poll_now(wid)
             self.policy.on_complete(stream.request_id, wid, actual)
         self.decisions.append(rec)
         for fn in self.listeners:

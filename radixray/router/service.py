@@ -1,6 +1,7 @@
 """The router service: model metadata, the worker pool, the router, metrics and limits in one
 object that the HTTP routes depend on. Built once per process (``radixray serve``, the Ray Serve
-ingress, tests)."""
+ingress, tests). It is the OpenAI edge's backend (``radixray.api.Backend``): ``open`` admits a
+request (or refuses it, overloaded) and routes it."""
 
 from __future__ import annotations
 
@@ -9,19 +10,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from radixray.cache_index import ApproxIndex
+from radixray.model_meta import ModelMeta
+from radixray.protocol import GenerateRequest, Overloaded, WorkerClient
 
 from .metrics import RouterMetrics
-from .model_meta import ModelMeta
 from .policies import Policy, make_policy
-from .router import Router
-from .worker_client import WorkerClient
+from .router import RoutedStream, Router
 from .worker_pool import WorkerPool
 
 __all__ = ["RouterSettings", "RouterService", "Overloaded"]
-
-
-class Overloaded(RuntimeError):
-    """Too many requests in flight: answer 429 with Retry-After."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +75,23 @@ class RouterService:
     def model_name(self) -> str:
         return self.meta.name
 
+    @property
+    def max_tokens_limit(self) -> int:
+        return self.settings.max_tokens_limit
+
+    @property
+    def retry_after_s(self) -> int:
+        return self.settings.retry_after_s
+
+    async def open(self, req: GenerateRequest, session_key: str | None = None) -> RoutedStream:
+        """Admit and route ``req``; the admission slot is released when its stream ends."""
+        self.admit()
+        try:
+            return await self.router.open(req, session_key, on_close=self.release)
+        except BaseException:
+            self.release()
+            raise
+
     async def start(self) -> None:
         self.pool.start()
 
@@ -97,7 +111,10 @@ class RouterService:
         if self.inflight >= s.max_inflight or (
             states and all(st.running + st.waiting >= s.max_inflight_per_worker for st in states)
         ):
-            raise Overloaded(f"{self.inflight} requests in flight; limit {s.max_inflight}")
+            raise Overloaded(
+                f"The server is overloaded: {self.inflight} requests in flight (limit "
+                f"{s.max_inflight}); retry later"
+            )
         self.inflight += 1
 
     def release(self) -> None:

@@ -25,24 +25,33 @@ from dataclasses import dataclass, field
 
 from radixray.cache_index import ApproxIndex
 from radixray.cache_index.events import decode
+from radixray.protocol import (
+    TRAFFIC_FIELDS,
+    LoadReport,
+    RequestError,
+    WorkerClient,
+    WorkerCounters,
+    WorkerInfo,
+)
 from radixray.step_cost import fit_moments, sum_moments
 
 from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
-from .worker_client import WorkerClient, WorkerUnavailable
 
-__all__ = ["WorkerPool", "WorkerEntry"]
+__all__ = ["WorkerPool", "WorkerEntry", "DuplicateWorker"]
 
 log = logging.getLogger(__name__)
 # Before any worker has measured its prefill rate: a CPU worker on the default model is in the
 # thousands of tokens/s range; only the ratio between workers matters to the policies.
 _PRIOR_PREFILL_TPS = 1000.0
-_LOAD_KEYS = ("running", "waiting", "queued_prefill_tokens", "active_decode_tokens")
+
+
+class DuplicateWorker(ValueError):
+    """Two workers claim one worker id."""
 
 
 def _has_moments(e: WorkerEntry) -> bool:
-    m = e.report.get("prefill_fit_moments")
-    return isinstance(m, list | tuple) and len(m) == 5 and m[0] > 0
+    return e.report.prefill_fit_moments[0] > 0
 
 
 @dataclass
@@ -56,9 +65,9 @@ class _InFlight:
 class WorkerEntry:
     client: WorkerClient
     worker_id: str
-    info: dict = field(default_factory=dict)
-    report: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
+    info: WorkerInfo
+    report: LoadReport = field(default_factory=LoadReport)  # the last poll's
+    counters: WorkerCounters = field(default_factory=WorkerCounters)  # the last poll's
     epoch: str | None = None
     seq: int = -1
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -68,7 +77,7 @@ class WorkerEntry:
     events_applied: int = 0
     snapshots: int = 0
     # This router's traffic on the worker, in the report's terms, kept as requests move.
-    own: dict = field(default_factory=lambda: dict.fromkeys(_LOAD_KEYS, 0))
+    own: dict = field(default_factory=lambda: dict.fromkeys(TRAFFIC_FIELDS, 0))
     # Our traffic as the report counted it: its peak over the poll that brought the report.
     own_at_report: dict = field(default_factory=dict)
     open_polls: list = field(default_factory=list)  # peak tallies of polls in flight
@@ -92,25 +101,28 @@ class WorkerPool:
         self.poll_timeout_s = poll_timeout_s
         self.workers: dict[str, WorkerEntry] = {}
         self._poll_task: asyncio.Task | None = None
-        self.on_worker_down = None  # callback(worker_id, reason)
-        self._kicks: set[asyncio.Task] = set()
+        self._extra_polls: set[asyncio.Task] = set()
         self._fits: dict[str, tuple[float, float]] | None = None  # prefill_fits(), until a report
 
     # ------------------------------------------------------------------ membership
 
     async def add(self, client: WorkerClient) -> WorkerEntry:
-        """Register a worker (its page size must match the router's)."""
+        """Register a worker (its page size must match the router's; its id must be new)."""
         info = await client.info()
-        if info.get("page_size") != self.index.page_size:
+        if info.page_size != self.index.page_size:
             raise ValueError(
-                f"worker {client.worker_id} has page_size {info.get('page_size')}, the router "
-                f"hashes pages of {self.index.page_size}"
+                f"worker {client.worker_id} at {client.address} has page_size {info.page_size}, "
+                f"the router hashes pages of {self.index.page_size}"
             )
-        if client.worker_id in self.workers:
-            raise ValueError(f"worker id {client.worker_id!r} is already registered")
-        entry = WorkerEntry(
-            client, client.worker_id, info=info, breaker=CircuitBreaker(self.failure_threshold)
-        )
+        wid = client.worker_id
+        if wid in self.workers:
+            other = self.workers[wid]
+            raise DuplicateWorker(
+                f"two workers claim the worker id {wid!r}: {other.client.address} "
+                f"({other.info.address}) and {client.address} ({info.address}); give each its "
+                "own --worker-id"
+            )
+        entry = WorkerEntry(client, wid, info, breaker=CircuitBreaker(self.failure_threshold))
         self.workers[client.worker_id] = entry
         self._fits = None
         self.index.add_worker(client.worker_id)
@@ -143,8 +155,6 @@ class WorkerPool:
         log.warning("worker %s is down: %s", entry.worker_id, reason)
         entry.epoch = None  # a later recovery starts from a snapshot
         self.index.clear(entry.worker_id)
-        if self.on_worker_down is not None:
-            self.on_worker_down(entry.worker_id, reason)
 
     # ------------------------------------------------------------------ load accounting
 
@@ -200,7 +210,7 @@ class WorkerPool:
     def prefill_fits(self) -> dict[str, tuple[float, float]]:
         """Each worker's prefill step cost ``(overhead_s, tokens_per_s)``.
 
-        Workers of one performance class (their ``info["perf_class"]``: same model, dtype,
+        Workers of one performance class (their ``info.perf_class``: same model, dtype,
         device type and threads) share one fit over all their reported steps, so the router
         compares their load and cache, not the noise between their separate fits. A worker that
         reports no class or no moments keeps its own fit; one with no measurement yet borrows
@@ -208,20 +218,17 @@ class WorkerPool:
         """
         groups: dict[object, list[WorkerEntry]] = {}
         for e in self.workers.values():
-            groups.setdefault(e.info.get("perf_class") or ("worker", e.worker_id), []).append(e)
+            groups.setdefault(e.info.perf_class or ("worker", e.worker_id), []).append(e)
         fits: dict[str, tuple[float, float]] = {}
         for members in groups.values():
-            moments = [e.report["prefill_fit_moments"] for e in members if _has_moments(e)]
+            moments = [e.report.prefill_fit_moments for e in members if _has_moments(e)]
             pooled = fit_moments(sum_moments(moments)) if moments else None
             for e in members:
+                r = e.report
                 if pooled is not None:
                     fits[e.worker_id] = pooled
-                elif e.report.get("prefill_tokens_per_s"):
-                    r = e.report
-                    fits[e.worker_id] = (
-                        r.get("prefill_overhead_s") or 0.0,
-                        r["prefill_tokens_per_s"],
-                    )
+                elif r.prefill_tokens_per_s:
+                    fits[e.worker_id] = (r.prefill_overhead_s or 0.0, r.prefill_tokens_per_s)
         prior = sum(rate for _, rate in fits.values()) / len(fits) if fits else _PRIOR_PREFILL_TPS
         for wid in self.workers:
             fits.setdefault(wid, (0.0, prior))
@@ -243,17 +250,17 @@ class WorkerPool:
             if not e.healthy or e.draining:
                 continue
             r = e.report
-            own = e.own
-            load = {k: own[k] + max(0, (r.get(k) or 0) - e.own_at_report.get(k, 0)) for k in own}
+            own, at_report = e.own, e.own_at_report
+            load = {k: own[k] + max(0, getattr(r, k) - at_report.get(k, 0)) for k in own}
             overhead, rate = fits.get(e.worker_id, (0.0, _PRIOR_PREFILL_TPS))
             out.append(
                 WorkerState(
                     worker_id=e.worker_id,
-                    free_pages=r.get("free_pages") or 0,
-                    total_pages=r.get("total_pages") or 0,
+                    free_pages=r.free_pages,
+                    total_pages=r.total_pages,
                     prefill_tokens_per_s=rate,
                     prefill_overhead_s=overhead,
-                    decode_step_s=r.get("decode_step_s") or 0.0,
+                    decode_step_s=r.decode_step_s or 0.0,
                     healthy=True,
                     **load,
                 )
@@ -275,40 +282,45 @@ class WorkerPool:
             resp = await asyncio.wait_for(
                 entry.client.poll(entry.seq, entry.epoch), self.poll_timeout_s
             )
-        except (WorkerUnavailable, asyncio.TimeoutError) as e:
+        except (RequestError, asyncio.TimeoutError) as e:
             if entry.breaker.record_failure():
                 self._went_down(entry, f"poll failed: {type(e).__name__}: {e}")
             return
-        finally:  # by identity: polls open at once (a kick during a round) may hold equal dicts
+        finally:  # by identity: polls open at once (one asked for during a round) may be equal
             entry.open_polls = [p for p in entry.open_polls if p is not peak]
-        if resp.get("ok") is False:  # reachable, but its engine says it stopped for good
+        if not resp.alive:  # reachable, but its engine says it stopped for good
             self.mark_down(entry.worker_id, "the worker reports its engine stopped")
             return
-        batch = decode(resp["events"])
-        if resp["snapshot"]:
+        try:
+            batch = decode(resp.events)
+        except ValueError as e:  # a worker that sends garbage is broken
+            if entry.breaker.record_failure():
+                self._went_down(entry, f"poll sent invalid KV events: {e}")
+            return
+        if resp.snapshot:
             self.index.clear(entry.worker_id)
             entry.snapshots += 1
         self.index.apply(entry.worker_id, batch.events)
         entry.events_applied += len(batch.events)
-        entry.epoch = resp["epoch"]
-        entry.seq = resp["seq"]
-        entry.report = resp["load"]
+        entry.epoch = resp.epoch
+        entry.seq = resp.seq
+        entry.report = resp.load
         self._fits = None
         # The worker took its report at some moment between our send and this receipt: whatever
         # of ours it may have counted (up to our peak in between) is not another router's load.
         entry.own_at_report = peak
-        entry.stats = resp.get("stats", {})
+        entry.counters = resp.counters
         entry.last_ok = time.monotonic()
         if entry.breaker.record_success():
             log.info("worker %s is back", entry.worker_id)
 
-    def kick(self, worker_id: str) -> None:
+    def poll_now(self, worker_id: str) -> None:
         """Poll one worker now (its view looked stale), without waiting for the next round."""
         entry = self.workers.get(worker_id)
         if entry is not None and entry.healthy:
             task = asyncio.get_running_loop().create_task(self._poll_worker(entry))
-            self._kicks.add(task)
-            task.add_done_callback(self._kicks.discard)
+            self._extra_polls.add(task)
+            task.add_done_callback(self._extra_polls.discard)
 
     async def poll_once(self) -> None:
         entries = list(self.workers.values())

@@ -34,7 +34,9 @@ class EngineConfig:
     # torch intra-op threads on CPU (None: torch's default). Workers sharing a machine should
     # split the cores: oversubscribed threads made a decode step 10x slower on 2 shared cores.
     cpu_threads: int | None = None
-    worker_id: str = "worker-0"
+    # The id routers know this worker by; None: unique by default (its address: host and port,
+    # a Ray actor id). See WorkerHost.
+    worker_id: str | None = None
 
     def __post_init__(self):
         if self.cache not in CACHE_TYPES:

@@ -1,7 +1,8 @@
-"""Value objects of the worker: sampling parameters, a request's mutable state, its completion.
+"""Value objects of the worker: a request's mutable state and its completion.
 
-The scheduler and the engine work on ``Request`` (ints and lists). ``SamplingParams`` and
-``Completion`` are frozen: they cross the engine's public boundary.
+The scheduler and the engine work on ``Request`` (ints and lists). ``SamplingParams`` (from
+``radixray.protocol``: the router builds it, the engine runs it) and ``Completion`` are frozen:
+they cross the engine's public boundary.
 """
 
 from __future__ import annotations
@@ -9,61 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Completion", "Request", "RequestStatus", "MISS_CAUSES"]
+from radixray.protocol import SamplingParams
 
-# Why a prompt token was or was not reused; they add up to the prompt length.
-#   cached     reused from the prefix cache
-#   cold       never seen by this worker
-#   evicted    this worker held it once (ghost list) and evicted it
-#   page_tail  the unaligned tail, or the page holding the last prompt token (logits need it)
-#   in_flight  another running request was computing it at the same time
-#   disabled   the cache is a ChunkCache (reuse off)
-MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        def bad(name: str, want: str):
-            raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}")
-
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            bad("max_tokens", "an int >= 1")
-        if self.max_tokens < 1:
-            bad("max_tokens", "an int >= 1")
-        if not (0.0 <= float(self.temperature) <= 100.0):
-            bad("temperature", "a number in [0, 100]")
-        if not (0.0 < float(self.top_p) <= 1.0):
-            bad("top_p", "a number in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
-            bad("top_k", "-1 (off) or an int >= 1")
-        if self.seed is not None and (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not -(2**63) <= self.seed < 2**63
-        ):
-            bad("seed", "None or an int in the 64-bit signed range")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            bad("stop", "a list of non-empty strings")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "a list of token ids >= 0")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+__all__ = ["Completion", "Request", "RequestStatus"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +24,7 @@ class Completion:
     cached_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "abort"
-    miss: dict[str, int]  # cause -> prompt tokens (keys: MISS_CAUSES)
+    miss: dict[str, int]  # cause -> prompt tokens (keys: radixray.protocol.MISS_CAUSES)
 
 
 class RequestStatus(enum.Enum):

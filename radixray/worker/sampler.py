@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .request import SamplingParams
+from radixray.protocol import SamplingParams
 
 __all__ = ["Sampler"]
 

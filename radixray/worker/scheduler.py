@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixray.cache_index import ChunkCache, PrefixCache
+from radixray.protocol import MISS_CAUSES
 
-from .request import MISS_CAUSES, Request, RequestStatus
+from .request import Request, RequestStatus
 
 __all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch"]
 

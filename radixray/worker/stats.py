@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
+from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel
-
-from .request import MISS_CAUSES
 
 __all__ = ["EngineStats", "Ewma"]
 
@@ -73,7 +72,7 @@ class EngineStats:
             "decode_tokens": self.decode_tokens,
             "prefill_tokens_per_s": fit[1] if fit else None,
             "prefill_overhead_s": fit[0] if fit else None,
-            "prefill_fit_moments": self.prefill_cost.moments,
+            "prefill_fit_moments": tuple(self.prefill_cost.moments),
             "decode_step_s": self.decode_step_time.value,
             "decode_tokens_per_s": self.decode_rate.value,
         }

@@ -22,38 +22,35 @@ def free_port() -> int:
     return port
 
 
-class LiveServer:
-    """``with LiveServer(service, clients_factory) as url:`` serves until the block ends."""
+class LiveApp:
+    """``with LiveApp(asgi_app) as url:`` serves the app on 127.0.0.1 until the block ends."""
 
-    def __init__(self, service: RouterService, make_clients: Callable[[], Sequence] = lambda: ()):
-        self.service = service
-        self.make_clients = make_clients
+    def __init__(self, app, after=None):
+        """``after``: a coroutine function run on the server's loop once it has stopped."""
+        self.app = app
+        self.after = after
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def __enter__(self) -> str:
-        async def register():
-            for c in self.make_clients():
-                await self.service.add_worker(c)
-
-        app = build_app(self.service, on_startup=[register])
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         )
 
         def run():
             self.loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self.loop)
             self.loop.run_until_complete(self.server.serve())
-            self.loop.run_until_complete(self.service.close())
+            if self.after is not None:
+                self.loop.run_until_complete(self.after())
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 120
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("router did not start")
+                raise RuntimeError("server did not start")
             time.sleep(0.05)
         return self.url
 
@@ -66,14 +63,42 @@ class LiveServer:
         self.thread.join(60)
 
 
+class LiveServer(LiveApp):
+    """``with LiveServer(service, clients_factory) as url:``: the router app over ``service``,
+    with the clients ``clients_factory()`` returns registered at startup."""
+
+    def __init__(self, service: RouterService, make_clients: Callable[[], Sequence] = lambda: ()):
+        self.service = service
+
+        async def register():
+            for c in make_clients():
+                await service.add_worker(c)
+
+        super().__init__(build_app(service, on_startup=[register]), after=service.close)
+
+
+def local_client(host):
+    """The router's client for an in-process ``WorkerHost`` (the same encoded calls as over a
+    network; closing it shuts the worker down)."""
+    from radixray.protocol import LocalTransport, WorkerClient
+
+    return WorkerClient(LocalTransport(host, f"local:{host.worker_id}"), host.worker_id)
+
+
+def ray_clients(handles: dict) -> list:
+    """The router's clients for ``{worker_id: actor handle}``."""
+    from radixray.protocol import RayTransport, WorkerClient
+
+    return [WorkerClient(RayTransport(h), w) for w, h in handles.items()]
+
+
 def inprocess_service(
     n_workers: int = 2, page_size: int = 4, engine: dict | None = None, **settings
 ):
     """A RouterService over ``n_workers`` real in-process WorkerHosts on the tiny model."""
-    from radixray.router.model_meta import load_model_meta
+    from radixray.model_meta import load_model_meta
     from radixray.router.service import RouterService, RouterSettings
-    from radixray.router.worker_client import LocalWorkerClient
-    from radixray.worker.actor import WorkerHost
+    from radixray.worker import WorkerHost
 
     settings.setdefault("poll_interval_s", 0.1)
     service = RouterService(
@@ -81,7 +106,7 @@ def inprocess_service(
     )
     cfg = {"model": "tiny", "page_size": page_size} | (engine or {})
     hosts = [WorkerHost(cfg, f"w{i}") for i in range(n_workers)]
-    return service, hosts, lambda: [LocalWorkerClient(h) for h in hosts]
+    return service, hosts, lambda: [local_client(h) for h in hosts]
 
 
 def stream_completion(url: str, body: dict, timeout: float = 120, stop_after: int | None = None):
@@ -130,3 +155,14 @@ def stream_completion(url: str, body: dict, timeout: float = 120, stop_after: in
             if stop_after is not None and events >= stop_after:
                 break
     return out
+
+
+def worker_server(worker_id: str, num_pages: int | None = 512, token: str | None = None, **engine):
+    """``(LiveApp, host)``: a real ``radixray worker`` app (tiny model, page size 16) on
+    127.0.0.1; enter the LiveApp to serve it, shut the host down after."""
+    from radixray.worker import WorkerHost
+    from radixray.worker.http_server import WorkerServer
+
+    cfg = {"model": "tiny", "page_size": 16, "num_pages": num_pages} | engine
+    host = WorkerHost(cfg, worker_id)
+    return LiveApp(WorkerServer(host, token=token)), host

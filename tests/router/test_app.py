@@ -7,12 +7,11 @@ import httpx
 import openai
 import pytest
 
-from radixray.router.model_meta import load_model_meta
+from radixray.model_meta import load_model_meta
 from radixray.router.service import RouterService, RouterSettings
-from radixray.router.worker_client import LocalWorkerClient
-from radixray.worker.actor import WorkerHost
+from radixray.worker import WorkerHost
 
-from .serving import LiveServer
+from .serving import LiveServer, local_client
 
 TOKEN = "test-admin-token"
 
@@ -24,7 +23,7 @@ def live():
         meta, RouterSettings(policy="ttft", page_size=4, admin_token=TOKEN, poll_interval_s=0.1)
     )
     hosts = [WorkerHost({"model": "tiny", "page_size": 4}, f"w{i}") for i in range(2)]
-    server = LiveServer(service, lambda: [LocalWorkerClient(h) for h in hosts])
+    server = LiveServer(service, lambda: [local_client(h) for h in hosts])
     with server as url:
         yield server, url, service, hosts
     for h in hosts:

@@ -10,12 +10,11 @@ import tempfile
 import openai
 import pytest
 
-from radixray.router.model_meta import load_model_meta
+from radixray.model_meta import load_model_meta
 from radixray.router.service import RouterService, RouterSettings
-from radixray.router.worker_client import RayWorkerClient
 from radixray.worker.actor import WorkerActor, worker_actor_options
 
-from .serving import LiveServer
+from .serving import LiveServer, ray_clients
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -41,12 +40,12 @@ def test_prefixes_concentrate_per_worker_and_spread_over_nodes(cluster):
         for wid, node in (("a", "node_a"), ("b", "node_b"))
     }
     infos = {w: ray.get(h.info.remote(), timeout=120) for w, h in handles.items()}
-    assert infos["a"]["node_id"] != infos["b"]["node_id"]  # really two nodes
+    assert infos["a"].node_id != infos["b"].node_id  # really two nodes
 
     service = RouterService(
         load_model_meta("tiny"), RouterSettings(policy="ttft", page_size=4, poll_interval_s=0.1)
     )
-    with LiveServer(service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]) as url:
+    with LiveServer(service, lambda: ray_clients(handles)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
         def ask(prefix: int, q: int) -> tuple[int, str, int]:
@@ -98,7 +97,7 @@ def test_removing_a_node_under_load(cluster):
         load_model_meta("tiny"),
         RouterSettings(policy="round_robin", page_size=4, poll_interval_s=0.1),
     )
-    with LiveServer(service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]) as url:
+    with LiveServer(service, lambda: ray_clients(handles)) as url:
         body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
         removed = {}
 

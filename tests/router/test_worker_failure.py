@@ -20,12 +20,12 @@ import httpx
 import pytest
 
 from radixray.cli import ACTOR_PREFIX, NAMESPACE
-from radixray.router.model_meta import load_model_meta
+from radixray.model_meta import load_model_meta
+from radixray.protocol import PollRequest
 from radixray.router.service import RouterService, RouterSettings
-from radixray.router.worker_client import RayWorkerClient
 from radixray.worker.actor import WorkerActor, worker_actor_options
 
-from .serving import LiveServer, free_port, stream_completion
+from .serving import LiveServer, free_port, ray_clients, stream_completion
 
 ray = pytest.importorskip("ray")
 
@@ -61,7 +61,7 @@ def test_kill_one_of_three_workers_during_a_burst(ray_local):
     handles = start_workers(["k0", "k1", "k2"])
     service = router(policy="round_robin")
     victim = "k1"
-    with LiveServer(service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]) as url:
+    with LiveServer(service, lambda: ray_clients(handles)) as url:
         body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
         jobs = [body | {"prompt": f"burst {i} " * 3} for i in range(60)]
         killed_at = {}
@@ -134,9 +134,7 @@ def test_two_router_processes_keep_the_same_index(ray_local):
         start_new_session=True,
     )
     try:
-        with LiveServer(
-            service, lambda: [RayWorkerClient(h, w) for w, h in handles.items()]
-        ) as url_a:
+        with LiveServer(service, lambda: ray_clients(handles)) as url_a:
             url_b = f"http://127.0.0.1:{port_b}"
             deadline = time.monotonic() + 120
             while True:
@@ -161,12 +159,12 @@ def test_two_router_processes_keep_the_same_index(ray_local):
                 assert r["done"]
             truth = {}
             for w, h in handles.items():  # the workers' own block sets
-                snap = ray.get(h.poll.remote(-1, None), timeout=30)
+                snap = ray.get(h.poll.remote(PollRequest(-1, None)), timeout=30)
                 from radixray.cache_index import decode
 
                 hashes = [
                     x
-                    for ev in decode(snap["events"]).events
+                    for ev in decode(snap.events).events
                     for x in getattr(ev, "block_hashes", [])
                 ]
                 truth[w] = f"{len(hashes)}:{sum(hashes) % (1 << 64):016x}"

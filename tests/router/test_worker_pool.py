@@ -3,16 +3,30 @@
 import asyncio
 
 from radixray.cache_index import ApproxIndex
-from radixray.router.worker_client import LocalWorkerClient
+from radixray.protocol import (
+    GenerateRequest,
+    LoadReport,
+    LocalTransport,
+    SamplingParams,
+    WorkerClient,
+    WorkerInfo,
+)
 from radixray.router.worker_pool import WorkerEntry, WorkerPool
 from radixray.step_cost import StepCostModel
-from radixray.worker.actor import WorkerHost
-from radixray.worker.request import SamplingParams
+from radixray.worker import WorkerHost
+
+
+def info(wid: str, perf_class: str = "") -> WorkerInfo:
+    return WorkerInfo(wid, "epoch", "tiny", 4, 4096, 320, "radix", 64, "cpu", perf_class)
+
+
+def entry(wid: str, perf_class: str = "", **report) -> WorkerEntry:
+    return WorkerEntry(None, wid, info(wid, perf_class), LoadReport(**report))
 
 
 def pool_with(report: dict, own_at_report: dict | None = None) -> tuple[WorkerPool, WorkerEntry]:
     pool = WorkerPool(ApproxIndex(4))
-    e = WorkerEntry(client=None, worker_id="w", report=report)
+    e = entry("w", **report)
     e.own_at_report = own_at_report or {}
     pool.workers["w"] = e
     return pool, e
@@ -51,9 +65,7 @@ def test_other_routers_traffic_is_added_to_ours():
 def test_unmeasured_rate_borrows_the_mean_of_measured_workers():
     pool = WorkerPool(ApproxIndex(4))
     for wid, rate in (("a", 100.0), ("b", 300.0), ("c", None)):
-        pool.workers[wid] = WorkerEntry(
-            client=None, worker_id=wid, report={"prefill_tokens_per_s": rate}
-        )
+        pool.workers[wid] = entry(wid, prefill_tokens_per_s=rate)
     rates = {s.worker_id: s.prefill_tokens_per_s for s in pool.states()}
     assert rates == {"a": 100.0, "b": 300.0, "c": 200.0}
 
@@ -61,7 +73,7 @@ def test_unmeasured_rate_borrows_the_mean_of_measured_workers():
 def test_down_and_draining_workers_are_not_routable():
     pool = WorkerPool(ApproxIndex(4))
     for wid in ("a", "b", "c"):
-        pool.workers[wid] = WorkerEntry(client=None, worker_id=wid)
+        pool.workers[wid] = entry(wid)
         pool.index.add_worker(wid)
     pool.index.insert("b", [1, 2, 3])
     pool.mark_down("b", "test")
@@ -83,14 +95,14 @@ def test_workers_of_one_perf_class_share_one_prefill_fit():
         for tokens, seconds in steps:
             model.update(tokens, seconds)
         overhead, rate = model.fit()
-        report = {
-            "prefill_fit_moments": model.moments,
-            "prefill_overhead_s": overhead,
-            "prefill_tokens_per_s": rate,
-        }
-        pool.workers[wid] = WorkerEntry(None, wid, info={"perf_class": cls}, report=report)
-    report = {"prefill_tokens_per_s": 777.0, "prefill_overhead_s": 0.002}
-    pool.workers["d"] = WorkerEntry(None, "d", report=report)
+        pool.workers[wid] = entry(
+            wid,
+            cls,
+            prefill_fit_moments=tuple(model.moments),
+            prefill_overhead_s=overhead,
+            prefill_tokens_per_s=rate,
+        )
+    pool.workers["d"] = entry("d", prefill_tokens_per_s=777.0, prefill_overhead_s=0.002)
     fits = {s.worker_id: (s.prefill_overhead_s, s.prefill_tokens_per_s) for s in pool.states()}
     assert fits["a"] == fits["b"]
     assert abs(fits["a"][0] - 0.05) < 1e-9 and abs(fits["a"][1] - 4000.0) < 1e-6
@@ -98,12 +110,12 @@ def test_workers_of_one_perf_class_share_one_prefill_fit():
     assert fits["d"] == (0.002, 777.0)
 
 
-class GatedClient(LocalWorkerClient):
+class GatedClient(WorkerClient):
     """A real in-process worker whose poll the test holds before the worker takes its report
     and again before the reply arrives, to place requests inside the poll's window."""
 
     def __init__(self, host):
-        super().__init__(host)
+        super().__init__(LocalTransport(host), host.worker_id)
         self.before_report = asyncio.Event()
         self.before_reply = asyncio.Event()
         self.reported = asyncio.Event()
@@ -133,24 +145,24 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
         await asyncio.sleep(0)
         pool.track_dispatch("w0", "r1", uncached=9, context=9)
         stream = host.generate(
-            list(range(9)), SamplingParams(max_tokens=200, ignore_eos=True), "r1"
+            GenerateRequest("r1", list(range(9)), SamplingParams(max_tokens=200, ignore_eos=True))
         )
         first = await anext(stream)
         pool.track_first_token("w0", "r1")
-        pool.track_tokens("w0", "r1", len(first["token_ids"]))
+        pool.track_tokens("w0", "r1", len(first.token_ids))
         client.reported.clear()
         client.before_report.set()
         await client.reported.wait()
         async for chunk in stream:  # the router counts each streamed token as context
-            pool.track_tokens("w0", "r1", len(chunk["token_ids"]))
+            pool.track_tokens("w0", "r1", len(chunk.token_ids))
         pool.track_finish("w0", "r1")
         client.before_reply.set()
         await poll
         entry = pool.workers["w0"]
-        assert entry.report["running"] == 1  # the report did count it
+        assert entry.report.running == 1  # the report did count it
         # What the router pools prefill fits by, and the moments it pools.
-        assert entry.info["perf_class"].startswith("tiny | float32 | ")
-        assert entry.report["prefill_fit_moments"][0] > 0
+        assert entry.info.perf_class.startswith("tiny | float32 | ")
+        assert entry.report.prefill_fit_moments[0] > 0
         (s,) = pool.states()
         return s.running, s.waiting, s.active_decode_tokens
 
@@ -160,12 +172,12 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
         host.shutdown()
 
 
-class QueuedPollClient(LocalWorkerClient):
+class QueuedPollClient(WorkerClient):
     """A real in-process worker whose polls each wait for their own release, so the test
-    decides the order in which overlapping polls (a kick during a round) finish."""
+    decides the order in which overlapping polls (one asked for during a round) finish."""
 
     def __init__(self, host):
-        super().__init__(host)
+        super().__init__(LocalTransport(host), host.worker_id)
         self.gates: list[asyncio.Event] = []
         self.hold = False
 
@@ -186,7 +198,7 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
         await pool.add(client)
         client.hold = True
         first = asyncio.ensure_future(pool.poll_once())
-        pool.kick("w0")  # a second poll while the first is open: both peaks start all zero
+        pool.poll_now("w0")  # a second poll while the first is open: both peaks start all zero
         while len(client.gates) < 2:
             await asyncio.sleep(0.001)
         entry = pool.workers["w0"]

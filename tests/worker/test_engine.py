@@ -284,8 +284,8 @@ def test_a_failure_that_cannot_be_cleaned_up_stops_the_engine():
 
         with pytest.raises(EngineError, match="engine step failed"):
             asyncio.run(run("a prompt long enough to fill a page or two"))
-        e._thread.join(10)
-        assert not e.alive and not e._thread.is_alive()
+        e.loop.thread.join(10)
+        assert not e.alive and not e.loop.thread.is_alive()
         with pytest.raises(EngineError, match="engine stopped: freeing request .* raised"):
             asyncio.run(run("refused at once, not queued forever"))
         with pytest.raises(EngineError, match="engine stopped"):

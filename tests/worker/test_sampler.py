@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from radixray.worker.request import SamplingParams
+from radixray.protocol import SamplingParams
 from radixray.worker.sampler import Sampler
 
 

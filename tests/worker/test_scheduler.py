@@ -12,7 +12,8 @@ import random
 import pytest
 
 from radixray.cache_index import ChunkCache, PageAllocator, RadixCache, hash_blocks
-from radixray.worker.request import MISS_CAUSES, Request, RequestStatus, SamplingParams
+from radixray.protocol import MISS_CAUSES, SamplingParams
+from radixray.worker.request import Request, RequestStatus
 from radixray.worker.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 1000

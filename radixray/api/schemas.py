@@ -21,7 +21,6 @@ __all__ = [
     "chat_response",
     "chat_chunk",
     "usage",
-    "error_body",
 ]
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
@@ -44,6 +43,9 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    # vLLM's tenant isolation field: requests with different salts never share cached pages
+    # (on the worker and in the router's index), so one tenant cannot time another's prefixes.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -76,6 +78,10 @@ class CompletionRequest(_Sampling):
     logprobs: None = None
     suffix: None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
 
     @field_validator("prompt")
     @classmethod
@@ -204,7 +210,3 @@ def chat_chunk(
     if use is not None:
         out["usage"] = use
     return out
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

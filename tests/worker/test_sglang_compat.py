@@ -1,15 +1,8 @@
-"""What SGLang's router needs of a worker: probe shapes, its extension fields, and the internal
-routes' refusal on a multi-worker app."""
+"""What SGLang's router needs of a worker: probe shapes and its extension fields."""
 
 from __future__ import annotations
 
 import httpx
-
-from radixray.router.model_meta import load_model_meta
-from radixray.router.service import RouterService, RouterSettings
-from radixray.router.worker_client import LocalWorkerClient
-from radixray.worker.actor import WorkerHost
-from tests.router.serving import LiveServer
 
 # The fields sglang-router 0.3.2 adds when it rebuilds a request (observed on the wire).
 SGLANG_COMPLETION_EXTRAS = {
@@ -65,28 +58,3 @@ def test_sglang_rebuilt_requests_are_accepted(worker_app):
         # A value that would change behaviour is not silently dropped: 400 naming the field.
         r = c.post("/v1/completions", json=body | {"return_hidden_states": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "return_hidden_states"
-
-
-def test_internal_routes_refuse_a_multi_worker_app():
-    service = RouterService(load_model_meta("tiny"), RouterSettings(page_size=16))
-    hosts = [
-        WorkerHost({"model": "tiny", "page_size": 16, "num_pages": 64}, f"m{i}") for i in (0, 1)
-    ]
-    try:
-        with LiveServer(service, lambda: [LocalWorkerClient(h) for h in hosts]) as url:
-            with httpx.Client(base_url=url, timeout=10) as c:
-                for r in (
-                    c.get("/internal/poll"),
-                    c.get("/internal/info"),
-                    c.post(
-                        "/internal/generate",
-                        json={"prompt_ids": [1], "params": {}, "request_id": "x"},
-                    ),
-                ):
-                    assert r.status_code == 409 and "exactly one worker" in r.text
-                assert len(c.get("/get_load").json()) == 2
-                r = c.post("/internal/generate", content=b"not json")
-                assert r.status_code == 400
-    finally:
-        for h in hosts:
-            h.shutdown()

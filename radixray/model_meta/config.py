@@ -77,7 +77,7 @@ class ModelConfig:
 def tiny_config(tie_word_embeddings: bool = False) -> ModelConfig:
     """A random tiny Llama for tests: fast on CPU, still GQA (4 query heads over 2 KV heads).
 
-    The vocabulary (320) covers :class:`~radixray.worker.model.byte_tokenizer.ByteTokenizer`'s
+    The vocabulary (320) covers :class:`~radixray.model_meta.byte_tokenizer.ByteTokenizer`'s
     259 ids, so text prompts work end to end.
     """
     from .byte_tokenizer import ByteTokenizer

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from radixray.worker.model import CHATML, BPETokenizer, ByteTokenizer, ChatTemplate
-from radixray.worker.model.tokenizer import TokenizerProtocol
+from radixray.model_meta import CHATML, BPETokenizer, ByteTokenizer, ChatTemplate, TokenizerProtocol
 
-PROMPTS_DIR = Path(__file__).resolve().parents[4] / "shared" / "data" / "text_prompts"
+PROMPTS_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "text_prompts"
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from radixray.worker.model import ModelConfig, tiny_config
+from radixray.model_meta import ModelConfig, tiny_config
 
 
 def test_tiny_config_is_valid_gqa():

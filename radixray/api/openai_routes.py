@@ -1,0 +1,271 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models.
+
+Module-level handlers over the app's :class:`~radixray.api.backend.Backend` (the router, or one
+worker's engine), declared once as a dependency. Completions and chat differ only in how the
+prompt is made (text or token ids; messages through the chat template) and in the shape of the
+answer; both go through one serve path: check the lengths, build the ``SamplingParams`` and the
+``GenerateRequest`` once, open the stream, answer as SSE or as one JSON body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixray.protocol import (
+    GenerateRequest,
+    InvalidRequest,
+    RequestError,
+    SamplingParams,
+    StreamChunk,
+)
+from radixray.protocol.rules import check_context, check_token_ids
+
+from . import schemas as oa
+from .backend import Backend, TokenStream
+from .errors import ApiError, api_error, error_body
+
+__all__ = ["openai_router", "completions", "chat_completions", "list_models"]
+
+# Tokenizing a long prompt takes milliseconds: past this many characters it runs in a thread
+# so the event loop keeps serving other requests.
+_INLINE_TOKENIZE_CHARS = 4096
+# How often a non-streaming request checks that its client is still there.
+_DISCONNECT_POLL_S = 0.25
+
+openai_router = APIRouter()
+
+
+def _backend(request: Request) -> Backend:
+    return request.app.state.backend
+
+
+ServingBackend = Annotated[Backend, Depends(_backend)]
+
+
+# ---------------------------------------------------------------------- routes
+
+
+@openai_router.get("/v1/models")
+async def list_models(backend: ServingBackend):
+    name = backend.meta.name
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": 0, "owned_by": "radixray"}],
+    }
+
+
+@openai_router.post("/v1/completions")
+async def completions(body: oa.CompletionRequest, request: Request, backend: ServingBackend):
+    _check_model(backend, body.model)
+    if isinstance(body.prompt, str):
+        prompt_ids = await _encode(backend, body.prompt)
+    else:
+        prompt_ids = list(body.prompt)
+        _client_error(check_token_ids, prompt_ids, backend.meta.vocab_size, "prompt")
+    if not prompt_ids:
+        raise ApiError(400, "prompt must not be empty", param="prompt")
+    return await _serve(request, backend, body, prompt_ids, _TextAnswer, "prompt")
+
+
+@openai_router.post("/v1/chat/completions")
+async def chat_completions(
+    body: oa.ChatCompletionRequest, request: Request, backend: ServingBackend
+):
+    _check_model(backend, body.model)
+    try:
+        text = backend.meta.tokenizer.apply_chat_template(
+            body.plain_messages(), add_generation_prompt=True
+        )
+    except ValueError as e:
+        raise ApiError(400, f"messages cannot be rendered: {e}", param="messages") from None
+    prompt_ids = await _encode(backend, text)
+    return await _serve(request, backend, body, prompt_ids, _ChatAnswer, "messages")
+
+
+# ---------------------------------------------------------------------- the serve path
+
+
+async def _serve(
+    request: Request,
+    backend: Backend,
+    body: oa.CompletionRequest | oa.ChatCompletionRequest,
+    prompt_ids: list[int],
+    answer_cls: type[_TextAnswer] | type[_ChatAnswer],
+    prompt_param: str,
+) -> Response:
+    max_tokens = _max_tokens(backend, len(prompt_ids), body.token_limit, prompt_param)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop or ()),
+        ignore_eos=body.ignore_eos,
+    )
+    answer = answer_cls(backend.meta.name)
+    req = GenerateRequest(answer.id, prompt_ids, params, body.cache_salt)
+    try:
+        stream = await backend.open(req, body.user)
+    except RequestError as e:
+        raise api_error(e, backend.retry_after_s) from None
+    headers = {
+        "x-radixray-worker": str(stream.worker_id),
+        "x-radixray-cached-tokens": str(stream.cached_tokens),
+    }
+    if body.stream:
+        return StreamingResponse(
+            _sse(stream, answer, body.include_usage),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    text, final = await _collect(request, stream)
+    headers["x-radixray-cached-tokens"] = str(final.cached_tokens)
+    return JSONResponse(answer.response(text, final.finish_reason, _usage(final)), headers=headers)
+
+
+def _check_model(backend: Backend, model: str) -> None:
+    if model != backend.meta.name:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist; this server serves `{backend.meta.name}`",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+async def _encode(backend: Backend, text: str) -> list[int]:
+    tokenizer = backend.meta.tokenizer
+    if len(text) <= _INLINE_TOKENIZE_CHARS:
+        return tokenizer.encode(text)
+    return await asyncio.to_thread(tokenizer.encode, text)
+
+
+def _client_error(check, *args) -> None:
+    """Run a ``radixray.protocol.rules`` check; its InvalidRequest is a 400 naming the field."""
+    try:
+        check(*args)
+    except InvalidRequest as e:
+        raise ApiError(400, e.message, param=e.param) from None
+
+
+def _max_tokens(backend: Backend, num_prompt: int, requested: int | None, prompt_param: str) -> int:
+    """The request's max_tokens, or the room left in the context (at most the server's cap);
+    the context-length rule is the workers' own (``check_context``)."""
+    limit, cap = backend.meta.max_model_len, backend.max_tokens_limit
+    if requested is not None and requested > cap:
+        raise ApiError(
+            400,
+            f"max_tokens is {requested}; this server allows at most {cap}",
+            param="max_tokens",
+            code="max_tokens_too_large",
+        )
+    try:
+        check_context(num_prompt, requested or 1, limit)
+    except InvalidRequest as e:
+        param = prompt_param if e.param == "prompt" else e.param
+        raise ApiError(400, e.message, param=param, code="context_length_exceeded") from None
+    return requested if requested is not None else min(limit - num_prompt, cap)
+
+
+def _usage(final: StreamChunk) -> dict:
+    return oa.usage(final.prompt_tokens, final.completion_tokens, final.cached_tokens)
+
+
+async def _collect(request: Request, stream: TokenStream) -> tuple[str, StreamChunk]:
+    """Run a stream to its end; abort it if the client goes away meanwhile."""
+    parts: list[str] = []
+
+    async def drain() -> StreamChunk:
+        async for c in stream:
+            parts.append(c.text)
+            if c.final:
+                return c
+        raise ApiError(502, "the worker ended the stream without a final chunk")
+
+    task = asyncio.ensure_future(drain())
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                raise ApiError(499, "client disconnected")
+        try:
+            final = task.result()
+        except RequestError as e:  # the worker failed after its first token
+            raise ApiError(502, e.message, "server_error", code="worker_failed") from None
+    finally:
+        if not task.done():
+            task.cancel()
+        await stream.aclose()
+    return "".join(parts), final
+
+
+async def _sse(stream: TokenStream, answer, include_usage: bool) -> AsyncIterator[bytes]:
+    try:
+        if answer.first is not None:
+            yield _event(answer.first)
+        try:
+            async for c in stream:
+                if c.text or c.final:
+                    yield _event(answer.chunk(c.text, c.finish_reason))
+                if c.final:
+                    if include_usage:
+                        yield _event(answer.usage_chunk(_usage(c)))
+                    break
+        except RequestError as e:  # the worker failed after the response started
+            yield _event(error_body(e.message, "server_error", code="worker_failed"))
+        yield b"data: [DONE]\n\n"
+    finally:
+        # Runs on normal end and when the client disconnects (the generator is closed).
+        await stream.aclose()
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _TextAnswer:
+    """The shape of a /v1/completions answer."""
+
+    first = None
+
+    def __init__(self, model: str):
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.model = model
+
+    def chunk(self, text: str, reason: str | None) -> dict:
+        return oa.completion_chunk(self.id, self.model, text, reason)
+
+    def usage_chunk(self, use: dict) -> dict:
+        c = oa.completion_chunk(self.id, self.model, "", None, use)
+        c["choices"] = []
+        return c
+
+    def response(self, text: str, reason: str, use: dict) -> dict:
+        return oa.completion_response(self.id, self.model, text, reason, use)
+
+
+class _ChatAnswer:
+    """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
+
+    def __init__(self, model: str):
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.model = model
+        self.first = oa.chat_chunk(self.id, model, {"role": "assistant", "content": ""}, None)
+
+    def chunk(self, text: str, reason: str | None) -> dict:
+        return oa.chat_chunk(self.id, self.model, {"content": text} if text else {}, reason)
+
+    def usage_chunk(self, use: dict) -> dict:
+        return oa.chat_chunk(self.id, self.model, {}, None, use, with_choice=False)
+
+    def response(self, text: str, reason: str, use: dict) -> dict:
+        return oa.chat_response(self.id, self.model, text, reason, use)

@@ -1,0 +1,87 @@
+"""A GGUF file's metadata (llama.cpp's format): hyperparameters and tokenizer, no weights.
+
+The router reads this much of a checkpoint; the worker's ``GGUFCheckpoint`` adds the weights.
+Parsing the metadata takes a few seconds for a real vocabulary (SmolLM2: 49k strings), so the
+config and the tokenizer come from one ``gguf.GGUFReader`` (it maps the file; no tensor data is
+read here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig
+
+__all__ = ["GGUFMetadata"]
+
+_ARCHITECTURES = ("llama",)
+
+
+class GGUFMetadata:
+    def __init__(self, path: str | Path) -> None:
+        import gguf  # imported here: only GGUF files need it
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {self.path}")
+        self._gguf = gguf
+        self.reader = gguf.GGUFReader(str(self.path))
+        self.architecture = self.meta("general.architecture")
+        if self.architecture not in _ARCHITECTURES:
+            raise NotImplementedError(
+                f"{self.path.name}: GGUF architecture {self.architecture!r} is not supported; "
+                f"expected one of {_ARCHITECTURES}"
+            )
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def _arch(self, key: str, default: Any = None) -> Any:
+        return self.meta(f"{self.architecture}.{key}", default)
+
+    def config(self) -> ModelConfig:
+        tensors = {t.name: t for t in self.reader.tensors}
+        if "rope_freqs.weight" in tensors or self._arch("rope.scaling.type") not in (None, "none"):
+            raise NotImplementedError(
+                f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling.type="
+                f"{self._arch('rope.scaling.type')!r}) is not supported"
+            )
+        hidden = int(self._arch("embedding_length"))
+        heads = int(self._arch("attention.head_count"))
+        head_dim = int(self._arch("attention.key_length", hidden // heads))
+        rope_dim = int(self._arch("rope.dimension_count", head_dim))
+        if rope_dim != head_dim:
+            raise NotImplementedError(
+                f"{self.path.name}: partial RoPE (rope.dimension_count={rope_dim}, "
+                f"head_dim={head_dim}) is not supported"
+            )
+        vocab = int(tensors["token_embd.weight"].shape[-1])  # ggml order: [hidden, vocab]
+
+        def token_id(name: str) -> int | None:
+            value = self.meta(f"tokenizer.ggml.{name}")
+            return int(value) if value is not None else None
+
+        return ModelConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(self._arch("feed_forward_length")),
+            num_layers=int(self._arch("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(self._arch("attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rope_theta=float(self._arch("rope.freq_base", 10000.0)),
+            rms_norm_eps=float(self._arch("attention.layer_norm_rms_epsilon", 1e-5)),
+            max_position_embeddings=int(self._arch("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in tensors,
+            bos_token_id=token_id("bos_token_id"),
+            eos_token_id=token_id("eos_token_id"),
+            pad_token_id=token_id("padding_token_id"),
+            name=str(self.meta("general.name", self.path.stem)),
+        )
+
+    def tokenizer(self):
+        from .tokenizer import BPETokenizer
+
+        return BPETokenizer.from_gguf(self.reader)

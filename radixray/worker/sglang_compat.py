@@ -1,0 +1,110 @@
+"""What SGLang's Rust router (``sglang-router``) needs of a worker it fronts.
+
+It probes ``/health``, ``/server_info`` (or ``/get_server_info``), ``/model_info`` (or
+``/get_model_info``) and, for ``power_of_two``, ``/get_load``, which must be a JSON *list*. It
+rebuilds OpenAI request bodies and adds its own extension fields (``skip_special_tokens: true``,
+``ignore_eos: false``, ...). The OpenAI schema rejects unknown fields, so the fields that carry
+the value that changes nothing for radixray are dropped; any other value still reaches the
+schema, which either honours it (``ignore_eos: true``) or answers 400 naming the field.
+See ``../shared/notes/sglang_router.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from radixray.api.middleware import replay_body
+from radixray.protocol import LoadReport, WorkerCounters, cache_view
+
+if TYPE_CHECKING:
+    from .http_server import WorkerServer
+
+__all__ = ["SGLANG_NEUTRAL_FIELDS", "FILTERED_PATHS", "drop_neutral_fields", "probe", "cache_page"]
+
+# SGLang router extension fields and the value at which each is a no-op for radixray (plain
+# sampling, no reasoning parser, no hidden states, stops trimmed, special tokens skipped).
+SGLANG_NEUTRAL_FIELDS: dict[str, object] = {
+    "no_stop_trim": False,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "return_hidden_states": False,
+    "continue_final_message": False,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+}
+FILTERED_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def probe(path: str, server: WorkerServer) -> tuple[int, object] | None:
+    """``(status, JSON body)`` of an SGLang probe route, or None for any other path."""
+    meta, engine = server.meta, server.host.engine
+    if path in ("/server_info", "/get_server_info"):
+        return 200, {
+            "served_model_name": meta.name,
+            "model_path": meta.name,
+            "tokenizer_path": None,
+            "context_length": meta.max_model_len,
+            "page_size": engine.page_size,
+            "worker_ids": [server.host.worker_id],
+            "device": str(engine.device),
+            "version": "radixray-0.1.0",
+        }
+    if path in ("/model_info", "/get_model_info"):
+        return 200, {
+            "model_path": meta.name,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "context_length": meta.max_model_len,
+            "vocab_size": meta.vocab_size,
+        }
+    if path == "/get_load":
+        # SGLang's shape: one entry per data-parallel rank; its router sums ``num_tokens``.
+        s = engine.stats()
+        return 200, [
+            {
+                "dp_rank": 0,
+                "worker_id": server.host.worker_id,
+                "num_reqs": s["running"] + s["waiting"],
+                "num_waiting_reqs": s["waiting"],
+                "num_tokens": s["queued_prefill_tokens"] + s["active_decode_tokens"],
+            }
+        ]
+    return None
+
+
+def cache_page(worker_id: str, load: LoadReport, counters: WorkerCounters) -> dict:
+    """``/debug/cache`` of a worker: the router's page's shape, with this one worker."""
+    return {"workers": {worker_id: cache_view(load, counters)}}
+
+
+async def drop_neutral_fields(scope, receive):
+    """``(scope, receive)`` of an OpenAI POST with SGLang's neutral fields removed."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # disconnect: let the app see it
+            return scope, replay_body(bytes(body), receive)
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    data = bytes(body)
+    if any(k.encode() in data for k in SGLANG_NEUTRAL_FIELDS):
+        data = _strip_neutral(data)
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(data)).encode()))
+        scope = dict(scope, headers=headers)
+    return scope, replay_body(data, receive)
+
+
+def _strip_neutral(data: bytes) -> bytes:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return data  # not JSON: the route answers with its own 400
+    if not isinstance(obj, dict):
+        return data
+    for key, neutral in SGLANG_NEUTRAL_FIELDS.items():
+        if key in obj and obj[key] == neutral and type(obj[key]) is type(neutral):
+            del obj[key]
+    return json.dumps(obj).encode()

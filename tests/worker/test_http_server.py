@@ -1,0 +1,188 @@
+"""The worker's HTTP server (``radixray worker``) and the protocol's HTTP transport, against real
+worker apps: every method, the cluster token, bad bodies, and the router fronting workers over
+HTTP (what ``radixray serve --worker-urls`` runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from radixray.cache_index import hash_blocks
+from radixray.cache_index.events import BlockStored, decode
+from radixray.model_meta import load_model_meta
+from radixray.protocol import (
+    ErrorInfo,
+    ErrorKind,
+    GenerateRequest,
+    InvalidRequest,
+    SamplingParams,
+    WorkerClient,
+    WorkerUnavailable,
+    encode,
+)
+from radixray.protocol import decode as decode_msg
+from radixray.protocol.http_transport import MSGPACK, HttpTransport
+from radixray.router.service import RouterService, RouterSettings
+from tests.router.serving import LiveServer
+
+from .conftest import TOKEN
+
+GREEDY3 = SamplingParams(max_tokens=3, temperature=0.0)
+
+
+async def _generate(client: WorkerClient, ids, rid, params=GREEDY3):
+    return [c async for c in client.generate(GenerateRequest(rid, ids, params))]
+
+
+def test_info_generate_poll_abort(worker_app):
+    url, host = worker_app
+
+    async def go():
+        client = await WorkerClient.connect(HttpTransport(url))
+        try:
+            assert client.worker_id == "w0"
+            info = await client.info()
+            assert info.page_size == 16 and info.epoch == host.epoch and info.vocab_size == 320
+            assert (await client.health()).ok is True
+            first = await client.poll(-1, None)
+            assert first.snapshot is True and first.epoch == host.epoch
+            ids = list(range(40, 40 + 50))
+            chunks = await _generate(client, ids, "h-1")
+            final = chunks[-1]
+            assert final.finish_reason == "length" and final.prompt_tokens == 50
+            assert final.completion_tokens == 3 and final.cached_tokens == 0
+            assert sum(len(c.token_ids) for c in chunks) == 3
+            again = (await _generate(client, ids, "h-2"))[-1]
+            assert again.cached_tokens == 48  # 3 full pages; the last token is recomputed
+            resp = await client.poll(first.seq, first.epoch)
+            assert resp.snapshot is False and resp.seq > first.seq
+            stored = [
+                h
+                for e in decode(resp.events).events
+                if isinstance(e, BlockStored)
+                for h in e.block_hashes
+            ]
+            assert set(hash_blocks(ids, 16)) <= set(stored)
+            assert resp.load.total_pages == 512 and resp.counters.prompt_tokens >= 100
+            # A long request aborted mid-stream frees its pages.
+            agen = client.generate(
+                GenerateRequest("h-3", list(range(1, 30)), SamplingParams(max_tokens=500))
+            )
+            await agen.__anext__()
+            await client.abort("h-3")
+            await agen.aclose()
+            # The worker's own checks: one error channel, the kind and the field at fault.
+            with pytest.raises(InvalidRequest, match=r"\[0, 320\)") as bad:
+                await _generate(client, [999], "h-4")
+            assert bad.value.param == "prompt"
+            with pytest.raises(InvalidRequest, match="context length 4096") as bad:
+                await _generate(client, [1] * 4000, "h-5", SamplingParams(max_tokens=200))
+            assert bad.value.param == "max_tokens"
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    for _ in range(100):  # the abort lands at the next step boundary
+        if host.engine.stats()["running"] == 0:
+            break
+        time.sleep(0.05)
+    assert host.engine.stats()["running"] == 0
+
+
+def test_unreachable_worker_is_unavailable():
+    async def go():
+        client = WorkerClient(HttpTransport("http://127.0.0.1:9", connect_timeout_s=2), "gone")
+        try:
+            with pytest.raises(WorkerUnavailable, match="127.0.0.1:9"):
+                await client.poll(-1, None)
+            with pytest.raises(WorkerUnavailable):
+                await _generate(client, [1, 2, 3], "x")
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+def test_internal_routes_need_the_cluster_token(guarded_worker_app):
+    url, host = guarded_worker_app
+    body = encode(GenerateRequest("t-1", [5, 6, 7], GREEDY3))
+    finished = host.engine.stats()["requests_finished"]
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
+        for method, payload in (("generate", body), ("abort", b""), ("poll", b""), ("info", b"")):
+            r = httpx.post(f"{url}/internal/{method}", content=payload, headers=headers)
+            assert r.status_code == 401, (method, headers)
+            assert r.json()["error"]["code"] == "invalid_token"
+    assert host.engine.stats()["requests_finished"] == finished  # nothing ran
+
+    async def go(token):
+        client = WorkerClient(HttpTransport(url, token=token), "w1")
+        try:
+            return await _generate(client, [5, 6, 7], "t-2")
+        finally:
+            await client.close()
+
+    with pytest.raises(WorkerUnavailable, match="401.*cluster token"):
+        asyncio.run(go("wrong"))
+    assert asyncio.run(go(TOKEN))[-1].finish_reason == "length"
+    # The public face needs no token: health and the OpenAI API.
+    assert httpx.get(f"{url}/health").status_code == 200
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.headers["x-radixray-worker"] == "w1"
+
+
+def test_bad_bodies_are_error_frames_and_unknown_methods_404(worker_app):
+    url, _ = worker_app
+
+    def post(method: str, payload: bytes) -> httpx.Response:
+        return httpx.post(
+            f"{url}/internal/{method}", content=payload, headers={"content-type": MSGPACK}
+        )
+
+    def error_of(r: httpx.Response) -> ErrorInfo:
+        assert r.status_code == 200
+        return decode_msg(r.content, ErrorInfo)
+
+    err = error_of(post("info", b"\xc1 not msgpack"))
+    assert err.kind is ErrorKind.INVALID_REQUEST and "msgpack" in err.message
+    err = error_of(post("poll", encode(GenerateRequest("x", [1], GREEDY3))))
+    assert "expected a poll message" in err.message
+    # A stream answers its error as the one frame it sends.
+    r = post("generate", msgspec.msgpack.encode(["generate/1", "x", [1, -2], [3]]))
+    frames = r.content
+    assert r.status_code == 200 and int.from_bytes(frames[:4], "little") == len(frames) - 4
+    err = decode_msg(frames[4:], ErrorInfo)
+    assert err.kind is ErrorKind.INVALID_REQUEST and "$[2][1]" in err.message
+    r = post("frobnicate", b"")
+    assert r.status_code == 404 and "expected one of" in r.json()["error"]["message"]
+
+
+def test_router_over_http_workers_routes_by_cache(worker_app, guarded_worker_app):
+    urls = [worker_app[0], guarded_worker_app[0]]
+    service = RouterService(
+        load_model_meta("tiny"), RouterSettings(policy="ttft", page_size=16, poll_interval_s=0.05)
+    )
+
+    async def add_all():
+        # A session belongs to the loop that uses it: connect on the server's.
+        for u, token in zip(urls, (None, TOKEN), strict=True):
+            await service.add_worker(await WorkerClient.connect(HttpTransport(u, token)))
+
+    server = LiveServer(service)
+    with server as url:
+        server.call(add_all())
+        assert sorted(service.pool.workers) == ["w0", "w1"]
+        prompt = "radixray over http " * 8
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+        with httpx.Client(timeout=30) as http:
+            r1 = http.post(url + "/v1/completions", json=body)
+            assert r1.status_code == 200, r1.text
+            server.call(asyncio.sleep(0.3))  # the KV events of the first request arrive
+            r2 = http.post(url + "/v1/completions", json=body)
+        assert r2.headers["x-radixray-worker"] == r1.headers["x-radixray-worker"]
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 144
+        blocks = service.index.num_blocks(r1.headers["x-radixray-worker"])
+        assert blocks >= len(prompt) // 16
