@@ -90,9 +90,13 @@ def _settings(args, policy: str):
 
 
 def _serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
+    """Serve ``app`` until interrupted, on uvloop with httptools where installed (the event
+    loop and the HTTP parser in C: a router spends most of its CPU in them)."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", http="auto", loop="none"
+    )
     server = uvicorn.Server(config)
 
     async def run():
@@ -103,7 +107,20 @@ def _serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
             on_ready()
         await task
 
-    asyncio.run(run())
+    factory = _loop_factory()
+    if factory is None or not hasattr(asyncio, "Runner"):  # Python 3.10: the standard loop
+        asyncio.run(run())
+        return
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(run())
+
+
+def _loop_factory():
+    try:
+        import uvloop
+    except ImportError:  # not on this platform: the standard loop
+        return None
+    return uvloop.new_event_loop
 
 
 def cmd_serve(args) -> int:

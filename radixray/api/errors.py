@@ -3,7 +3,7 @@ and the one map from a request's error kind (``radixray.protocol.ErrorKind``) to
 
 from __future__ import annotations
 
-import json
+import logging
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -12,7 +12,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixray.protocol import ErrorKind, RequestError
 
-__all__ = ["ApiError", "api_error", "error_body", "error_response", "install_error_handlers"]
+__all__ = [
+    "ApiError",
+    "api_error",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+]
+
+log = logging.getLogger(__name__)
 
 # kind -> (status, OpenAI error type, code). A worker that is gone and a router with no worker
 # left are both 503 (retry soon); an engine that failed on every worker tried is a 500.
@@ -23,16 +31,6 @@ _BY_KIND: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.OVERLOADED: (429, "rate_limit_error", "overloaded"),
     ErrorKind.ABORTED: (499, "invalid_request_error", "aborted"),
 }
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def error_response(status: int, message: str, type_: str, code: str | None = None) -> tuple:
-    """``(status, headers, body bytes)`` of an error answered outside FastAPI (plain ASGI)."""
-    body = json.dumps(error_body(message, type_, None, code)).encode()
-    return status, [(b"content-type", b"application/json")], body
 
 
 class ApiError(Exception):
@@ -54,18 +52,15 @@ class ApiError(Exception):
         self.headers = headers
 
 
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
 def api_error(e: RequestError, retry_after_s: int = 1) -> ApiError:
     """The HTTP error for a failed request, by its kind."""
     status, type_, code = _BY_KIND[e.kind]
-    retry = status in (429, 503)
-    return ApiError(
-        status,
-        e.message,
-        type_,
-        e.param,
-        code,
-        {"Retry-After": str(retry_after_s)} if retry else None,
-    )
+    headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else None
+    return ApiError(status, e.message, type_, e.param, code, headers)
 
 
 def _param(loc) -> str | None:
@@ -82,52 +77,48 @@ def _param(loc) -> str | None:
     return out or None
 
 
-def install_error_handlers(app) -> None:
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError):
-        return await _api_error(request, api_error(exc))
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errs = exc.errors()
+    first = errs[0] if errs else {}
+    if first.get("type") == "json_invalid":
+        msg = f"the request body is not valid JSON: {first.get('msg')}"
+        return ApiError(400, msg, code="invalid_json")
+    param = _param(first.get("loc", ()))
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":
+        msg = f"Unrecognized request argument supplied: {param}"
+    elif first.get("type") == "missing":
+        msg = f"Missing required parameter: {param}"
+    else:
+        msg = f"Invalid value for {param}: {msg}"
+    return ApiError(400, msg, param=param, code=first.get("type"))
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return JSONResponse(
-            error_body(exc.message, exc.type, exc.param, exc.code),
-            status_code=exc.status,
-            headers=exc.headers,
-        )
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+def error_response(exc: Exception) -> JSONResponse:
+    """The OpenAI-shaped answer to anything a route raised (an unexpected exception is logged
+    and answered 500: a bug, never the client's fault)."""
+    if isinstance(exc, RequestError):
+        exc = api_error(exc)
+    elif isinstance(exc, RequestValidationError):
+        exc = _validation_error(exc)
+    elif isinstance(exc, StarletteHTTPException):
         # Unknown routes, wrong methods: still OpenAI's error shape.
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            error_body(str(exc.detail), kind, None, None),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        exc = ApiError(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+    elif not isinstance(exc, ApiError):
+        log.error("unexpected error serving a request", exc_info=exc)
+        exc = ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
+    return JSONResponse(
+        error_body(exc.message, exc.type, exc.param, exc.code),
+        status_code=exc.status,
+        headers=exc.headers,
+    )
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = first.get("loc", ())
-        if first.get("type") == "json_invalid":
-            return JSONResponse(
-                error_body(
-                    f"the request body is not valid JSON: {first.get('msg')}",
-                    "invalid_request_error",
-                    None,
-                    "invalid_json",
-                ),
-                status_code=400,
-            )
-        param = _param(loc)
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "extra_forbidden":
-            msg = f"Unrecognized request argument supplied: {param}"
-        elif first.get("type") == "missing":
-            msg = f"Missing required parameter: {param}"
-        else:
-            msg = f"Invalid value for {param}: {msg}"
-        return JSONResponse(
-            error_body(msg, "invalid_request_error", param, first.get("type")), status_code=400
-        )
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(exc)
+
+
+def install_error_handlers(app) -> None:
+    for kind in (RequestError, ApiError, StarletteHTTPException, RequestValidationError):
+        app.add_exception_handler(kind, _handle)

@@ -1,10 +1,14 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models.
 
 Module-level handlers over the app's :class:`~radixray.api.backend.Backend` (the router, or one
-worker's engine), declared once as a dependency. Completions and chat differ only in how the
-prompt is made (text or token ids; messages through the chat template) and in the shape of the
-answer; both go through one serve path: check the lengths, build the ``SamplingParams`` and the
+worker's engine: ``app.state.backend``). Completions and chat differ only in how the prompt is
+made (text or token ids; messages through the chat template) and in the shape of the answer;
+both go through one serve path: check the lengths, build the ``SamplingParams`` and the
 ``GenerateRequest`` once, open the stream, answer as SSE or as one JSON body.
+
+The two POST handlers take the bare request and validate its body themselves (pydantic, in
+Rust), so that ``EdgeFront`` (``front.py``) can call them without FastAPI's routing and
+dependency layers; their request schemas are still in the app's OpenAPI description.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 
 from radixray.protocol import (
     GenerateRequest,
@@ -31,7 +36,7 @@ from . import schemas as oa
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body
 
-__all__ = ["openai_router", "completions", "chat_completions", "list_models"]
+__all__ = ["openai_router", "completions", "chat_completions", "list_models", "REQUEST_MODELS"]
 
 # Tokenizing a long prompt takes milliseconds: past this many characters it runs in a thread
 # so the event loop keeps serving other requests.
@@ -46,23 +51,28 @@ def _backend(request: Request) -> Backend:
     return request.app.state.backend
 
 
-ServingBackend = Annotated[Backend, Depends(_backend)]
+async def _body(request: Request, model: type[BaseModel]):
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
 
 
 # ---------------------------------------------------------------------- routes
 
 
 @openai_router.get("/v1/models")
-async def list_models(backend: ServingBackend):
-    name = backend.meta.name
+async def list_models(request: Request):
+    name = _backend(request).meta.name
     return {
         "object": "list",
         "data": [{"id": name, "object": "model", "created": 0, "owned_by": "radixray"}],
     }
 
 
-@openai_router.post("/v1/completions")
-async def completions(body: oa.CompletionRequest, request: Request, backend: ServingBackend):
+async def completions(request: Request) -> Response:
+    backend = _backend(request)
+    body = await _body(request, oa.CompletionRequest)
     _check_model(backend, body.model)
     if isinstance(body.prompt, str):
         prompt_ids = await _encode(backend, body.prompt)
@@ -74,10 +84,9 @@ async def completions(body: oa.CompletionRequest, request: Request, backend: Ser
     return await _serve(request, backend, body, prompt_ids, _TextAnswer, "prompt")
 
 
-@openai_router.post("/v1/chat/completions")
-async def chat_completions(
-    body: oa.ChatCompletionRequest, request: Request, backend: ServingBackend
-):
+async def chat_completions(request: Request) -> Response:
+    backend = _backend(request)
+    body = await _body(request, oa.ChatCompletionRequest)
     _check_model(backend, body.model)
     try:
         text = backend.meta.tokenizer.apply_chat_template(
@@ -87,6 +96,29 @@ async def chat_completions(
         raise ApiError(400, f"messages cannot be rendered: {e}", param="messages") from None
     prompt_ids = await _encode(backend, text)
     return await _serve(request, backend, body, prompt_ids, _ChatAnswer, "messages")
+
+
+# path -> (handler, request model): served by EdgeFront, described to OpenAPI here.
+REQUEST_MODELS = {
+    "/v1/completions": (completions, oa.CompletionRequest),
+    "/v1/chat/completions": (chat_completions, oa.ChatCompletionRequest),
+}
+for _path, (_handler, _model) in REQUEST_MODELS.items():
+    openai_router.add_api_route(
+        _path,
+        _handler,
+        methods=["POST"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": f"#/components/schemas/{_model.__name__}"}
+                    }
+                },
+            }
+        },
+    )
 
 
 # ---------------------------------------------------------------------- the serve path

@@ -8,6 +8,7 @@ Every process is ours: started with ``subprocess.Popen``, logged to a file, stop
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -16,9 +17,19 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["Proc", "WorkerSpec", "start_workers", "start_radixray_router", "start_sglang_router"]
+__all__ = [
+    "Proc",
+    "WorkerSpec",
+    "start_workers",
+    "start_radixray_router",
+    "start_radixray_ray_router",
+    "start_sglang_router",
+]
 
 LOCAL = "127.0.0.1"
+# The workers' internal routes take this token; the radixray routers started here send it. One
+# per benchmark process, passed to the processes it starts through their environment.
+CLUSTER_TOKEN = secrets.token_urlsafe(24)
 
 
 @dataclass
@@ -70,7 +81,11 @@ class WorkerSpec:
 def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> Proc:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
-    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"),
+        RADIXRAY_CLUSTER_TOKEN=CLUSTER_TOKEN,
+    )
     with log.open("w") as f:
         p = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
@@ -169,6 +184,39 @@ def start_radixray_router(
     return _spawn_router(
         f"radixray-{policy}", cmd, log_dir, port, "/health", worker_urls, timeout_s
     )
+
+
+def start_radixray_ray_router(
+    port: int,
+    num_workers: int,
+    policy: str,
+    spec: WorkerSpec,
+    log_dir: Path,
+    timeout_s: float = 180.0,
+) -> Proc:
+    """``radixray serve`` as users run it: a local Ray, ``num_workers`` worker actors of
+    ``spec``, the router in the driver process (the process this returns)."""
+    cmd = _radixray(
+        "serve",
+        "--host",
+        LOCAL,
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--workers",
+        str(num_workers),
+        "--max-inflight",
+        "4096",
+        *spec.args(),
+    )
+    proc = _spawn(f"radixray-ray-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
+    try:
+        wait_ready(proc, "/health", timeout_s, lambda j: j.get("healthy_workers") == num_workers)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
 
 
 def start_sglang_router(

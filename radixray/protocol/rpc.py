@@ -100,12 +100,12 @@ async def serve_call(handler: WorkerHandler, name: str, payload: bytes) -> bytes
     """Answer one unary call; every failure is an encoded ``ErrorInfo``, never an exception."""
     try:
         m = _method(name, stream=False)
-        reply = await getattr(handler, name)(decode(payload, m.request))
+        return encode(await getattr(handler, name)(decode(payload, m.request)))
     except ProtocolError as e:
         reply = ErrorInfo.of(InvalidRequest(str(e)))
     except RequestError as e:
         reply = ErrorInfo.of(e)
-    except Exception as e:
+    except Exception as e:  # a bug in the handler, or a reply that cannot be encoded
         reply = _unexpected(name, e)
     return encode(reply)
 
@@ -115,20 +115,22 @@ async def serve_stream(handler: WorkerHandler, name: str, payload: bytes) -> Asy
     Closing the iterator early closes the handler's stream (which aborts the request)."""
     try:
         m = _method(name, stream=True)
-        req = decode(payload, m.request)
+        stream = getattr(handler, name)(decode(payload, m.request))
     except ProtocolError as e:
         yield encode(ErrorInfo.of(InvalidRequest(str(e))))
         return
     except RequestError as e:
         yield encode(ErrorInfo.of(e))
         return
-    stream = getattr(handler, name)(req)
+    except Exception as e:
+        yield encode(_unexpected(name, e))
+        return
     try:
         async for chunk in stream:
             yield encode(chunk)
     except RequestError as e:
         yield encode(ErrorInfo.of(e))
-    except Exception as e:
+    except Exception as e:  # a bug in the handler, or a chunk that cannot be encoded
         yield encode(_unexpected(name, e))
     finally:
         await stream.aclose()

@@ -30,8 +30,10 @@ def check_context(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, param: str = "prompt") -> None:
     """Raise ``InvalidRequest`` naming the first id that is not an int in [0, vocab_size)."""
-    # The common case in C (min/max, a type scan): ~20 us for 2,048 ids, not a Python loop.
-    if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+    # The common case in C: a type count and min/max (~30 us for 2,048 ids), no Python loop.
+    if list(map(type, ids)).count(int) == len(ids) and (
+        not ids or (min(ids) >= 0 and max(ids) < vocab_size)
+    ):
         return
     for t in ids:
         if type(t) is not int or not 0 <= t < vocab_size:

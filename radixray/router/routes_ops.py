@@ -22,14 +22,14 @@ from .service import RouterService
 __all__ = ["ops_router"]
 
 
-def _service(request: Request) -> RouterService:
+async def _service(request: Request) -> RouterService:
     return request.app.state.service
 
 
 Service = Annotated[RouterService, Depends(_service)]
 
 
-def require_admin(request: Request, service: Service) -> None:
+async def require_admin(request: Request, service: Service) -> None:
     token = service.settings.admin_token
     if not token:
         raise ApiError(
@@ -45,7 +45,7 @@ def require_admin(request: Request, service: Service) -> None:
         )
 
 
-def require_debug(service: Service) -> None:
+async def require_debug(service: Service) -> None:
     if not service.settings.enable_debug:
         raise ApiError(404, "debug routes are disabled", code="debug_disabled")
 

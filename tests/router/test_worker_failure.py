@@ -163,9 +163,7 @@ def test_two_router_processes_keep_the_same_index(ray_local):
                 from radixray.cache_index import decode
 
                 hashes = [
-                    x
-                    for ev in decode(snap.events).events
-                    for x in getattr(ev, "block_hashes", [])
+                    x for ev in decode(snap.events).events for x in getattr(ev, "block_hashes", [])
                 ]
                 truth[w] = f"{len(hashes)}:{sum(hashes) % (1 << 64):016x}"
             deadline = time.monotonic() + 10

@@ -1,0 +1,319 @@
+"""What a router process costs per request: radixray's (over HTTP workers and over Ray actors)
+beside SGLang's Rust router (PyPI ``sglang-router``), in front of the same workers.
+
+Setup: two ``radixray worker`` processes (tiny random Llama, byte tokenizer, 1 torch thread
+each, page size 16) serve the HTTP targets; ``radixray serve`` starts two Ray actors of the same
+spec for the Ray target. Targets, one at a time under load, in alternating order over repeats:
+
+    sglang     python -m sglang_router.launch_router --policy cache_aware   (HTTP workers)
+    http       radixray serve --worker-urls ...     --policy ttft           (HTTP workers)
+    ray        radixray serve --workers 2           --policy ttft           (Ray actors)
+
+Per target and load shape (``max_tokens=1`` non-streaming; 64-token streams, ``ignore_eos``):
+``--requests`` requests with ``--concurrency`` in flight from this process (aiohttp, keep-alive);
+the router process's CPU time (utime + stime of /proc/<pid>/stat, all its threads) before and
+after, divided by the requests: **CPU per request**. RSS is /proc/<pid>/status VmRSS after the
+load. Prompts: 8 shared 256-character prefixes, a unique suffix each (cache-aware routing has
+work to do), the same for every target.
+
+Added latency: sequential single requests (``max_tokens=1``, streamed), in rounds; each round
+sends one request direct to an HTTP worker and one through each router, in shuffled order;
+the figures are the p50 and p99 over rounds of (through the router - direct). The Ray target's
+workers are Ray actors with no HTTP of their own: its baseline is the same direct HTTP worker
+(same engine config).
+
+    .venv/bin/python benchmarks/bench_router.py                 # ~6 min on 2 cores
+    .venv/bin/python benchmarks/bench_router.py --quick         # smoke run
+    .venv/bin/python benchmarks/bench_router.py --targets http ray --repeats 1
+
+Writes ``--out``/bench_router.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from tqdm import tqdm
+
+from radixray.bench.cluster import (
+    Proc,
+    WorkerSpec,
+    sglang_router_available,
+    start_radixray_ray_router,
+    start_radixray_router,
+    start_sglang_router,
+    start_workers,
+)
+from radixray.bench.compare import machine_info
+
+TARGETS = ("sglang", "http", "ray")
+SHAPES = {
+    "max_tokens=1": {"max_tokens": 1, "stream": False},
+    "64-token stream": {"max_tokens": 64, "stream": True, "ignore_eos": True},
+}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def prompts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    prefixes = ["".join(rng.choice("abcdefghij klmnop") for _ in range(256)) for _ in range(8)]
+    return [f"{prefixes[i % 8]} request {i} {rng.random():.6f}" for i in range(n)]
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> bool:
+    async with session.post(url + "/v1/completions", json=body) as r:
+        if r.status != 200:
+            await r.read()
+            return False
+        if body.get("stream"):
+            async for _ in r.content:
+                pass
+        else:
+            await r.read()
+        return True
+
+
+async def load(url: str, shape: dict, texts: list[str], concurrency: int) -> tuple[int, float]:
+    """Send every text once with ``concurrency`` in flight; returns (failures, seconds)."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for t in texts:
+        queue.put_nowait(t)
+    failed = 0
+    bar = tqdm(total=len(texts), leave=False, desc=f"  {url}")
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(120)) as s:
+
+        async def user():
+            nonlocal failed
+            while not queue.empty():
+                text = queue.get_nowait()
+                body = {"model": "tiny", "prompt": text, "temperature": 0.0} | shape
+                ok = await _one(s, url, body)
+                failed += not ok
+                bar.update()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        dt = time.perf_counter() - t0
+    bar.close()
+    return failed, dt
+
+
+def measure_cpu(proc: Proc, shape: dict, texts: list[str], concurrency: int) -> dict:
+    asyncio.run(load(proc.url, shape, texts[:50], concurrency))  # warm connections and caches
+    time.sleep(0.5)
+    c0 = cpu_seconds(proc.pid)
+    failed, dt = asyncio.run(load(proc.url, shape, texts, concurrency))
+    c1 = cpu_seconds(proc.pid)
+    n = len(texts)
+    return {
+        "cpu_ms_per_request": (c1 - c0) / n * 1000,
+        "requests_per_s": n / dt,
+        "failed": failed,
+        "rss_mb": rss_mb(proc.pid),
+    }
+
+
+async def _latency_rounds(points: dict[str, str], rounds: int, seed: int) -> dict[str, list]:
+    rng = random.Random(seed)
+    texts = prompts(rounds, seed=seed + 1)
+    out: dict[str, list] = {name: [] for name in points}
+    body = {"model": "tiny", "max_tokens": 1, "temperature": 0.0, "stream": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(60)) as s:
+        for url in points.values():  # warm every path
+            for _ in range(5):
+                await _one(s, url, body | {"prompt": "warm up"})
+        for i in tqdm(range(rounds), desc="added latency", leave=False):
+            order = list(points.items())
+            rng.shuffle(order)
+            for name, url in order:
+                t0 = time.perf_counter()
+                ok = await _one(s, url, body | {"prompt": texts[i]})
+                out[name].append(time.perf_counter() - t0 if ok else None)
+    return out
+
+
+def added_latency(samples: dict[str, list]) -> dict[str, dict]:
+    direct = samples["direct"]
+    out = {}
+    for name, xs in samples.items():
+        if name == "direct":
+            continue
+        diffs = sorted(
+            (x - d) * 1000 for x, d in zip(xs, direct, strict=True) if x is not None and d
+        )
+        out[name] = {
+            "added_p50_ms": statistics.median(diffs) if diffs else None,
+            "added_p99_ms": diffs[min(len(diffs) - 1, int(0.99 * len(diffs)))] if diffs else None,
+            "failed": sum(x is None for x in xs),
+        }
+    return out
+
+
+def start_target(target: str, urls: list[str], spec: WorkerSpec, port: int, logs: Path) -> Proc:
+    if target == "sglang":
+        return start_sglang_router(port, urls, "cache_aware", logs, port + 100)
+    if target == "http":
+        return start_radixray_router(port, urls, "ttft", spec, logs)
+    if target == "ray":
+        return start_radixray_ray_router(port, len(urls), "ttft", spec, logs)
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+
+
+def run(args) -> dict:
+    spec = WorkerSpec(model="tiny", num_pages=768, cpu_threads=1)
+    logs = Path(args.out) / "logs"
+    texts = prompts(args.requests)
+    targets = list(args.targets)
+    if "sglang" in targets and (why := sglang_router_available()):
+        print(f"skipping sglang: {why}", file=sys.stderr)
+        targets.remove("sglang")
+    results: dict = {t: {s: [] for s in SHAPES} for t in targets}
+    workers = start_workers(2, args.base_port, spec, logs)
+    try:
+        urls = [w.url for w in workers]
+        for rep in range(args.repeats):
+            order = targets if rep % 2 == 0 else targets[::-1]
+            for i, target in enumerate(order):
+                proc = start_target(target, urls, spec, args.base_port + 10 + i, logs)
+                try:
+                    time.sleep(1.0)  # first polls / health checks
+                    for shape_name, shape in SHAPES.items():
+                        n = args.requests if shape_name == "max_tokens=1" else args.requests // 4
+                        m = measure_cpu(proc, shape, texts[:n], args.concurrency)
+                        results[target][shape_name].append(m)
+                        print(f"  rep {rep} {target:6} {shape_name:16} {m}", flush=True)
+                finally:
+                    proc.stop()
+        # Added latency: every router up at once in front of the same workers.
+        procs = [
+            start_target(t, urls, spec, args.base_port + 30 + i, logs)
+            for i, t in enumerate(targets)
+        ]
+        try:
+            time.sleep(1.0)
+            points = {"direct": urls[0]} | {t: p.url for t, p in zip(targets, procs, strict=True)}
+            latency = added_latency(asyncio.run(_latency_rounds(points, args.rounds, seed=1)))
+        finally:
+            for p in procs:
+                p.stop()
+    finally:
+        for w in workers:
+            w.stop()
+    return {"machine": machine_info(), "args": vars(args), "runs": results, "latency": latency}
+
+
+def summarize(res: dict) -> str:
+    runs, lat = res["runs"], res["latency"]
+    lines = [
+        "| router | load | CPU per request (ms), median of runs | runs | req/s | RSS (MB) |"
+        " failed |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    names = {
+        "sglang": "SGLang Rust router (cache_aware)",
+        "http": "radixray, HTTP workers",
+        "ray": "radixray, Ray actors",
+    }
+    for target, shapes in runs.items():
+        for shape, ms in shapes.items():
+            cpu = [m["cpu_ms_per_request"] for m in ms]
+            lines.append(
+                f"| {names[target]} | {shape} | {statistics.median(cpu):.3f} | "
+                f"{', '.join(f'{c:.3f}' for c in cpu)} | "
+                f"{statistics.median(m['requests_per_s'] for m in ms):.0f} | "
+                f"{max(m['rss_mb'] for m in ms):.0f} | {sum(m['failed'] for m in ms)} |"
+            )
+    lines += ["", "| router | added latency p50 (ms) | p99 (ms) | failed |", "|---|---:|---:|---:|"]
+    for target, v in lat.items():
+        p50, p99 = v["added_p50_ms"], v["added_p99_ms"]
+        lines.append(f"| {names[target]} | {p50:+.2f} | {p99:+.2f} | {v['failed']} |")
+    ratios = []
+    med = {
+        (t, s): statistics.median(m["cpu_ms_per_request"] for m in ms)
+        for t, shapes in runs.items()
+        for s, ms in shapes.items()
+    }
+    for s in SHAPES:
+        if ("sglang", s) in med and ("http", s) in med:
+            ratios.append(f"{s}: HTTP / SGLang = {med['http', s] / med['sglang', s]:.2f}x")
+        if ("http", s) in med and ("ray", s) in med:
+            ratios.append(f"{s}: Ray / HTTP = {med['ray', s] / med['http', s]:.2f}x")
+    return "\n".join(lines + [""] + [f"- {r}" for r in ratios])
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = res["runs"]
+    targets = list(runs)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.8 / len(SHAPES)
+    for j, shape in enumerate(SHAPES):
+        vals = [statistics.median(m["cpu_ms_per_request"] for m in runs[t][shape]) for t in targets]
+        xs = [i + j * width for i in range(len(targets))]
+        axes[0].bar(xs, vals, width, label=shape)
+    axes[0].set_xticks([i + width / 2 for i in range(len(targets))], targets)
+    axes[0].set_ylabel("router CPU per request (ms)")
+    axes[0].legend()
+    rss = [max(m["rss_mb"] for s in SHAPES for m in runs[t][s]) for t in targets]
+    axes[1].bar(targets, rss, color="gray")
+    axes[1].set_ylabel("router RSS (MB)")
+    fig.suptitle("router process cost (2 tiny workers, same machine)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=200, help="added-latency rounds")
+    p.add_argument("--base-port", type=int, default=19300)
+    p.add_argument("--out", default="/tmp/bench_router")
+    p.add_argument("--quick", action="store_true", help="a smoke run: few requests, one repeat")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.repeats, args.rounds = 80, 1, 20
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(args)
+    table = summarize(res)
+    (out / "bench_router.json").write_text(json.dumps(res, indent=1))
+    (out / "bench_router.md").write_text(table + "\n")
+    plot(res, out / "bench_router.png")
+    print(json.dumps(res["machine"]))
+    print(table)
+    print(f"wrote {out}/bench_router.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
