@@ -129,7 +129,6 @@ def cmd_serve(args) -> int:
     import ray
 
     from radixray.model_meta import load_model_meta
-    from radixray.protocol import RayTransport, WorkerClient
     from radixray.router.app import build_app
     from radixray.router.service import RouterService
     from radixray.worker.actor import WorkerActor, worker_actor_options
@@ -143,28 +142,37 @@ def cmd_serve(args) -> int:
     if not use_gpu and args.cpu_threads is None:
         args.cpu_threads = max(1, (os.cpu_count() or 1) // max(args.workers, 1))
     meta = load_model_meta(args.model)
+    token = _ray_cluster_token(args.cluster_token)
 
     async def factory(spec: dict):
         wid = spec["worker_id"]
         cfg = _engine_config(args, wid) | {k: v for k, v in spec.items() if k != "worker_id"}
         handle = WorkerActor.options(
-            name=f"radixray-{wid}",
+            name=f"{ACTOR_PREFIX}{wid}",
             scheduling_strategy="SPREAD",
             **worker_actor_options(
                 use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
             ),
         ).remote(cfg, wid)
-        return WorkerClient(RayTransport(handle), wid)
+        return await _actor_client(handle, wid, args.worker_transport, token, owned=True)
 
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
 
     async def start_workers():
         if args.join:
-            clients = _named_workers()
-            print(f"joining {len(clients)} running workers", flush=True)
+            names = _named_workers()
+            print(f"joining {len(names)} running workers", flush=True)
+            clients = await asyncio.gather(
+                *(
+                    _actor_client(h, wid, args.worker_transport, token, owned=False)
+                    for wid, h in names.items()
+                )
+            )
         else:
             print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
-            clients = [await factory({"worker_id": f"worker-{i}"}) for i in range(args.workers)]
+            clients = await asyncio.gather(
+                *(factory({"worker_id": f"worker-{i}"}) for i in range(args.workers))
+            )
         await asyncio.gather(*(service.add_worker(c) for c in clients))
 
     app = build_app(service, on_startup=[start_workers])
@@ -199,11 +207,10 @@ def _json_dict(text: str) -> dict:
     return value
 
 
-def _named_workers():
-    """Clients for every running radixray worker actor in the namespace (for --join)."""
+def _named_workers() -> dict:
+    """``{worker id: actor handle}`` of every running radixray worker actor in the namespace
+    (for --join)."""
     import ray
-
-    from radixray.protocol import RayTransport, WorkerClient
 
     names = sorted(
         a["name"]
@@ -214,14 +221,38 @@ def _named_workers():
         raise SystemExit(
             f"--join: no worker actors named {ACTOR_PREFIX}* in namespace {NAMESPACE!r}"
         )
-    return [
-        WorkerClient(
-            # Not ours to stop: the router that started them owns them.
-            RayTransport(ray.get_actor(n, namespace=NAMESPACE), kill_on_close=False),
-            n[len(ACTOR_PREFIX) :],
-        )
-        for n in names
-    ]
+    return {n[len(ACTOR_PREFIX) :]: ray.get_actor(n, namespace=NAMESPACE) for n in names}
+
+
+_TOKEN_KEY = b"cluster_token"
+
+
+def _ray_cluster_token(given: str | None) -> str:
+    """The token of the worker actors' internal routes: given, or the one the cluster's first
+    router stored in Ray's key-value store (a joining router finds it there), or a new one."""
+    import secrets
+
+    from ray.experimental import internal_kv
+
+    if given:
+        return given
+    # Put-if-absent, then read: two routers starting at once agree on one token.
+    internal_kv._internal_kv_put(
+        _TOKEN_KEY, secrets.token_urlsafe(32).encode(), overwrite=False, namespace=NAMESPACE
+    )
+    return internal_kv._internal_kv_get(_TOKEN_KEY, namespace=NAMESPACE).decode()
+
+
+async def _actor_client(handle, worker_id: str, transport: str, token: str, owned: bool):
+    """The router's client for one worker actor: over the actor's own HTTP server ("http",
+    the default: Ray places and runs it, requests go over HTTP) or through actor calls
+    ("ray"). ``owned``: closing the client kills the actor."""
+    from radixray.protocol import RayHttpTransport, RayTransport, WorkerClient
+
+    if transport == "ray":
+        return WorkerClient(RayTransport(handle, kill_on_close=owned), worker_id)
+    url = await handle.start_http.remote(None, 0, token)
+    return WorkerClient(RayHttpTransport(handle, url, token, kill_on_close=owned), worker_id)
 
 
 def _serve_http_workers(args) -> int:
@@ -355,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.5,
         help="CPUs reserved per CPU worker (fractions let 2 workers share a core)",
+    )
+    s.add_argument(
+        "--worker-transport",
+        choices=["http", "ray"],
+        default="http",
+        help="how requests reach the worker actors: each actor's own HTTP server (default; "
+        "behind the cluster token) or Ray actor calls",
     )
     s.add_argument(
         "--worker-urls",

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP edge, shared by the router and by a worker served on its own.
 
-``install_openai(app, backend)`` adds /v1/completions, /v1/chat/completions and /v1/models to a
-FastAPI app, served from ``backend`` (the router, or one worker's engine), with OpenAI-shaped
-errors. Torch-free.
+``install_openai(app, backend)`` adds /v1/completions, /v1/chat/completions and /v1/models to
+an ``OpenAIApp`` (a FastAPI app), served from ``backend`` (the router, or one worker's engine),
+with OpenAI-shaped errors. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body, install_error_handlers
-from .front import EdgeFront
+from .front import OpenAIApp
 from .middleware import BodyLimit, CountRequests
 from .openai_routes import REQUEST_MODELS, openai_router
 
@@ -23,7 +23,7 @@ __all__ = [
     "Backend",
     "BodyLimit",
     "CountRequests",
-    "EdgeFront",
+    "OpenAIApp",
     "TokenStream",
     "api_error",
     "error_body",
@@ -31,13 +31,13 @@ __all__ = [
 ]
 
 
-def install_openai(app: FastAPI, backend: Backend) -> None:
-    """The OpenAI routes and error handlers on ``app``, served from ``backend``. Add the app's
-    other middleware after this call: ``EdgeFront`` must be the innermost."""
+def install_openai(app: OpenAIApp, backend: Backend) -> None:
+    """The OpenAI routes and error handlers on ``app``, served from ``backend``."""
+    if not isinstance(app, OpenAIApp):
+        raise TypeError(f"install_openai needs an OpenAIApp, got {type(app).__name__}")
     app.state.backend = backend
     install_error_handlers(app)
     app.include_router(openai_router)
-    app.add_middleware(EdgeFront)
     app.openapi = functools.partial(_openapi, app)
 
 
@@ -47,7 +47,7 @@ def _openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for _, model in REQUEST_MODELS.values():
+        for _, model, _ in REQUEST_MODELS.values():
             s = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(s.pop("$defs", {}))
             components[model.__name__] = s

@@ -22,6 +22,7 @@ class TokenStream(Protocol):
     called exactly once, at the end or when the client leaves."""
 
     worker_id: str
+    first: StreamChunk  # the first chunk (the whole answer when it is final)
 
     @property
     def cached_tokens(self) -> int: ...

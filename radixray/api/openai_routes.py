@@ -6,8 +6,8 @@ made (text or token ids; messages through the chat template) and in the shape of
 both go through one serve path: check the lengths, build the ``SamplingParams`` and the
 ``GenerateRequest`` once, open the stream, answer as SSE or as one JSON body.
 
-The two POST handlers take the bare request and validate its body themselves (pydantic, in
-Rust), so that ``EdgeFront`` (``front.py``) can call them without FastAPI's routing and
+The two POST handlers take the bare request and its body and validate it themselves (pydantic,
+in Rust), so that ``OpenAIApp`` (``front.py``) can call them without FastAPI's routing and
 dependency layers; their request schemas are still in the app's OpenAPI description.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from radixray.protocol import (
@@ -35,6 +35,7 @@ from radixray.protocol.rules import check_context, check_token_ids
 from . import schemas as oa
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body
+from .sse import SSEResponse
 
 __all__ = ["openai_router", "completions", "chat_completions", "list_models", "REQUEST_MODELS"]
 
@@ -51,9 +52,9 @@ def _backend(request: Request) -> Backend:
     return request.app.state.backend
 
 
-async def _body(request: Request, model: type[BaseModel]):
+def _parse(raw: bytes, model: type[BaseModel]):
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(raw)
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False)) from None
 
@@ -71,8 +72,16 @@ async def list_models(request: Request):
 
 
 async def completions(request: Request) -> Response:
+    return await serve_completions(request, await request.body())
+
+
+async def chat_completions(request: Request) -> Response:
+    return await serve_chat(request, await request.body())
+
+
+async def serve_completions(request: Request, raw: bytes) -> Response:
     backend = _backend(request)
-    body = await _body(request, oa.CompletionRequest)
+    body = _parse(raw, oa.CompletionRequest)
     _check_model(backend, body.model)
     if isinstance(body.prompt, str):
         prompt_ids = await _encode(backend, body.prompt)
@@ -84,9 +93,9 @@ async def completions(request: Request) -> Response:
     return await _serve(request, backend, body, prompt_ids, _TextAnswer, "prompt")
 
 
-async def chat_completions(request: Request) -> Response:
+async def serve_chat(request: Request, raw: bytes) -> Response:
     backend = _backend(request)
-    body = await _body(request, oa.ChatCompletionRequest)
+    body = _parse(raw, oa.ChatCompletionRequest)
     _check_model(backend, body.model)
     try:
         text = backend.meta.tokenizer.apply_chat_template(
@@ -98,15 +107,17 @@ async def chat_completions(request: Request) -> Response:
     return await _serve(request, backend, body, prompt_ids, _ChatAnswer, "messages")
 
 
-# path -> (handler, request model): served by EdgeFront, described to OpenAPI here.
+# path -> (serve function, request model, route endpoint): ``OpenAIApp`` calls the serve
+# function with the request's body; FastAPI's route (the OpenAPI description, and the path any
+# other app takes) calls the endpoint.
 REQUEST_MODELS = {
-    "/v1/completions": (completions, oa.CompletionRequest),
-    "/v1/chat/completions": (chat_completions, oa.ChatCompletionRequest),
+    "/v1/completions": (serve_completions, oa.CompletionRequest, completions),
+    "/v1/chat/completions": (serve_chat, oa.ChatCompletionRequest, chat_completions),
 }
-for _path, (_handler, _model) in REQUEST_MODELS.items():
+for _path, (_, _model, _endpoint) in REQUEST_MODELS.items():
     openai_router.add_api_route(
         _path,
-        _handler,
+        _endpoint,
         methods=["POST"],
         openapi_extra={
             "requestBody": {
@@ -152,11 +163,7 @@ async def _serve(
         "x-radixray-cached-tokens": str(stream.cached_tokens),
     }
     if body.stream:
-        return StreamingResponse(
-            _sse(stream, answer, body.include_usage),
-            media_type="text/event-stream",
-            headers=headers,
-        )
+        return SSEResponse(_sse(stream, answer, body.include_usage), headers)
     text, final = await _collect(request, stream)
     headers["x-radixray-cached-tokens"] = str(final.cached_tokens)
     return JSONResponse(answer.response(text, final.finish_reason, _usage(final)), headers=headers)
@@ -222,22 +229,23 @@ async def _collect(request: Request, stream: TokenStream) -> tuple[str, StreamCh
                 return c
         raise ApiError(502, "the worker ended the stream without a final chunk")
 
-    task = asyncio.ensure_future(drain())
     try:
-        while not task.done():
-            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
-            if not done and await request.is_disconnected():
-                task.cancel()
-                raise ApiError(499, "client disconnected")
+        if stream.first.final:  # the whole answer is already here: nothing to wait for
+            return "".join(parts), await drain()
+        task = asyncio.ensure_future(drain())
         try:
-            final = task.result()
-        except RequestError as e:  # the worker failed after its first token
-            raise ApiError(502, e.message, "server_error", code="worker_failed") from None
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if not done and await request.is_disconnected():
+                    raise ApiError(499, "client disconnected")
+            return "".join(parts), task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+    except RequestError as e:  # the worker failed after its first token
+        raise ApiError(502, e.message, "server_error", code="worker_failed") from None
     finally:
-        if not task.done():
-            task.cancel()
         await stream.aclose()
-    return "".join(parts), final
 
 
 async def _sse(stream: TokenStream, answer, include_usage: bool) -> AsyncIterator[bytes]:

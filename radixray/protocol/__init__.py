@@ -37,7 +37,7 @@ from .messages import (
     cache_view,
 )
 from .rpc import METHODS, Method, Transport, WorkerClient, WorkerHandler, serve_call, serve_stream
-from .transports import LocalTransport, RayTransport
+from .transports import LocalTransport, RayHttpTransport, RayTransport
 
 __all__ = [
     "FINISH_REASONS",
@@ -62,6 +62,7 @@ __all__ = [
     "PollRequest",
     "PollResult",
     "ProtocolError",
+    "RayHttpTransport",
     "RayTransport",
     "RequestError",
     "SamplingParams",

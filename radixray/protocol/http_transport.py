@@ -59,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers_done = False
         self.done = False
+        self.keep_alive = False
         self.error: WorkerUnavailable | None = None
         self.framed = False
         self.buf = bytearray()
@@ -100,6 +101,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful until the next one
         self.done = True
         self._wake()
 
@@ -174,7 +176,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.done and not self.closed and self.parser.should_keep_alive()
+        return self.done and self.keep_alive and not self.closed
 
     def close(self) -> None:
         if not self.closed:
@@ -285,6 +287,9 @@ class HttpTransport:
             self._release(conn)
 
     async def stream(self, method: str, payload: bytes) -> AsyncIterator[bytes]:
+        """The response's frames. A reader that stops after the last frame leaves the
+        connection reusable (the worker sends its end with the last frame); one that stops
+        earlier closes it, and the worker aborts the request."""
         conn = await self._acquire()
         timer = conn.loop.call_later(
             self.stream_timeout_s, conn.fail, f"no end after {self.stream_timeout_s} s"
@@ -298,12 +303,9 @@ class HttpTransport:
         except WorkerUnavailable as e:
             conn.close()
             raise self._down(f"{method}: {e.message}") from None
-        except BaseException:  # closed early (GeneratorExit), cancelled: the worker aborts
-            conn.close()
-            raise
         finally:
             timer.cancel()
-            if not conn.done:
+            if not conn.done or conn.frames:
                 conn.close()
             self._release(conn)
 

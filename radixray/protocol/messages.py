@@ -291,7 +291,8 @@ class PollResult(Struct, frozen=True, array_like=True, tag=_tag("poll_result")):
 class WorkerInfo(Struct, frozen=True, array_like=True, tag=_tag("info")):
     """Who a worker is. ``address`` is where it listens (HTTP workers) or its Ray actor id: two
     workers claiming one id are told apart by it. ``perf_class``: workers that share it run at
-    the same speed, so a router pools their step-cost measurements."""
+    the same speed, so a router pools their step-cost measurements. ``http_url``: where its
+    internal routes are served, for a worker actor that runs an HTTP server too."""
 
     worker_id: str
     epoch: str
@@ -308,6 +309,7 @@ class WorkerInfo(Struct, frozen=True, array_like=True, tag=_tag("info")):
     node_ip: str | None = None
     node_id: str | None = None
     protocol: int = PROTOCOL_VERSION
+    http_url: str | None = None  # its HTTP server (internal routes), when it runs one
 
 
 class Health(Struct, frozen=True, array_like=True, tag=_tag("health")):

@@ -41,6 +41,7 @@ __all__ = [
     "WorkerClient",
     "WorkerHandler",
     "serve_call",
+    "serve_frames",
     "serve_stream",
 ]
 
@@ -110,30 +111,46 @@ async def serve_call(handler: WorkerHandler, name: str, payload: bytes) -> bytes
     return encode(reply)
 
 
-async def serve_stream(handler: WorkerHandler, name: str, payload: bytes) -> AsyncIterator[bytes]:
-    """Answer one streaming call: encoded chunks, ending with a final chunk or an ``ErrorInfo``.
-    Closing the iterator early closes the handler's stream (which aborts the request)."""
+async def serve_frames(
+    handler: WorkerHandler, name: str, payload: bytes
+) -> AsyncIterator[tuple[bytes, bool]]:
+    """Answer one streaming call: ``(encoded chunk, last)`` pairs, ending with a final chunk or
+    an ``ErrorInfo`` (``last`` set), so a transport can send the last frame together with the
+    end of its response. Closing the iterator early closes the handler's stream (which aborts
+    the request)."""
     try:
         m = _method(name, stream=True)
         stream = getattr(handler, name)(decode(payload, m.request))
     except ProtocolError as e:
-        yield encode(ErrorInfo.of(InvalidRequest(str(e))))
+        yield encode(ErrorInfo.of(InvalidRequest(str(e)))), True
         return
     except RequestError as e:
-        yield encode(ErrorInfo.of(e))
+        yield encode(ErrorInfo.of(e)), True
         return
     except Exception as e:
-        yield encode(_unexpected(name, e))
+        yield encode(_unexpected(name, e)), True
         return
     try:
         async for chunk in stream:
-            yield encode(chunk)
+            yield encode(chunk), chunk.finish_reason is not None
     except RequestError as e:
-        yield encode(ErrorInfo.of(e))
+        yield encode(ErrorInfo.of(e)), True
     except Exception as e:  # a bug in the handler, or a chunk that cannot be encoded
-        yield encode(_unexpected(name, e))
+        yield encode(_unexpected(name, e)), True
     finally:
         await stream.aclose()
+
+
+async def serve_stream(handler: WorkerHandler, name: str, payload: bytes) -> AsyncIterator[bytes]:
+    """Answer one streaming call: encoded chunks, ending with a final chunk or an
+    ``ErrorInfo``. Closing the iterator early closes the handler's stream (which aborts the
+    request)."""
+    frames = serve_frames(handler, name, payload)
+    try:
+        async for data, _ in frames:
+            yield data
+    finally:
+        await frames.aclose()
 
 
 class Transport(Protocol):

@@ -12,9 +12,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from .errors import WorkerUnavailable
+from .http_transport import HttpTransport
 from .rpc import WorkerHandler, serve_call, serve_stream
 
-__all__ = ["LocalTransport", "RayTransport", "ray_transport_errors"]
+__all__ = ["LocalTransport", "RayTransport", "RayHttpTransport", "ray_transport_errors"]
 
 
 class LocalTransport:
@@ -94,3 +95,27 @@ class RayTransport:
             ray.kill(self.handle)
         except Exception:  # already dead: nothing to close
             pass
+
+
+class RayHttpTransport(HttpTransport):
+    """A worker actor reached over its own HTTP server (``WorkerHost.start_http``): Ray places
+    it, runs it and names it; requests go over HTTP. Measured on this repository's benchmark
+    (benchmarks/README.md, "Router process cost"), a call through the actor handle cost the
+    router several times the CPU of the same call over HTTP (argument binding, serialization
+    and the streaming-generator machinery of each ``.remote()``, Ray's IO threads).
+    Closing it kills the actor when the router owns it."""
+
+    def __init__(self, handle, url: str, token: str | None, kill_on_close: bool = True, **kw):
+        super().__init__(url, token, **kw)
+        self.handle = handle
+        self.kill_on_close = kill_on_close
+
+    async def close(self) -> None:
+        await super().close()
+        if self.kill_on_close:
+            import ray
+
+            try:
+                ray.kill(self.handle)
+            except Exception:  # already dead: nothing to close
+                pass

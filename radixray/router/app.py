@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from radixray.api import BodyLimit, CountRequests, install_openai
+from radixray.api import BodyLimit, CountRequests, OpenAIApp, install_openai
 
 from .routes_ops import ops_router
 from .service import RouterService
@@ -33,7 +33,7 @@ def build_app(
         if manage_lifecycle:
             await service.stop()
 
-    app = FastAPI(title="radixray router", version="0.1.0", lifespan=lifespan)
+    app = OpenAIApp(title="radixray router", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     install_openai(app, service)
     app.include_router(ops_router)

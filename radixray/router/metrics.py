@@ -67,13 +67,18 @@ class RouterMetrics:
             "radixray_index_entries", "(block, worker) entries in the router's index", registry=r
         )
         self.index_memory = Gauge("radixray_index_memory_bytes", "Router index memory", registry=r)
-        for c in MISS_CAUSES:
-            self.prompt_tokens.labels(c)
+        # Labelled children are looked up once (a labels() call costs microseconds per request).
+        self._by_cause = {c: self.prompt_tokens.labels(c) for c in MISS_CAUSES}
+        self._by_decision: dict[tuple[str, str], object] = {}
         self._prompt_total = 0
         self._cached_total = 0
 
     def on_decision(self, rec) -> None:
-        self.decisions.labels(rec.reason, rec.worker_id).inc()
+        key = (rec.reason, rec.worker_id)
+        child = self._by_decision.get(key)
+        if child is None:
+            child = self._by_decision[key] = self.decisions.labels(*key)
+        child.inc()
         if rec.attempts > 1:
             self.retries.inc(rec.attempts - 1)
         if rec.ttft_s is not None and rec.attempts and rec.finish_reason != "error":
@@ -83,7 +88,8 @@ class RouterMetrics:
         if rec.miss:
             for cause, n in rec.miss.items():
                 if n:
-                    self.prompt_tokens.labels(cause).inc(n)
+                    child = self._by_cause.get(cause) or self.prompt_tokens.labels(cause)
+                    child.inc(n)
             self._prompt_total += rec.prompt_tokens
             self._cached_total += rec.actual_cached_tokens or 0
             self.hit_rate.set(self._cached_total / max(self._prompt_total, 1))

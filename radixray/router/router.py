@@ -170,7 +170,10 @@ class Router:
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
         decision_log_size: int = 1024,
+        max_inflight_per_worker: int | None = None,
     ):
+        """``max_inflight_per_worker``: when every routable worker has this many requests
+        (running + waiting), a new one is refused as ``Overloaded`` (a 429) instead of queued."""
         self.pool = pool
         self.index = index or pool.index
         self.page_size = self.index.page_size
@@ -179,6 +182,7 @@ class Router:
         self.retry_backoff_s = retry_backoff_s
         self.decisions: deque[DecisionRecord] = deque(maxlen=decision_log_size)
         self._ids = itertools.count()
+        self.max_inflight_per_worker = max_inflight_per_worker
         self.listeners = []  # callables(record) on completion (metrics)
         self.mispredictions = 0
 
@@ -204,6 +208,12 @@ class Router:
         engine_failures = 0
         for attempt in range(1, self.max_retries + 2):
             states = [s for s in self.pool.states() if s.worker_id not in excluded]
+            limit = self.max_inflight_per_worker
+            if attempt == 1 and limit and states and all(s.load >= limit for s in states):
+                raise Overloaded(
+                    f"The server is overloaded: every worker has {limit} requests in flight; "
+                    "retry later"
+                )
             try:
                 decision = self.policy.choose(rr, states, self.index)
             except NoHealthyWorker:

@@ -64,7 +64,13 @@ class RouterService:
         self.index = ApproxIndex(settings.page_size, settings.max_index_blocks_per_worker)
         self.pool = WorkerPool(self.index, settings.poll_interval_s)
         self.policy = policy or make_policy(settings.policy, seed=settings.seed)
-        self.router = Router(self.pool, self.policy, self.index, max_retries=settings.max_retries)
+        self.router = Router(
+            self.pool,
+            self.policy,
+            self.index,
+            max_retries=settings.max_retries,
+            max_inflight_per_worker=settings.max_inflight_per_worker,
+        )
         self.metrics = RouterMetrics()
         self.router.listeners.append(self.metrics.on_decision)
         self.worker_factory = worker_factory
@@ -105,15 +111,13 @@ class RouterService:
         await self.pool.add(client)
 
     def admit(self) -> None:
-        """Reserve a slot for one request or raise Overloaded."""
-        s = self.settings
-        states = self.pool.states()
-        if self.inflight >= s.max_inflight or (
-            states and all(st.running + st.waiting >= s.max_inflight_per_worker for st in states)
-        ):
+        """Reserve a slot for one request or raise Overloaded (the router refuses too when every
+        worker is at ``max_inflight_per_worker``)."""
+        limit = self.settings.max_inflight
+        if self.inflight >= limit:
             raise Overloaded(
                 f"The server is overloaded: {self.inflight} requests in flight (limit "
-                f"{s.max_inflight}); retry later"
+                f"{limit}); retry later"
             )
         self.inflight += 1
 

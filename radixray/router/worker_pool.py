@@ -250,19 +250,24 @@ class WorkerPool:
             if not e.healthy or e.draining:
                 continue
             r = e.report
-            own, at_report = e.own, e.own_at_report
-            load = {k: own[k] + max(0, getattr(r, k) - at_report.get(k, 0)) for k in own}
+            own, at = e.own, e.own_at_report
             overhead, rate = fits.get(e.worker_id, (0.0, _PRIOR_PREFILL_TPS))
+            # Per request and per worker: the four fields spelled out (TRAFFIC_FIELDS).
             out.append(
                 WorkerState(
-                    worker_id=e.worker_id,
-                    free_pages=r.free_pages,
-                    total_pages=r.total_pages,
-                    prefill_tokens_per_s=rate,
-                    prefill_overhead_s=overhead,
-                    decode_step_s=r.decode_step_s or 0.0,
-                    healthy=True,
-                    **load,
+                    e.worker_id,
+                    own["running"] + max(0, r.running - at.get("running", 0)),
+                    own["waiting"] + max(0, r.waiting - at.get("waiting", 0)),
+                    own["queued_prefill_tokens"]
+                    + max(0, r.queued_prefill_tokens - at.get("queued_prefill_tokens", 0)),
+                    own["active_decode_tokens"]
+                    + max(0, r.active_decode_tokens - at.get("active_decode_tokens", 0)),
+                    r.free_pages,
+                    r.total_pages,
+                    rate,
+                    overhead,
+                    r.decode_step_s or 0.0,
+                    True,
                 )
             )
         return out

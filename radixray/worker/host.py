@@ -69,8 +69,10 @@ class WorkerHost:
         self.epoch = uuid.uuid4().hex  # changes when the worker restarts
         self._seq = 0
         self._log: deque[tuple[int, list[KVEvent]]] = deque(maxlen=EVENT_LOG_BATCHES)
-        self._log_lock = threading.Lock()  # polls may overlap (a kick during a round)
+        self._log_lock = threading.Lock()  # polls may overlap (one asked for during a round)
         self._started = time.time()
+        self.http_url: str | None = None
+        self._http_server = None
 
     # ------------------------------------------------------------------ transports
 
@@ -132,6 +134,7 @@ class WorkerHost:
             pid=os.getpid(),
             node_ip=_node_ip(),
             node_id=_node_id(),
+            http_url=self.http_url,
         )
 
     async def health(self, req: Empty | None = None) -> Health:
@@ -158,7 +161,37 @@ class WorkerHost:
                     return self._seq, [e for s, evs in log if s > since_seq for e in evs], False
             return self._seq, self.engine.snapshot_events(), True
 
-    # ------------------------------------------------------------------ debug, lifecycle
+    # ------------------------------------------------------------------ HTTP, debug, lifecycle
+
+    async def start_http(
+        self, host: str | None = None, port: int = 0, token: str | None = None
+    ) -> str:
+        """Serve this worker's HTTP face (``WorkerServer``: the internal routes behind
+        ``token``, the probes, the OpenAI API) on this process's event loop, next to whatever
+        else reaches it; returns its URL. ``host``: default this node's IP (Ray's view of it),
+        so routers on other nodes reach it; ``port`` 0: any free port. Idempotent."""
+        if self.http_url is not None:
+            return self.http_url
+        import uvicorn
+
+        from .http_server import WorkerServer
+
+        host = host or _node_ip() or "127.0.0.1"
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        config = uvicorn.Config(
+            WorkerServer(self, token=token), log_level="warning", lifespan="off", http="auto"
+        )
+        server = uvicorn.Server(config)
+        self._http_server = (server, asyncio.get_running_loop().create_task(server.serve([sock])))
+        while not server.started:
+            if self._http_server[1].done():
+                self._http_server[1].result()  # raises why it could not start
+            await asyncio.sleep(0.02)
+        bound = sock.getsockname()
+        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{bound[1]}"
+        return self.http_url
 
     async def check_integrity(self) -> dict:
         """Debug: raises if any page invariant is broken; returns page counts."""
@@ -169,6 +202,8 @@ class WorkerHost:
         }
 
     def shutdown(self) -> None:
+        if self._http_server is not None:
+            self._http_server[0].should_exit = True
         self.engine.shutdown()
 
 

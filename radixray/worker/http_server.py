@@ -20,14 +20,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
-
-from radixray.api import BodyLimit, install_openai
+from radixray.api import BodyLimit, OpenAIApp, install_openai
 from radixray.api.auth import bearer_matches
 from radixray.api.errors import error_body
 from radixray.model_meta import ModelMeta, served_model_name
 from radixray.protocol import METHODS, GenerateRequest, StreamChunk
 from radixray.protocol.http_transport import FRAMES, INTERNAL_PREFIX, MSGPACK, frame
+from radixray.protocol.rpc import serve_frames
 
 from . import sglang_compat
 from .host import WorkerHost
@@ -100,7 +99,7 @@ class WorkerServer:
             engine.model_config,
             engine.max_model_len,
         )
-        openai = FastAPI(title="radixray worker", version="0.1.0")
+        openai = OpenAIApp(title="radixray worker", version="0.1.0")
         install_openai(openai, EngineBackend(host, self.meta, max_tokens_limit))
         openai.add_middleware(BodyLimit, limit=max_body_bytes)
         self.openai = openai
@@ -174,8 +173,10 @@ class WorkerServer:
                 return bytes(body)
 
     async def _stream(self, receive, send, name: str, payload: bytes) -> None:
-        """Frames as the engine produces them; a caller that goes away aborts the request."""
-        frames = self.host.stream(name, payload)
+        """Frames as the engine produces them, the last one with the end of the response (one
+        write: the router reads the end with it and reuses the connection at once); a caller
+        that goes away aborts the request."""
+        frames = serve_frames(self.host, name, payload)
         await send(
             {
                 "type": "http.response.start",
@@ -185,8 +186,12 @@ class WorkerServer:
         )
 
         async def pump() -> None:
-            async for data in frames:
-                await send({"type": "http.response.body", "body": frame(data), "more_body": True})
+            async for data, last in frames:
+                message = {"type": "http.response.body", "body": frame(data), "more_body": not last}
+                await send(message)
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def caller_left() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -204,8 +209,6 @@ class WorkerServer:
             # Closing the frames closes the engine's stream: before its end, that aborts the
             # request and frees its pages.
             await frames.aclose()
-        if job.done() and not job.cancelled() and job.exception() is None:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _send(send, status: int, body: bytes, media_type: bytes) -> None:

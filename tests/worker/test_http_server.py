@@ -186,3 +186,32 @@ def test_router_over_http_workers_routes_by_cache(worker_app, guarded_worker_app
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 144
         blocks = service.index.num_blocks(r1.headers["x-radixray-worker"])
         assert blocks >= len(prompt) // 16
+
+
+def test_connections_are_kept_alive_and_reused(worker_app):
+    url, _ = worker_app
+
+    async def go():
+        transport = HttpTransport(url)
+        client = WorkerClient(transport, "w0")
+        try:
+            for i in range(5):  # streams read to their final chunk, and unary calls
+                await _generate(client, [7, 8, 9, i], f"ka-{i}")
+                await client.health()
+            sequential = transport._open
+            await asyncio.gather(*(_generate(client, [7, 8, i], f"kb-{i}") for i in range(4)))
+            concurrent = transport._open
+            # A stream left early closes its connection (the worker aborts the request).
+            agen = client.generate(
+                GenerateRequest("kc", list(range(1, 30)), SamplingParams(max_tokens=500))
+            )
+            await agen.__anext__()
+            await agen.aclose()
+            return sequential, concurrent, transport._open
+        finally:
+            await client.close()
+
+    sequential, concurrent, after_early_close = asyncio.run(go())
+    assert sequential == 1  # every call reused the one connection
+    assert concurrent == 4  # one per request in flight, then kept
+    assert after_early_close == 3  # the stream left early took one and closed it
