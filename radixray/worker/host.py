@@ -16,6 +16,7 @@ progress holds) runs in a thread, so the event loop never waits for a step.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 import sys
@@ -213,11 +214,16 @@ def _ray():
     return ray if ray is not None and ray.is_initialized() else None
 
 
+_hosts_in_process = itertools.count()
+
+
 def _default_address() -> str:
-    """Unique per process: the Ray actor id inside an actor, else host and pid."""
+    """Unique: the Ray actor id inside an actor, else host, pid and which host of the process."""
     ray = _ray()
     actor = ray.get_runtime_context().get_actor_id() if ray else None
-    return f"ray-actor:{actor}" if actor else f"{socket.gethostname()}:pid{os.getpid()}"
+    if actor:
+        return f"ray-actor:{actor}"
+    return f"{socket.gethostname()}:pid{os.getpid()}:{next(_hosts_in_process)}"
 
 
 def _node_ip() -> str | None:

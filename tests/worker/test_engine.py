@@ -297,3 +297,28 @@ def test_a_failure_that_cannot_be_cleaned_up_stops_the_engine():
             asyncio.run(asyncio.wait_for(run("slipped in"), 10))
     finally:
         e.shutdown()
+
+
+def test_a_slow_reader_gets_every_ready_token_in_one_chunk():
+    # The engine keeps stepping while the reader is busy: what it produced meanwhile arrives as
+    # one chunk (one message on the wire), never one per token, and token-exact.
+    e = engine()
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = e.generate_batch(["coalesce me"], params)[0]
+
+    async def slow_reader():
+        chunks = []
+        async for c in e.generate("coalesce me", params):
+            chunks.append(c)
+            await asyncio.sleep(0.2)
+        return chunks
+
+    try:
+        chunks = asyncio.run(slow_reader())
+    finally:
+        e.shutdown()
+    assert [t for c in chunks for t in c.token_ids] == ref.token_ids
+    assert "".join(c.text for c in chunks) == ref.text
+    assert len(chunks) < 24 and max(len(c.token_ids) for c in chunks) > 1
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert_no_leak(e)
