@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring_ascii
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -254,12 +256,14 @@ async def _sse(stream: TokenStream, answer, include_usage: bool) -> AsyncIterato
             yield _event(answer.first)
         try:
             async for c in stream:
-                if c.text or c.final:
-                    yield _event(answer.chunk(c.text, c.finish_reason))
-                if c.final:
-                    if include_usage:
-                        yield _event(answer.usage_chunk(_usage(c)))
-                    break
+                if not c.final:
+                    if c.text:
+                        yield answer.text_event(c.text)
+                    continue
+                yield _event(answer.chunk(c.text, c.finish_reason))
+                if include_usage:
+                    yield _event(answer.usage_chunk(_usage(c)))
+                break
         except RequestError as e:  # the worker failed after the response started
             yield _event(error_body(e.message, "server_error", code="worker_failed"))
         yield b"data: [DONE]\n\n"
@@ -272,20 +276,41 @@ def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-class _TextAnswer:
-    """The shape of a /v1/completions answer."""
+_SLOT = "\x01radixray-text\x01"
 
-    first = None
 
-    def __init__(self, model: str):
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+class _Answer:
+    """The shape of one answer. A mid-stream text chunk is the one event sent per token: it is
+    rendered once with a placeholder (the same builder as every other chunk), and each token's
+    text is escaped into it (``text_event``), instead of building and serializing a dict."""
+
+    first: dict | None = None
+
+    def __init__(self, kind: str, model: str):
+        self.id = f"{kind}-{uuid.uuid4().hex}"
         self.model = model
+        self.created = int(time.time())
+        head, tail = _event(self.chunk(_SLOT, None)).split(json.dumps(_SLOT).encode())
+        self._head, self._tail = head, tail
+
+    def text_event(self, text: str) -> bytes:
+        return self._head + encode_basestring_ascii(text).encode() + self._tail
 
     def chunk(self, text: str, reason: str | None) -> dict:
-        return oa.completion_chunk(self.id, self.model, text, reason)
+        raise NotImplementedError
+
+
+class _TextAnswer(_Answer):
+    """The shape of a /v1/completions answer."""
+
+    def __init__(self, model: str):
+        super().__init__("cmpl", model)
+
+    def chunk(self, text: str, reason: str | None) -> dict:
+        return oa.completion_chunk(self.id, self.model, text, reason, created=self.created)
 
     def usage_chunk(self, use: dict) -> dict:
-        c = oa.completion_chunk(self.id, self.model, "", None, use)
+        c = oa.completion_chunk(self.id, self.model, "", None, use, created=self.created)
         c["choices"] = []
         return c
 
@@ -293,19 +318,23 @@ class _TextAnswer:
         return oa.completion_response(self.id, self.model, text, reason, use)
 
 
-class _ChatAnswer:
+class _ChatAnswer(_Answer):
     """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
 
     def __init__(self, model: str):
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.model = model
-        self.first = oa.chat_chunk(self.id, model, {"role": "assistant", "content": ""}, None)
+        super().__init__("chatcmpl", model)
+        self.first = oa.chat_chunk(
+            self.id, model, {"role": "assistant", "content": ""}, None, created=self.created
+        )
 
     def chunk(self, text: str, reason: str | None) -> dict:
-        return oa.chat_chunk(self.id, self.model, {"content": text} if text else {}, reason)
+        delta = {"content": text} if text else {}
+        return oa.chat_chunk(self.id, self.model, delta, reason, created=self.created)
 
     def usage_chunk(self, use: dict) -> dict:
-        return oa.chat_chunk(self.id, self.model, {}, None, use, with_choice=False)
+        return oa.chat_chunk(
+            self.id, self.model, {}, None, use, with_choice=False, created=self.created
+        )
 
     def response(self, text: str, reason: str, use: dict) -> dict:
         return oa.chat_response(self.id, self.model, text, reason, use)

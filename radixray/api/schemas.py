@@ -158,12 +158,17 @@ def completion_response(rid: str, model: str, text: str, finish: str, use: dict)
 
 
 def completion_chunk(
-    rid: str, model: str, text: str, finish: str | None, use: dict | None = None
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    use: dict | None = None,
+    created: int | None = None,
 ) -> dict:
     out = {
         "id": rid,
         "object": "text_completion",
-        "created": int(time.time()),
+        "created": created or int(time.time()),
         "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
     }
@@ -197,11 +202,12 @@ def chat_chunk(
     finish: str | None,
     use: dict | None = None,
     with_choice: bool = True,
+    created: int | None = None,
 ) -> dict:
     out = {
         "id": rid,
         "object": "chat.completion.chunk",
-        "created": int(time.time()),
+        "created": created or int(time.time()),
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
         if with_choice

@@ -99,15 +99,13 @@ def _spawn_router(
     log_dir: Path,
     port: int,
     ready_path: str,
-    worker_urls: list[str],
+    num_workers: int,
     timeout_s: float,
 ) -> Proc:
     """Start a router and wait until it reports every worker healthy (stop it if it fails)."""
     proc = _spawn(name, cmd, log_dir, f"http://{LOCAL}:{port}")
     try:
-        wait_ready(
-            proc, ready_path, timeout_s, lambda j: j.get("healthy_workers") == len(worker_urls)
-        )
+        wait_ready(proc, ready_path, timeout_s, lambda j: j.get("healthy_workers") == num_workers)
     except BaseException:
         proc.stop()
         raise
@@ -182,7 +180,7 @@ def start_radixray_router(
         *worker_urls,
     )
     return _spawn_router(
-        f"radixray-{policy}", cmd, log_dir, port, "/health", worker_urls, timeout_s
+        f"radixray-{policy}", cmd, log_dir, port, "/health", len(worker_urls), timeout_s
     )
 
 
@@ -210,13 +208,9 @@ def start_radixray_ray_router(
         "4096",
         *spec.args(),
     )
-    proc = _spawn(f"radixray-ray-{policy}", cmd, log_dir, f"http://{LOCAL}:{port}")
-    try:
-        wait_ready(proc, "/health", timeout_s, lambda j: j.get("healthy_workers") == num_workers)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return _spawn_router(
+        f"radixray-ray-{policy}", cmd, log_dir, port, "/health", num_workers, timeout_s
+    )
 
 
 def start_sglang_router(
@@ -258,7 +252,7 @@ def start_sglang_router(
         "2",
     ]
     return _spawn_router(
-        f"sglang-{policy}", cmd, log_dir, port, "/readiness", worker_urls, timeout_s
+        f"sglang-{policy}", cmd, log_dir, port, "/readiness", len(worker_urls), timeout_s
     )
 
 

@@ -1,4 +1,4 @@
-"""Real ``radixray worker`` apps (tiny model, page size 16) on 127.0.0.1 for the HTTP tests."""
+"""A ``radixray worker`` app behind a cluster token (the open one: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ import pytest
 from tests.router.serving import worker_server
 
 TOKEN = "cluster-secret"
-
-
-@pytest.fixture(scope="session")
-def worker_app():
-    """A worker whose internal routes are open (no cluster token): ``(url, host)``."""
-    server, host = worker_server("w0")
-    with server as url:
-        yield url, host
-    host.shutdown()
 
 
 @pytest.fixture(scope="session")
