@@ -16,9 +16,10 @@ after, divided by the requests: **CPU per request**. RSS is /proc/<pid>/status V
 load. Prompts: 8 shared 256-character prefixes, a unique suffix each (cache-aware routing has
 work to do), the same for every target.
 
-Added latency: sequential single requests (``max_tokens=1``, streamed), in rounds; each round
-sends one request direct to an HTTP worker and one through each router, in shuffled order;
-the figures are the p50 and p99 over rounds of (through the router - direct). The Ray target's
+Added latency: sequential single requests of each load shape, in rounds; each round sends one
+request direct to an HTTP worker and one through each router, in shuffled order; the figures
+are the p50 and p99 over rounds of (through the router - direct), for the time to the first
+text and to the end of the answer. The Ray target's
 workers are Ray actors with no HTTP of their own: its baseline is the same direct HTTP worker
 (same engine config).
 
@@ -136,39 +137,67 @@ def measure_cpu(proc: Proc, shape: dict, texts: list[str], concurrency: int) -> 
     }
 
 
-async def _latency_rounds(points: dict[str, str], rounds: int, seed: int) -> dict[str, list]:
+async def _timed(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, float]:
+    """(time to the first text, time to the end) of one request, in seconds (nan: failed)."""
+    t0 = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/completions", json=body) as r:
+        if r.status != 200:
+            await r.read()
+            return float("nan"), float("nan")
+        if body.get("stream"):
+            async for line in r.content:
+                if first is None and line.startswith(b"data: {") and b'"text":""' not in line:
+                    first = time.perf_counter() - t0
+        else:
+            await r.read()
+    end = time.perf_counter() - t0
+    return (first if first is not None else end), end
+
+
+async def _latency_rounds(points: dict[str, str], rounds: int, seed: int) -> dict:
+    """``{shape: {target: [(ttft, e2e), ...]}}``: sequential requests, one per target per shape
+    per round, the targets in shuffled order."""
     rng = random.Random(seed)
     texts = prompts(rounds, seed=seed + 1)
-    out: dict[str, list] = {name: [] for name in points}
-    body = {"model": "tiny", "max_tokens": 1, "temperature": 0.0, "stream": True}
+    out: dict = {shape: {name: [] for name in points} for shape in SHAPES}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(60)) as s:
         for url in points.values():  # warm every path
-            for _ in range(5):
-                await _one(s, url, body | {"prompt": "warm up"})
+            for shape in SHAPES.values():
+                await _timed(s, url, {"model": "tiny", "prompt": "warm up"} | shape)
         for i in tqdm(range(rounds), desc="added latency", leave=False):
-            order = list(points.items())
-            rng.shuffle(order)
-            for name, url in order:
-                t0 = time.perf_counter()
-                ok = await _one(s, url, body | {"prompt": texts[i]})
-                out[name].append(time.perf_counter() - t0 if ok else None)
+            for shape_name, shape in SHAPES.items():
+                order = list(points.items())
+                rng.shuffle(order)
+                for name, url in order:
+                    body = {"model": "tiny", "prompt": texts[i], "temperature": 0.0} | shape
+                    out[shape_name][name].append(await _timed(s, url, body))
     return out
 
 
-def added_latency(samples: dict[str, list]) -> dict[str, dict]:
-    direct = samples["direct"]
-    out = {}
-    for name, xs in samples.items():
-        if name == "direct":
-            continue
-        diffs = sorted(
-            (x - d) * 1000 for x, d in zip(xs, direct, strict=True) if x is not None and d
-        )
-        out[name] = {
-            "added_p50_ms": statistics.median(diffs) if diffs else None,
-            "added_p99_ms": diffs[min(len(diffs) - 1, int(0.99 * len(diffs)))] if diffs else None,
-            "failed": sum(x is None for x in xs),
-        }
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def added_latency(samples: dict) -> dict:
+    """Per shape and target: p50 / p99 over rounds of (through the router - direct), ms."""
+    out: dict = {}
+    for shape, by_target in samples.items():
+        direct = by_target["direct"]
+        for name, xs in by_target.items():
+            if name == "direct":
+                continue
+            row = {"failed": sum(x != x for x, _ in xs)}  # nan != nan
+            for k, label in ((0, "ttft"), (1, "e2e")):
+                diffs = [
+                    (x[k] - d[k]) * 1000
+                    for x, d in zip(xs, direct, strict=True)
+                    if x[k] == x[k] and d[k] == d[k]
+                ]
+                row[f"{label}_p50_ms"] = statistics.median(diffs) if diffs else None
+                row[f"{label}_p99_ms"] = _pct(diffs, 0.99) if diffs else None
+            out.setdefault(shape, {})[name] = row
     return out
 
 
@@ -246,10 +275,18 @@ def summarize(res: dict) -> str:
                 f"{statistics.median(m['requests_per_s'] for m in ms):.0f} | "
                 f"{max(m['rss_mb'] for m in ms):.0f} | {sum(m['failed'] for m in ms)} |"
             )
-    lines += ["", "| router | added latency p50 (ms) | p99 (ms) | failed |", "|---|---:|---:|---:|"]
-    for target, v in lat.items():
-        p50, p99 = v["added_p50_ms"], v["added_p99_ms"]
-        lines.append(f"| {names[target]} | {p50:+.2f} | {p99:+.2f} | {v['failed']} |")
+    lines += [
+        "",
+        "| router | load | added e2e p50 (ms) | e2e p99 (ms) | added TTFT p50 (ms) |"
+        " TTFT p99 (ms) | failed |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for shape, by_target in lat.items():
+        for target, v in by_target.items():
+            lines.append(
+                f"| {names[target]} | {shape} | {v['e2e_p50_ms']:+.2f} | {v['e2e_p99_ms']:+.2f} |"
+                f" {v['ttft_p50_ms']:+.2f} | {v['ttft_p99_ms']:+.2f} | {v['failed']} |"
+            )
     ratios = []
     med = {
         (t, s): statistics.median(m["cpu_ms_per_request"] for m in ms)

@@ -217,6 +217,10 @@ class Router:
             try:
                 decision = self.policy.choose(rr, states, self.index)
             except NoHealthyWorker:
+                if engine_failures:  # nowhere left to retry: the failure was an engine's
+                    raise RequestFailed(
+                        f"the engine failed and no other worker is left: {last_error}"
+                    ) from None
                 raise NoWorkerAvailable(f"No worker is available: {last_error}") from None
             wid = decision.worker_id
             record = self._record(rr, decision, states, attempt)

@@ -126,6 +126,19 @@ def after_tokens(n: int):
     return lambda batch: any(len(it.req.output_ids) >= n for it in batch.items)
 
 
+def slow_forward(hosts, seconds: float = 0.005) -> None:
+    """Each forward takes at least ``seconds``: a 4,000-token answer stays in flight for 20 s
+    whatever the hardware (the tests leave it long before)."""
+    for h in hosts:
+        real = h.engine.runner.run
+
+        def run(batch, real=real):
+            time.sleep(seconds)
+            return real(batch)
+
+        h.engine.runner.run = run
+
+
 def shutdown(hosts) -> None:
     for h in hosts:
         h.shutdown()
@@ -250,6 +263,23 @@ def test_engine_failure_on_two_workers_is_500_engine_failed():
             assert all(h.engine.alive for h in hosts)
             assert http.get(f"{url}/health").json()["healthy_workers"] == 2
             settle(hosts, service)
+    finally:
+        shutdown(hosts)
+
+
+def test_engine_failure_on_the_only_worker_is_500_engine_failed():
+    service, hosts, clients = inprocess_service(1)
+    fail_first_forward_anywhere(hosts)
+    try:
+        with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
+            r = http.post(url + C, json={"model": "tiny", "prompt": "only one", "max_tokens": 2})
+            # The worker is there and healthy (it serves the next request): "no worker is
+            # available" is not what happened.
+            assert http.get(f"{url}/health").json()["healthy_workers"] == 1
+            settle(hosts, service)
+            err = error_of(r, 500, "server_error", "engine_failed")
+            assert ENGINE_ERROR in err["message"]
+            assert "retry-after" not in r.headers
     finally:
         shutdown(hosts)
 
@@ -379,6 +409,7 @@ def open_stream(http: httpx.Client, url: str):
 
 def test_overloaded_router_answers_429_with_retry_after():
     service, hosts, clients = inprocess_service(1, max_inflight=1, retry_after_s=4)
+    slow_forward(hosts)
     short = {"model": "tiny", "prompt": "me too", "max_tokens": 2}
     try:
         with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
@@ -396,7 +427,8 @@ def test_overloaded_router_answers_429_with_retry_after():
                 e = ei.value
                 assert e.status_code == 429 and e.code == "overloaded"
                 assert e.type == "rate_limit_error" and e.response.headers["retry-after"] == "4"
-                # Refused before routing: only the one in flight has a decision.
+                # Refused before routing: no attempt recorded (the one in flight records its
+                # decision when it ends).
                 assert len(service.router.decisions) == 0
             finally:
                 cm.__exit__(None, None, None)  # the client leaves: the request is aborted
@@ -413,6 +445,7 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
     service, hosts, clients = inprocess_service(
         2, policy="least_load", max_inflight_per_worker=1, retry_after_s=5
     )
+    slow_forward(hosts)
     try:
         with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
             first, w_first = open_stream(http, url)
@@ -450,10 +483,12 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
 # ---------------------------------------------------------------------- after the first token
 
 
-def sse_events(http: httpx.Client, url: str, body: dict) -> tuple[httpx.Response, list]:
+def sse_events(
+    http: httpx.Client, url: str, body: dict, route: str = C
+) -> tuple[httpx.Response, list]:
     """POST a streaming request; its SSE data payloads in order (JSON decoded, "[DONE]" kept)."""
     events = []
-    with http.stream("POST", url + C, json=body | {"stream": True}) as r:
+    with http.stream("POST", url + route, json=body | {"stream": True}) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 data = line[len("data: ") :]
@@ -464,7 +499,13 @@ def sse_events(http: httpx.Client, url: str, body: dict) -> tuple[httpx.Response
 def test_failure_after_the_first_token_ends_the_stream_with_an_error_event():
     service, hosts, clients = inprocess_service(1)
     fail_forward(hosts[0], after_tokens(3))
-    body = {"model": "tiny", "prompt": "fail me midway", "max_tokens": 20, "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "prompt": "fail me midway",
+        "max_tokens": 20,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     try:
         with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
             r, events = sse_events(http, url, body)
@@ -479,7 +520,7 @@ def test_failure_after_the_first_token_ends_the_stream_with_an_error_event():
                 }
             }
             chunks = events[:-2]
-            assert all(c["object"] == "text_completion" for c in chunks), chunks
+            assert chunks and all(c["object"] == "text_completion" for c in chunks), events
             assert all(ch["finish_reason"] is None for c in chunks for ch in c["choices"])
             (rec,) = decisions(http, url)
             assert rec["finish_reason"] == "error" and rec["attempts"] == 1
@@ -491,6 +532,7 @@ def test_failure_after_the_first_token_ends_the_stream_with_an_error_event():
                 model="tiny",
                 prompt=body["prompt"],
                 max_tokens=body["max_tokens"],
+                temperature=0,
                 stream=True,
                 extra_body={"ignore_eos": True},
             )
@@ -507,6 +549,31 @@ def test_failure_after_the_first_token_ends_the_stream_with_an_error_event():
             err = error_of(r, 502, "server_error", "worker_failed")
             assert err["message"] == ENGINE_ERROR
             assert "retry-after" not in r.headers
+            # Chat: the same error event after the role chunk, and the same 502.
+            chat = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "fail me midway"}],
+                "max_tokens": 20,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            r, events = sse_events(http, url, chat, CH)
+            assert r.status_code == 200
+            assert events[0]["object"] == "chat.completion.chunk"
+            assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+            assert events[-2] == {
+                "error": {
+                    "message": ENGINE_ERROR,
+                    "type": "server_error",
+                    "param": None,
+                    "code": "worker_failed",
+                }
+            }
+            assert events[-1] == "[DONE]"
+            assert all(ch["finish_reason"] is None for c in events[:-2] for ch in c["choices"])
+            settle(hosts, service)
+            r = http.post(url + CH, json=chat)
+            assert error_of(r, 502, "server_error", "worker_failed")["message"] == ENGINE_ERROR
             # The worker is not to blame for good: it stays routable.
             assert http.get(f"{url}/health").json()["healthy_workers"] == 1
             assert hosts[0].engine.alive
