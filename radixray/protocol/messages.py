@@ -15,8 +15,9 @@ what it holds and refuses a message from another protocol version by name instea
 misreading it. Structs are encoded as arrays (``array_like``): fields are positional, so a new
 field goes at the end with a default.
 
-Token ids travel as plain lists of ints: msgspec writes and checks 2,048 of them in a few
-microseconds (see benchmarks/bench_protocol.py), no packing needed.
+Token ids travel as plain lists of ints: msgspec writes 2,048 of them in ~8 us and reads and
+checks them in ~45 us, most of it creating the int objects, which any decoder must
+(benchmarks/bench_protocol.py); no packing needed.
 """
 
 from __future__ import annotations
