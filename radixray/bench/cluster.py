@@ -134,6 +134,12 @@ def _radixray(*args: str) -> list[str]:
     return [sys.executable, "-m", "radixray.cli", *args]
 
 
+def _serve_cmd(port: int, policy: str, *args: str) -> list[str]:
+    """``radixray serve`` on ``port`` as the benchmarks run it (no admission limit in the way)."""
+    port_args = ("--host", LOCAL, "--port", str(port), "--policy", policy)
+    return _radixray("serve", *port_args, "--max-inflight", "4096", *args)
+
+
 def start_workers(
     n: int, base_port: int, spec: WorkerSpec, log_dir: Path, timeout_s: float = 180.0
 ) -> list[Proc]:
@@ -162,23 +168,8 @@ def start_radixray_router(
     log_dir: Path,
     timeout_s: float = 120.0,
 ) -> Proc:
-    cmd = _radixray(
-        "serve",
-        "--host",
-        LOCAL,
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        "--model",
-        spec.model,
-        "--page-size",
-        str(spec.page_size),
-        "--max-inflight",
-        "4096",
-        "--worker-urls",
-        *worker_urls,
-    )
+    cmd = _serve_cmd(port, policy, "--model", spec.model, "--page-size", str(spec.page_size))
+    cmd += ["--worker-urls", *worker_urls]
     return _spawn_router(
         f"radixray-{policy}", cmd, log_dir, port, "/health", len(worker_urls), timeout_s
     )
@@ -194,20 +185,7 @@ def start_radixray_ray_router(
 ) -> Proc:
     """``radixray serve`` as users run it: a local Ray, ``num_workers`` worker actors of
     ``spec``, the router in the driver process (the process this returns)."""
-    cmd = _radixray(
-        "serve",
-        "--host",
-        LOCAL,
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        "--workers",
-        str(num_workers),
-        "--max-inflight",
-        "4096",
-        *spec.args(),
-    )
+    cmd = _serve_cmd(port, policy, "--workers", str(num_workers), *spec.args())
     return _spawn_router(
         f"radixray-ray-{policy}", cmd, log_dir, port, "/health", num_workers, timeout_s
     )

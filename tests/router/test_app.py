@@ -223,3 +223,15 @@ def test_workers_leak_nothing_after_traffic(live, client):
         s = h.engine.stats()
         assert h.engine.cache.protected_tokens == 0
         assert s["free_pages"] + s["cached_pages"] == s["total_pages"]
+
+
+def test_the_router_has_no_internal_or_abort_route(live):
+    # Aborting is the worker protocol's, behind the cluster token; the router's public API
+    # offers no way to reach another client's request.
+    _, url, _, _ = live
+    with httpx.Client(base_url=url, timeout=10) as c:
+        for path in ("/internal/abort", "/internal/generate", "/v1/abort", "/abort"):
+            r = c.post(path, content=b"")
+            assert r.status_code in (404, 405), (path, r.status_code)
+        paths = set(c.get("/openapi.json").json()["paths"])
+        assert not any("abort" in p or p.startswith("/internal") for p in paths), paths
