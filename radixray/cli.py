@@ -78,6 +78,8 @@ def _cluster_token_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args, policy: str):
+    import socket
+
     from radixray.router.service import RouterSettings
 
     return RouterSettings(
@@ -86,6 +88,7 @@ def _settings(args, policy: str):
         admin_token=args.admin_token,
         enable_debug=not args.no_debug,
         max_inflight=args.max_inflight,
+        router_id=f"{socket.gethostname()}:{args.port}",
     )
 
 

@@ -183,12 +183,13 @@ class ServeAppConfig:
             "worker_id": worker_id
         }
 
-    def router_settings(self):
+    def router_settings(self, router_id: str | None = None):
         from radixray.router.service import RouterSettings
 
         return RouterSettings(
             policy=self.policy,
             page_size=self.page_size,
             admin_token=admin_token_from_env(),
+            router_id=router_id,
             **self.router.settings,
         )

@@ -23,6 +23,17 @@ from .serve_client import serve_worker_client
 
 __all__ = ["RouterIngress"]
 
+
+def _own_replica_id() -> str | None:
+    """This ingress replica's Serve id (its router id), or None outside Serve (tests)."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # not in a Serve replica: the service names itself
+        return None
+
+
 log = logging.getLogger(__name__)
 
 
@@ -32,7 +43,8 @@ class RouterIngress:
         (what ``build_app`` was given)."""
         self.config = cfg = ServeAppConfig.from_dict(config)
         self.service = RouterService(
-            load_model_meta(cfg.model, cfg.served_model_name), cfg.router_settings()
+            load_model_meta(cfg.model, cfg.served_model_name),
+            cfg.router_settings(router_id=_own_replica_id()),
         )
         app_name, dep_name = workers.app_name, workers.deployment_name
 

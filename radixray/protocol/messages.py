@@ -211,6 +211,7 @@ class PollRequest(Struct, frozen=True, array_like=True, tag=_tag("poll")):
 
     since_seq: int = -1
     epoch: str | None = None
+    router_id: str | None = None  # who asks: the worker lists the routers that poll it
 
 
 # The load fields a router tallies for its own traffic as requests move (the rest of a report
@@ -239,6 +240,9 @@ class LoadReport(Struct, frozen=True, array_like=True):
     hit_rate: float = 0.0
     preemptions: int = 0
     evicted_pages: int = 0
+    # The routers that polled this worker lately (sorted ids): how routers learn of each other
+    # without a store of their own.
+    routers: tuple[str, ...] = ()
 
 
 class WorkerCounters(Struct, frozen=True, array_like=True):

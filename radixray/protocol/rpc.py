@@ -228,8 +228,10 @@ class WorkerClient:
     async def abort(self, request_id: str) -> None:
         await self._call("abort", encode(AbortRequest(request_id)))
 
-    async def poll(self, since_seq: int = -1, epoch: str | None = None) -> PollResult:
-        return await self._call("poll", encode(PollRequest(since_seq, epoch)))
+    async def poll(
+        self, since_seq: int = -1, epoch: str | None = None, router_id: str | None = None
+    ) -> PollResult:
+        return await self._call("poll", encode(PollRequest(since_seq, epoch, router_id)))
 
     async def info(self) -> WorkerInfo:
         # The first call may wait for the worker to load its model: allow for a slow disk.

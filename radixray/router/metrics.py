@@ -67,6 +67,18 @@ class RouterMetrics:
             "radixray_index_entries", "(block, worker) entries in the router's index", registry=r
         )
         self.index_memory = Gauge("radixray_index_memory_bytes", "Router index memory", registry=r)
+        self.herded = Gauge(
+            "radixray_herding",
+            "1 while the router's decisions pile onto this worker and others sit idle",
+            ["worker"],
+            registry=r,
+        )
+        self.herd_episodes = Counter(
+            "radixray_herding_episodes",
+            "Herding episodes noticed (see /debug/decisions)",
+            registry=r,
+        )
+        self._episodes_seen = 0
         # Labelled children are looked up once (a labels() call costs microseconds per request).
         self._by_cause = {c: self.prompt_tokens.labels(c) for c in MISS_CAUSES}
         self._by_decision: dict[tuple[str, str], object] = {}
@@ -97,6 +109,13 @@ class RouterMetrics:
             rec.actual_cached_tokens < rec.predicted_cached_tokens
         ):
             self.mispredicted.inc()
+
+    def refresh_herding(self, alarm, worker_ids) -> None:
+        for w in worker_ids:
+            self.herded.labels(w).set(1 if alarm.herded(w) else 0)
+        if alarm.episodes > self._episodes_seen:
+            self.herd_episodes.inc(alarm.episodes - self._episodes_seen)
+            self._episodes_seen = alarm.episodes
 
     def refresh(self, pool) -> None:
         """Copy the pool's latest worker reports, the prefill cost each worker is routed by

@@ -31,6 +31,7 @@ from radixray.protocol import (
     WorkerUnavailable,
 )
 
+from .herding import HerdAlarm
 from .policies import Decision, NoHealthyWorker, Policy, RoutingRequest
 from .worker_pool import WorkerPool
 
@@ -52,6 +53,7 @@ class RequestFailed(EngineFailure):
 class DecisionRecord:
     request_id: str
     worker_id: str
+    router_id: str | None
     reason: str
     prompt_tokens: int
     predicted_cached_tokens: int
@@ -171,6 +173,8 @@ class Router:
         retry_backoff_s: float = 0.05,
         decision_log_size: int = 1024,
         max_inflight_per_worker: int | None = None,
+        router_id: str | None = None,
+        herd_window: int = 64,
     ):
         """``max_inflight_per_worker``: when every routable worker has this many requests
         (running + waiting), a new one is refused as ``Overloaded`` (a 429) instead of queued."""
@@ -183,6 +187,8 @@ class Router:
         self.decisions: deque[DecisionRecord] = deque(maxlen=decision_log_size)
         self._ids = itertools.count()
         self.max_inflight_per_worker = max_inflight_per_worker
+        self.router_id = router_id
+        self.herd = HerdAlarm(herd_window)
         self.listeners = []  # callables(record) on completion (metrics)
         self.mispredictions = 0
 
@@ -214,6 +220,7 @@ class Router:
                     f"The server is overloaded: every worker has {limit} requests in flight; "
                     "retry later"
                 )
+            self.policy.fleet = self.pool.fleet_position()
             try:
                 decision = self.policy.choose(rr, states, self.index)
             except NoHealthyWorker:
@@ -224,6 +231,7 @@ class Router:
                 raise NoWorkerAvailable(f"No worker is available: {last_error}") from None
             wid = decision.worker_id
             record = self._record(rr, decision, states, attempt)
+            self.herd.observe(wid, states, record)
             entry = self.pool.workers[wid]
             predicted = min(decision.predicted_cached_tokens, max(len(prompt_ids) - 1, 0))
             self.pool.track_dispatch(wid, request_id, len(prompt_ids) - predicted, len(prompt_ids))
@@ -266,6 +274,7 @@ class Router:
         return DecisionRecord(
             request_id=str(rr.request_id),
             worker_id=str(d.worker_id),
+            router_id=self.router_id,
             reason=d.reason,
             prompt_tokens=rr.num_tokens,
             predicted_cached_tokens=d.predicted_cached_tokens,

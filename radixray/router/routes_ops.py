@@ -69,19 +69,16 @@ debug = [Depends(require_debug)]
 
 @ops_router.get("/health")
 async def health(service: Service):
-    live = service.pool.routable()
-    body = {
-        "status": "ok" if live else "unavailable",
-        "model": service.model_name,
-        "workers": len(service.pool.workers),
-        "healthy_workers": len(live),
-    }
-    return JSONResponse(body, status_code=200 if live else 503)
+    """200 once the router can route with a warm index; 503 "warming" before (a router that
+    joins a fleet rebuilds its index from the workers' snapshots first) or "unavailable"."""
+    ready, body = service.health()
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @ops_router.get("/metrics")
 async def metrics(service: Service):
     service.metrics.refresh(service.pool)
+    service.metrics.refresh_herding(service.router.herd, service.pool.workers)
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -90,9 +87,11 @@ async def decisions(service: Service, limit: int = 100):
     limit = max(1, min(limit, len(service.router.decisions) or 1))
     recs = list(service.router.decisions)[-limit:]
     return {
+        "router_id": service.router_id,
         "decisions": [r.as_dict() for r in recs],
         "policy": service.policy.name,
         "mispredictions": service.router.mispredictions,
+        "herding": list(service.router.herd.active.values()),
     }
 
 

@@ -6,6 +6,9 @@ request (or refuses it, overloaded) and routes it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -36,6 +39,11 @@ class RouterSettings:
     max_index_blocks_per_worker: int = 1 << 20
     max_retries: int = 2
     seed: int = 0
+    # How this router names itself (to the workers it polls, in its decisions and metrics);
+    # None: unique in its process (host, pid and a counter). `radixray serve` and the Serve
+    # ingress set it.
+    router_id: str | None = None
+    herd_window: int = 64  # decisions the herding alarm looks back over
 
     def __post_init__(self):
         for name in (
@@ -49,6 +57,11 @@ class RouterSettings:
 
 
 WorkerFactory = Callable[[dict], Awaitable[WorkerClient]]
+_services_in_process = itertools.count()
+
+
+def _default_router_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{next(_services_in_process)}"
 
 
 class RouterService:
@@ -61,8 +74,9 @@ class RouterService:
     ):
         self.meta = meta
         self.settings = settings = settings or RouterSettings()
+        self.router_id = settings.router_id or _default_router_id()
         self.index = ApproxIndex(settings.page_size, settings.max_index_blocks_per_worker)
-        self.pool = WorkerPool(self.index, settings.poll_interval_s)
+        self.pool = WorkerPool(self.index, settings.poll_interval_s, router_id=self.router_id)
         self.policy = policy or make_policy(settings.policy, seed=settings.seed)
         self.router = Router(
             self.pool,
@@ -70,6 +84,8 @@ class RouterService:
             self.index,
             max_retries=settings.max_retries,
             max_inflight_per_worker=settings.max_inflight_per_worker,
+            router_id=self.router_id,
+            herd_window=settings.herd_window,
         )
         self.metrics = RouterMetrics()
         self.router.listeners.append(self.metrics.on_decision)
@@ -109,6 +125,28 @@ class RouterService:
 
     async def add_worker(self, client: WorkerClient) -> None:
         await self.pool.add(client)
+
+    @property
+    def warm(self) -> bool:
+        """Every routable worker's cache is in the index (each has answered a poll since it
+        joined: the first poll is a snapshot). A router that joins a running fleet takes
+        traffic only once warm, so its first decisions see what the others see."""
+        live = [e for e in self.pool.workers.values() if e.healthy and not e.draining]
+        return bool(live) and all(e.seq >= 0 for e in live)
+
+    def health(self) -> tuple[bool, dict]:
+        """(ready to take traffic, the /health body)."""
+        live = self.pool.routable()
+        warm = self.warm
+        status = "ok" if live and warm else "warming" if live else "unavailable"
+        return status == "ok", {
+            "status": status,
+            "model": self.model_name,
+            "router_id": self.router_id,
+            "routers": len(self.pool.fleet),
+            "workers": len(self.pool.workers),
+            "healthy_workers": len(live),
+        }
 
     def admit(self) -> None:
         """Reserve a slot for one request or raise Overloaded (the router refuses too when every

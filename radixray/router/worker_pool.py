@@ -94,8 +94,12 @@ class WorkerPool:
         poll_interval_s: float = 0.25,
         failure_threshold: int = 2,
         poll_timeout_s: float = 2.0,
+        router_id: str | None = None,
     ):
+        """``router_id``: how this router names itself to the workers it polls (they list the
+        routers that poll them, so the routers of a fleet learn of each other)."""
         self.index = index
+        self.router_id = router_id
         self.poll_interval_s = poll_interval_s
         self.failure_threshold = failure_threshold
         self.poll_timeout_s = poll_timeout_s
@@ -103,6 +107,7 @@ class WorkerPool:
         self._poll_task: asyncio.Task | None = None
         self._extra_polls: set[asyncio.Task] = set()
         self._fits: dict[str, tuple[float, float]] | None = None  # prefill_fits(), until a report
+        self.fleet: tuple[str, ...] = (router_id,) if router_id else ()
 
     # ------------------------------------------------------------------ membership
 
@@ -285,7 +290,7 @@ class WorkerPool:
         entry.open_polls.append(peak)
         try:
             resp = await asyncio.wait_for(
-                entry.client.poll(entry.seq, entry.epoch), self.poll_timeout_s
+                entry.client.poll(entry.seq, entry.epoch, self.router_id), self.poll_timeout_s
             )
         except (RequestError, asyncio.TimeoutError) as e:
             if entry.breaker.record_failure():
@@ -311,6 +316,7 @@ class WorkerPool:
         entry.seq = resp.seq
         entry.report = resp.load
         self._fits = None
+        self._update_fleet()
         # The worker took its report at some moment between our send and this receipt: whatever
         # of ours it may have counted (up to our peak in between) is not another router's load.
         entry.own_at_report = peak
@@ -318,6 +324,19 @@ class WorkerPool:
         entry.last_ok = time.monotonic()
         if entry.breaker.record_success():
             log.info("worker %s is back", entry.worker_id)
+
+    def _update_fleet(self) -> None:
+        routers = {r for e in self.workers.values() for r in e.report.routers}
+        if self.router_id:
+            routers.add(self.router_id)
+        self.fleet = tuple(sorted(routers))
+
+    def fleet_position(self) -> tuple[int, int]:
+        """(this router's rank, how many routers) among those the workers report."""
+        fleet = self.fleet
+        if len(fleet) <= 1 or self.router_id not in fleet:
+            return 0, max(1, len(fleet))
+        return fleet.index(self.router_id), len(fleet)
 
     def poll_now(self, worker_id: str) -> None:
         """Poll one worker now (its view looked stale), without waiting for the next round."""

@@ -392,7 +392,7 @@ class Engine:
     def report(self) -> tuple[LoadReport, WorkerCounters]:
         """The load and the counters a worker sends in its poll result."""
         s = self.stats()
-        load = LoadReport(**{k: s[k] for k in LoadReport.__struct_fields__})
+        load = LoadReport(**{k: s[k] for k in LoadReport.__struct_fields__ if k in s})
         counters = WorkerCounters(**{k: s[k] for k in WorkerCounters.__struct_fields__})
         return load, counters
 

@@ -26,6 +26,8 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from radixray.cache_index.events import EventBatch, KVEvent, encode
 from radixray.protocol import (
     AbortRequest,
@@ -48,6 +50,8 @@ __all__ = ["WorkerHost", "EVENT_LOG_BATCHES"]
 
 # Batches of events kept for routers that poll late; past this a router gets a snapshot.
 EVENT_LOG_BATCHES = 4096
+# A router that has not polled for this long is no longer listed in the load report.
+ROUTER_SEEN_S = 10.0
 
 
 class WorkerHost:
@@ -73,6 +77,7 @@ class WorkerHost:
         self._log_lock = threading.Lock()  # polls may overlap (one asked for during a round)
         self._started = time.time()
         self.http_url: str | None = None
+        self._routers: dict[str, float] = {}  # router id -> when it last polled (monotonic)
         self._http_server = None
 
     # ------------------------------------------------------------------ transports
@@ -107,6 +112,7 @@ class WorkerHost:
     async def poll(self, req: PollRequest) -> PollResult:
         seq, events, snapshot = await asyncio.to_thread(self._collect, req.since_seq, req.epoch)
         load, counters = self.engine.report()
+        load = msgspec.structs.replace(load, routers=self._seen_routers(req.router_id))
         return PollResult(
             self.worker_id,
             self.epoch,
@@ -142,6 +148,15 @@ class WorkerHost:
         alive = self.engine.alive
         detail = None if alive else f"engine stopped: {self.engine.broken or 'loop not running'}"
         return Health(alive, self.worker_id, time.time() - self._started, detail)
+
+    def _seen_routers(self, router_id: str | None) -> tuple[str, ...]:
+        now = time.monotonic()
+        if router_id is not None:
+            self._routers[router_id] = now
+        for rid, at in list(self._routers.items()):
+            if now - at > ROUTER_SEEN_S:
+                del self._routers[rid]
+        return tuple(sorted(self._routers))
 
     # ------------------------------------------------------------------ events
 

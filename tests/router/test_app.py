@@ -124,7 +124,14 @@ def test_models_health_metrics_debug(live, client):
     client.completions.create(model="tiny", prompt="metrics please", max_tokens=2)
     assert [m.id for m in client.models.list().data] == ["tiny"]
     h = httpx.get(f"{url}/health").json()
-    assert h == {"status": "ok", "model": "tiny", "workers": 2, "healthy_workers": 2}
+    assert h == {
+        "status": "ok",
+        "model": "tiny",
+        "router_id": service.router_id,
+        "routers": 1,
+        "workers": 2,
+        "healthy_workers": 2,
+    }
     m = httpx.get(f"{url}/metrics").text
     for name in (
         "radixray_requests_total",

@@ -120,9 +120,9 @@ class GatedClient(WorkerClient):
         self.before_reply = asyncio.Event()
         self.reported = asyncio.Event()
 
-    async def poll(self, since_seq, epoch):
+    async def poll(self, since_seq, epoch, router_id=None):
         await self.before_report.wait()
-        resp = await super().poll(since_seq, epoch)
+        resp = await super().poll(since_seq, epoch, router_id)
         self.reported.set()
         await self.before_reply.wait()
         return resp
@@ -181,12 +181,12 @@ class QueuedPollClient(WorkerClient):
         self.gates: list[asyncio.Event] = []
         self.hold = False
 
-    async def poll(self, since_seq, epoch):
+    async def poll(self, since_seq, epoch, router_id=None):
         if self.hold:
             gate = asyncio.Event()
             self.gates.append(gate)
             await gate.wait()
-        return await super().poll(since_seq, epoch)
+        return await super().poll(since_seq, epoch, router_id)
 
 
 def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():

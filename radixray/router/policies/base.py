@@ -118,9 +118,43 @@ class Policy(ABC):
     """
 
     name: str = ""
+    # (this router's rank, how many routers) among the routers that share the workers, as the
+    # workers' reports list them; set by the router before each choice. See ``pick_tied``.
+    fleet: tuple[int, int] = (0, 1)
 
     def __init__(self, seed: int | None = 0):
         self.rng = random.Random(seed)
+        self._ties = 0
+
+    def pick_tied(self, best: Sequence[WorkerState]) -> WorkerState:
+        """One of equally good workers. Alone, a seeded random one. In a fleet of routers, the
+        one at this router's rank in worker-id order, then the next on each later tie: routers
+        that see the same idle workers at the same moment (a burst split across them, before
+        any report shows their choices) then start on different workers instead of all taking
+        the same "best" one (each router's own tally spreads its later requests)."""
+        if len(best) == 1:
+            return best[0]
+        rank, size = self.fleet
+        if size <= 1:
+            return self.rng.choice(best)
+        ordered = sorted(best, key=lambda w: str(w.worker_id))
+        self._ties += 1
+        return ordered[(rank + self._ties - 1) % len(ordered)]
+
+    @staticmethod
+    def lowest(live: Sequence[WorkerState], cost) -> tuple[list[WorkerState], dict]:
+        """The workers of lowest ``cost(w)`` (all of them on a tie) and every worker's cost."""
+        scores = {}
+        best_cost = None
+        best: list[WorkerState] = []
+        for w in live:
+            c = cost(w)
+            scores[w.worker_id] = c
+            if best_cost is None or c < best_cost:
+                best_cost, best = c, [w]
+            elif c == best_cost:
+                best.append(w)
+        return best, scores
 
     @abstractmethod
     def choose(

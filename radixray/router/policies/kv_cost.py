@@ -33,20 +33,13 @@ class KvCost(Policy):
         matched = index.match(request.block_hashes) if request.block_hashes else {}
         req_blocks = -(-request.num_tokens // P)
         wgt = self.overlap_score_weight
-        scores = {}
-        best_cost = None
-        best: list[WorkerState] = []
-        for w in live:
-            overlap = matched.get(w.worker_id, 0)
-            prefill = w.queued_prefill_tokens / P + (req_blocks - overlap)
-            decode = w.active_decode_tokens / P + req_blocks
-            cost = wgt * prefill + decode
-            scores[w.worker_id] = cost
-            if best_cost is None or cost < best_cost:
-                best_cost, best = cost, [w]
-            elif cost == best_cost:
-                best.append(w)
-        pick = best[0] if len(best) == 1 else self.rng.choice(best)
+
+        def cost(w: WorkerState) -> float:
+            prefill = w.queued_prefill_tokens / P + (req_blocks - matched.get(w.worker_id, 0))
+            return wgt * prefill + w.active_decode_tokens / P + req_blocks
+
+        best, scores = self.lowest(live, cost)
+        pick = self.pick_tied(best)
         return Decision(
             pick.worker_id, "kv_cost: lowest cost", matched.get(pick.worker_id, 0) * P, scores
         )

@@ -40,8 +40,9 @@ cached token is reused, estimated by ``h``, the EWMA share of arriving prompt to
 on some worker. Without it, a cold request on an idle cluster goes to whichever worker measures
 fastest, load concentrates, and one cache churns while the others sit empty.
 
-Lowest cost wins; exact ties are broken at random (seeded). Cost: one index match and O(workers)
-arithmetic per request.
+Lowest cost wins; exact ties are broken at random (seeded), or, in a fleet of routers, by this
+router's rank (``Policy.pick_tied``). Cost: one index match and O(workers) arithmetic per
+request.
 """
 
 from __future__ import annotations
@@ -99,25 +100,18 @@ class PredictedTTFT(Policy):
         if n:
             self.reuse = self._decay * self.reuse + (1.0 - self._decay) * c_best / n
         reuse = self.reuse
-        scores = {}
-        best_cost = None
-        best: list[WorkerState] = []
-        for w in live:
+
+        def cost(w: WorkerState) -> float:
             c = min(matched.get(w.worker_id, 0) * P, cap)
-            rate = w.prefill_tokens_per_s
             # Cached tokens this placement would evict (its new pages beyond the free ones),
             # each worth a recompute with the probability that a cached token is reused.
             spill = max(0, n - c - w.free_pages * P) if w.total_pages else 0
             work = w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill
-            cost = w.prefill_overhead_s + work / rate
-            if w.running:
-                cost += w.decode_step_s
-            scores[w.worker_id] = cost
-            if best_cost is None or cost < best_cost:
-                best_cost, best = cost, [w]
-            elif cost == best_cost:
-                best.append(w)
-        pick = best[0] if len(best) == 1 else self.rng.choice(best)
+            t = w.prefill_overhead_s + work / w.prefill_tokens_per_s
+            return t + w.decode_step_s if w.running else t
+
+        best, scores = self.lowest(live, cost)
+        pick = self.pick_tied(best)
         c = min(matched.get(pick.worker_id, 0) * P, cap)
         reason = "ttft: best match" if c == c_best and c else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores)
