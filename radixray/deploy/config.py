@@ -118,6 +118,9 @@ class RouterDeploymentConfig:
     """The ingress deployment (the router) and the RouterSettings it runs with."""
 
     num_replicas: int = 1  # each replica keeps its own index from the same worker events
+    # Serve's autoscaling (min_replicas, max_replicas, target_ongoing_requests, ...): replicas
+    # added on load join the fleet warm (each reads every worker's snapshot before /health).
+    autoscaling_config: dict | None = None
     num_cpus: float = 0  # the router only awaits; on 2 cores a whole CPU per replica hangs
     max_ongoing_requests: int = 1024
     settings: dict = field(default_factory=dict)  # RouterSettings fields except policy/page_size
@@ -129,6 +132,14 @@ class RouterDeploymentConfig:
         _positive_int(o, "max_ongoing_requests", self.max_ongoing_requests)
         _nonneg(o, "num_cpus", self.num_cpus)
         _nonneg(o, "startup_wait_s", self.startup_wait_s)
+        a = self.autoscaling_config
+        if a is not None:
+            if not isinstance(a, Mapping):
+                raise ValueError(f"router.autoscaling_config must be a mapping, got {a!r}")
+            if a.get("min_replicas", 1) < 1:  # no router, no way in
+                raise ValueError(
+                    f"router.autoscaling_config.min_replicas must be >= 1, got {a['min_replicas']}"
+                )
         for owned in ("policy", "page_size", "admin_token"):
             if owned in self.settings:
                 where = (
@@ -139,11 +150,15 @@ class RouterDeploymentConfig:
                 raise ValueError(f"router.settings.{owned} is not allowed here: use {where}")
 
     def deployment_options(self) -> dict:
-        return {
-            "num_replicas": self.num_replicas,
+        opts: dict = {
             "ray_actor_options": {"num_cpus": self.num_cpus},
             "max_ongoing_requests": self.max_ongoing_requests,
         }
+        if self.autoscaling_config:
+            opts["autoscaling_config"] = dict(self.autoscaling_config)
+        else:
+            opts["num_replicas"] = self.num_replicas
+        return opts
 
 
 @dataclass(frozen=True)

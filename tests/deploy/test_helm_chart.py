@@ -109,7 +109,13 @@ def test_non_default_values_land():
                 "servedName": "llama-3-8b",
                 "volume": {"persistentVolumeClaim": {"claimName": "llama-weights"}},
             },
-            "router": {"policy": "cache_aware", "pageSize": 32, "replicas": 2, "port": 8100},
+            "router": {
+                "policy": "cache_aware",
+                "pageSize": 32,
+                "replicas": 2,
+                "port": 8100,
+                "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 5},
+            },
             "workers": {
                 "replicas": 3,
                 "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
@@ -127,7 +133,9 @@ def test_non_default_values_land():
     assert args["served_model_name"] == "llama-3-8b"
     assert (args["policy"], args["page_size"]) == ("cache_aware", 32)
     assert args["engine"] == {"device": "auto", "kv_memory_bytes": 30_000_000_000}
-    assert args["router"]["num_replicas"] == 2
+    router_auto = args["router"]["autoscaling_config"]
+    assert (router_auto["min_replicas"], router_auto["max_replicas"]) == (2, 5)
+    assert router_auto["initial_replicas"] == 2 and "num_replicas" not in args["router"]
     auto = args["workers"]["autoscaling_config"]
     assert (auto["min_replicas"], auto["max_replicas"], auto["initial_replicas"]) == (2, 6, 3)
     assert "num_replicas" not in args["workers"]

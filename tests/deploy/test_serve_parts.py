@@ -48,6 +48,11 @@ def test_config_from_dict_and_deployment_options(monkeypatch):
     assert cfg.workers.initial_replicas == 1
     assert ServeAppConfig.from_dict({"model": "tiny"}).workers.initial_replicas == 2
     assert cfg.router.deployment_options()["ray_actor_options"] == {"num_cpus": 0}
+    assert cfg.router.deployment_options()["num_replicas"] == 1
+    scaled = ServeAppConfig.from_dict(
+        {"model": "tiny", "router": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 4}}}
+    ).router.deployment_options()
+    assert scaled["autoscaling_config"]["max_replicas"] == 4 and "num_replicas" not in scaled
 
 
 @pytest.mark.parametrize(
@@ -63,6 +68,7 @@ def test_config_from_dict_and_deployment_options(monkeypatch):
         ({"workers": {"num_replicas": 0}}, "workers.num_replicas"),
         ({"workers": {"num_cpus": -1}}, "workers.num_cpus"),
         ({"workers": {"autoscaling_config": {"min_replicas": 0}}}, "min_replicas must be >= 1"),
+        ({"router": {"autoscaling_config": {"min_replicas": 0}}}, "router.autoscaling_config"),
     ],
 )
 def test_config_rejects_bad_values_naming_them(data, message):

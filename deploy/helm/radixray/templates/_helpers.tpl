@@ -56,7 +56,12 @@ structure as deploy/serve_config.yaml.
 {{- define "radixray.serveConfig" -}}
 {{- $v := .Values -}}
 {{- $engine := merge (dict "device" "auto") (deepCopy $v.engine) -}}
-{{- $router := dict "num_replicas" $v.router.replicas "num_cpus" $v.router.numCpus "max_ongoing_requests" $v.router.maxOngoingRequests "settings" $v.router.settings -}}
+{{- $router := dict "num_cpus" $v.router.numCpus "max_ongoing_requests" $v.router.maxOngoingRequests "settings" $v.router.settings -}}
+{{- if and $v.router.autoscaling $v.router.autoscaling.enabled -}}
+{{- $_ := set $router "autoscaling_config" (dict "min_replicas" $v.router.autoscaling.minReplicas "max_replicas" $v.router.autoscaling.maxReplicas "initial_replicas" $v.router.replicas "target_ongoing_requests" $v.router.autoscaling.targetOngoingRequests) -}}
+{{- else -}}
+{{- $_ := set $router "num_replicas" $v.router.replicas -}}
+{{- end -}}
 {{- $workers := dict "num_cpus" $v.workers.cpusPerReplica "num_gpus" 1 "max_ongoing_requests" $v.workers.maxOngoingRequests -}}
 {{- if $v.workers.autoscaling.enabled -}}
 {{- $_ := set $workers "autoscaling_config" (dict "min_replicas" $v.workers.autoscaling.minReplicas "max_replicas" $v.workers.autoscaling.maxReplicas "initial_replicas" $v.workers.replicas "target_ongoing_requests" $v.workers.autoscaling.targetOngoingRequests) -}}
