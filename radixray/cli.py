@@ -160,6 +160,9 @@ def cmd_serve(args) -> int:
         return await _actor_client(handle, wid, args.worker_transport, token, owned=True)
 
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
+    from radixray.router.fleet_metrics import RayKVStore
+
+    service.share_metrics(RayKVStore(NAMESPACE))  # /metrics of any router covers the fleet
 
     async def start_workers():
         if args.join:

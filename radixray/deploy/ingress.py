@@ -14,6 +14,7 @@ import logging
 
 from radixray.model_meta import load_model_meta
 from radixray.router.app import build_app
+from radixray.router.fleet_metrics import RayKVStore
 from radixray.router.service import RouterService
 
 from .config import ServeAppConfig
@@ -46,6 +47,8 @@ class RouterIngress:
             load_model_meta(cfg.model, cfg.served_model_name),
             cfg.router_settings(router_id=_own_replica_id()),
         )
+        # A scrape reaches whichever replica Serve's proxy picks: each one shows the fleet's.
+        self.service.share_metrics(RayKVStore())
         app_name, dep_name = workers.app_name, workers.deployment_name
 
         def is_running(rid: str) -> bool:

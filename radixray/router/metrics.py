@@ -12,8 +12,12 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class RouterMetrics:
-    def __init__(self):
+    def __init__(self, router_id: str | None = None):
         r = self.registry = CollectorRegistry()
+        if router_id is not None:
+            Gauge(
+                "radixray_router_info", "This router (1); its id names it", ["router"], registry=r
+            ).labels(router_id).set(1)
         self.requests = Counter(
             "radixray_requests",
             "HTTP requests by route and status",
@@ -97,6 +101,8 @@ class RouterMetrics:
             self.ttft.observe(rec.ttft_s)
         if rec.latency_s is not None:
             self.latency.observe(rec.latency_s)
+        if rec.completion_tokens:
+            self.completion_tokens.inc(rec.completion_tokens)
         if rec.miss:
             for cause, n in rec.miss.items():
                 if n:

@@ -58,6 +58,7 @@ class DecisionRecord:
     prompt_tokens: int
     predicted_cached_tokens: int
     actual_cached_tokens: int | None = None
+    completion_tokens: int | None = None
     queued_prefill_tokens: int = 0
     running: int = 0
     attempts: int = 1
@@ -296,6 +297,7 @@ class Router:
             rec.finish_reason = final.finish_reason
             actual = final.cached_tokens
             rec.actual_cached_tokens = actual
+            rec.completion_tokens = final.completion_tokens
             rec.miss = dict(final.miss) if final.miss else None
             if actual < rec.predicted_cached_tokens:
                 # The index promised blocks the worker did not have: its view of this worker is

@@ -77,9 +77,9 @@ async def health(service: Service):
 
 @ops_router.get("/metrics")
 async def metrics(service: Service):
-    service.metrics.refresh(service.pool)
-    service.metrics.refresh_herding(service.router.herd, service.pool.workers)
-    return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+    """This router's metrics, and the fleet's counters summed where routers share a store."""
+    text = await service.render_metrics()
+    return Response(text, media_type="text/plain; version=0.0.4")
 
 
 @ops_router.get("/debug/decisions", dependencies=debug)

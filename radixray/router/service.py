@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -16,12 +17,15 @@ from radixray.cache_index import ApproxIndex
 from radixray.model_meta import ModelMeta
 from radixray.protocol import GenerateRequest, Overloaded, WorkerClient
 
+from .fleet_metrics import FleetMetrics, KVStore
 from .metrics import RouterMetrics
 from .policies import Policy, make_policy
 from .router import RoutedStream, Router
 from .worker_pool import WorkerPool
 
 __all__ = ["RouterSettings", "RouterService", "Overloaded"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,8 @@ class RouterService:
             router_id=self.router_id,
             herd_window=settings.herd_window,
         )
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(self.router_id)
+        self.fleet_metrics: FleetMetrics | None = None  # set where routers share a store (Ray)
         self.router.listeners.append(self.metrics.on_decision)
         self.worker_factory = worker_factory
         self.inflight = 0
@@ -114,11 +119,30 @@ class RouterService:
             self.release()
             raise
 
+    def share_metrics(self, store: KVStore) -> None:
+        """Publish this router's counters to ``store`` and show the fleet's on /metrics."""
+        self.fleet_metrics = FleetMetrics(self.metrics.registry, self.router_id, store)
+
     async def start(self) -> None:
         self.pool.start()
+        if self.fleet_metrics is not None:
+            self.fleet_metrics.start()
 
     async def stop(self) -> None:
         await self.pool.stop()
+        if self.fleet_metrics is not None:
+            await self.fleet_metrics.stop()
+
+    async def render_metrics(self) -> bytes:
+        self.metrics.refresh(self.pool)
+        self.metrics.refresh_herding(self.router.herd, self.pool.workers)
+        text = self.metrics.render()
+        if self.fleet_metrics is not None:
+            try:
+                text += await asyncio.to_thread(self.fleet_metrics.render)
+            except Exception:  # the store is unreachable: this router's own counters still
+                log.exception("fleet metrics: reading the fleet's counters failed")
+        return text
 
     async def close(self) -> None:
         await self.pool.close()
