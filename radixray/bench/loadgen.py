@@ -19,6 +19,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -69,6 +70,7 @@ class RequestResult:
     completion_tokens: int = 0
     shared_prefix_tokens: int = 0
     worker: str | None = None  # x-radixray-worker, when the endpoint is radixray
+    endpoint: str | None = None  # which URL served it (several routers: see run_load)
     text: str = ""
 
     def as_dict(self) -> dict:
@@ -172,8 +174,10 @@ async def run_load(
     cfg: LoadConfig,
     model: str = "tiny",
     target: str = "",
+    pick_url: Callable[[], str] | None = None,
 ) -> RunResult:
-    """Replay ``workload`` against ``url`` (the server root, without ``/v1``)."""
+    """Replay ``workload`` against ``url`` (the server root, without ``/v1``). ``pick_url``:
+    called for every request to choose its endpoint instead (several routers of one fleet)."""
     from tqdm.auto import tqdm
 
     url = url.rstrip("/")
@@ -201,7 +205,8 @@ async def run_load(
                     shared_prefix_tokens=s.shared_prefix_tokens,
                 )
                 results.append(res)
-                await stream_request(client, url, body, res, cfg.request_timeout_s)
+                res.endpoint = pick_url().rstrip("/") if pick_url else url
+                await stream_request(client, res.endpoint, body, res, cfg.request_timeout_s)
                 bar.update(1)
                 if not res.ok:
                     return  # a later turn would need this answer
