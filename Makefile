@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint format serve bench clean
+.PHONY: install test test-fast lint format serve bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,12 +36,13 @@ format: $(STAMP)
 test: lint
 	RAY_AUTH_MODE=disabled RADIXRAY_HF_LIVE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
+# The inner loop: everything but the integration tests (Ray, Serve, subprocesses, soak,
+# schemathesis, notebook), which `make test` (and CI) still run.
+test-fast: lint
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -m "not integration" -n 2 $(PYTEST_ARGS)
+
 serve: $(STAMP)
-	@if $(PY) -c "import radixray.cli" 2>/dev/null; then \
-		$(VENV)/bin/radixray serve --workers 2 --model smollm2 --host 127.0.0.1 --port 8000; \
-	else \
-		echo "make serve: the serving layer (radixray.cli, issue 5) is not built yet"; exit 1; \
-	fi
+	$(VENV)/bin/radixray serve --workers 2 --model smollm2 --host 127.0.0.1 --port 8000
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cache_index.py

@@ -17,7 +17,7 @@ import pytest
 
 from tests.router.serving import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_serve_answers_a_chat_sensibly(tmp_path):

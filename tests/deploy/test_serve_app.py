@@ -21,6 +21,8 @@ from ray import serve  # noqa: E402
 
 from radixray.deploy.serve import WORKER_DEPLOYMENT, build_app  # noqa: E402
 
+pytestmark = pytest.mark.integration  # Serve
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = "radixray"
 

@@ -19,6 +19,8 @@ from ray import serve  # noqa: E402
 
 from radixray.deploy.serve import ROUTER_DEPLOYMENT, build_app  # noqa: E402
 
+pytestmark = pytest.mark.integration  # Serve
+
 APP = "radixray-fleet"
 ARGS = {
     "model": "tiny",

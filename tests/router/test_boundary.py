@@ -18,6 +18,8 @@ from radixray.router.worker_pool import DuplicateWorker, WorkerPool
 
 from .serving import free_port, worker_server
 
+pytestmark = pytest.mark.integration  # subprocesses
+
 # Runs in a fresh interpreter: builds the router app, serves one completion through it (to a
 # real worker over HTTP) and reports which modules it loaded.
 ROUTER_ONLY = r"""

@@ -17,6 +17,8 @@ from .fleet import drain, fleet, hosts_for
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.integration  # Ray
+
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -12,6 +12,8 @@ import pytest
 
 from .serving import LiveServer, inprocess_service, stream_completion
 
+pytestmark = pytest.mark.integration  # soak
+
 
 def settle(hosts, timeout: float = 30, service=None) -> None:
     """Wait until the router has nothing in flight and the workers nothing running or waiting,

@@ -19,6 +19,8 @@ from .serving import LiveServer, ray_clients
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+pytestmark = pytest.mark.integration  # Ray
+
 
 @pytest.fixture(scope="module")
 def cluster():

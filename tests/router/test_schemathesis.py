@@ -6,10 +6,13 @@ not load under this pytest version.)"""
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from .serving import LiveServer, inprocess_service
+
+pytestmark = pytest.mark.integration  # schemathesis
 
 EXAMPLES_PER_OPERATION = 25
 

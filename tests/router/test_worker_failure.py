@@ -29,6 +29,8 @@ from .serving import LiveServer, free_port, ray_clients, stream_completion
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.integration  # Ray
+
 
 @pytest.fixture(scope="module")
 def ray_local():

@@ -1,0 +1,159 @@
+"""Router.open's retry rules, with fake worker clients (the real ones are tested elsewhere):
+a failure before the first token is retried on another worker, one after it is not, an engine
+failure is retried once and then is a 500, a client error is never retried."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from radixray.cache_index import ApproxIndex
+from radixray.cache_index.events import EventBatch, encode
+from radixray.protocol import (
+    EngineFailure,
+    GenerateRequest,
+    InvalidRequest,
+    LoadReport,
+    PollResult,
+    SamplingParams,
+    StreamChunk,
+    WorkerCounters,
+    WorkerInfo,
+    WorkerUnavailable,
+)
+from radixray.router.policies import make_policy
+from radixray.router.router import NoWorkerAvailable, RequestFailed, Router
+from radixray.router.worker_pool import WorkerPool
+
+PARAMS = SamplingParams(max_tokens=2)
+FINAL = StreamChunk([5], "x", 0, "length", 3, 2, {"cold": 3})
+
+
+class FakeClient:
+    """A worker client that answers with real protocol messages; ``fail`` says how its next
+    generate goes: None (fine), an exception before the first chunk, or ("after", exc)."""
+
+    def __init__(self, worker_id: str):
+        self.worker_id = worker_id
+        self.address = f"fake:{worker_id}"
+        self.fail: list = []
+        self.generated: list[str] = []
+        self.aborted: list[str] = []
+
+    async def info(self) -> WorkerInfo:
+        return WorkerInfo(self.worker_id, "e", "tiny", 4, 4096, 320, "radix", 64, "cpu", "p")
+
+    async def poll(self, since_seq=-1, epoch=None, router_id=None) -> PollResult:
+        batch = encode(EventBatch(self.worker_id, 0, 0.0, []))
+        load = LoadReport(total_pages=64, free_pages=64)
+        return PollResult(self.worker_id, "e", 0, True, batch, True, load, WorkerCounters())
+
+    async def generate(self, req: GenerateRequest):
+        self.generated.append(req.request_id)
+        how = self.fail.pop(0) if self.fail else None
+        if isinstance(how, Exception):
+            raise how
+        yield StreamChunk([4], "a", 0)
+        if isinstance(how, tuple):
+            raise how[1]
+        yield FINAL
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def close(self) -> None:
+        pass
+
+
+def setup(n: int = 2) -> tuple[Router, list[FakeClient]]:
+    clients = [FakeClient(f"w{i}") for i in range(n)]
+    pool = WorkerPool(ApproxIndex(4))
+    router = Router(pool, make_policy("round_robin"), retry_backoff_s=0.0)
+
+    async def add():
+        for c in clients:
+            await pool.add(c)
+
+    asyncio.run(add())
+    return router, clients
+
+
+def open_and_read(router: Router, rid: str) -> tuple[str, list[StreamChunk]]:
+    async def go():
+        stream = await router.open(GenerateRequest(rid, [1, 2, 3], PARAMS))
+        chunks = [c async for c in stream]
+        return stream.worker_id, chunks
+
+    return asyncio.run(go())
+
+
+def attempts(router: Router, rid: str) -> list[tuple[int, str, str | None]]:
+    return [(r.attempts, r.worker_id, r.error) for r in router.decisions if r.request_id == rid]
+
+
+def test_unavailable_before_the_first_token_is_retried_elsewhere_and_marked_down():
+    router, (a, b) = setup()
+    a.fail = [WorkerUnavailable("connection refused")]
+    worker, chunks = open_and_read(router, "r1")
+    assert worker == "w1" and chunks[-1] == FINAL
+    assert a.generated == ["r1"] and b.generated == ["r1"]
+    assert attempts(router, "r1") == [(1, "w0", "worker w0: connection refused"), (2, "w1", None)]
+    assert not router.pool.workers["w0"].healthy  # marked down: the next goes to w1 only
+    assert router.pool.routable() == ["w1"]
+    assert all(not e.inflight for e in router.pool.workers.values())  # tallies released
+
+
+def test_a_failure_after_the_first_token_is_not_retried():
+    router, (a, b) = setup()
+    a.fail = [("after", WorkerUnavailable("reset by peer"))]
+
+    async def go():
+        stream = await router.open(GenerateRequest("r2", [1, 2, 3], PARAMS))
+        got = []
+        with pytest.raises(WorkerUnavailable, match="reset by peer"):
+            async for c in stream:
+                got.append(c)
+        return got
+
+    got = asyncio.run(go())
+    assert [c.text for c in got] == ["a"]  # the first chunk reached the caller
+    assert b.generated == []  # never retried once streaming
+    (rec,) = [r for r in router.decisions if r.request_id == "r2"]
+    assert rec.finish_reason == "error" and "failed mid-stream" in rec.error
+    assert not router.pool.workers["w0"].inflight
+
+
+def test_an_engine_failure_is_retried_once_then_is_a_500():
+    router, (a, b) = setup()
+    a.fail = [EngineFailure("CUDA error")]
+    worker, _ = open_and_read(router, "r3")
+    assert worker == "w1"
+    assert router.pool.workers["w0"].healthy  # an engine failure does not mark it down
+    a.fail = [EngineFailure("CUDA error")]
+    b.fail = [EngineFailure("CUDA error")]
+    with pytest.raises(RequestFailed, match="the engine failed on 2 workers"):
+        open_and_read(router, "r4")
+    # With no other worker left after the first failure: still the engine's failure (500).
+    router1, (only,) = setup(1)
+    only.fail = [EngineFailure("CUDA error")]
+    with pytest.raises(RequestFailed, match="no other worker is left"):
+        open_and_read(router1, "r5")
+
+
+def test_a_client_error_is_never_retried_and_releases_its_tally():
+    router, (a, b) = setup()
+    a.fail = [InvalidRequest("max_tokens is too large", "max_tokens")]
+    with pytest.raises(InvalidRequest) as err:
+        open_and_read(router, "r6")
+    assert err.value.param == "max_tokens" and b.generated == []
+    assert all(not e.inflight and not e.own["waiting"] for e in router.pool.workers.values())
+
+
+def test_no_worker_left_is_503():
+    router, (a, b) = setup()
+    a.fail = [WorkerUnavailable("down")]
+    b.fail = [WorkerUnavailable("down too")]
+    with pytest.raises(NoWorkerAvailable, match="No worker is available"):
+        open_and_read(router, "r7")
+    assert router.pool.routable() == []
