@@ -13,11 +13,12 @@ uncached context more expensive than its length alone).
 Presets:
 
 - ``cpu`` -- SmolLM2-135M, HF transformers, float32, on this project's 2-core CPU machine, from
-  the task brief's measurements (to be refined by the engine benchmark): ~0.98 s to prefill 512
-  tokens, 42 ms per decode step at batch 1 and ~125 ms at batch 8. A line through the two decode
-  points gives 30.1 ms of fixed cost per step and 11.86 ms per decoding sequence; the prefill point
-  then gives (0.98 - 0.030) / 512 = 1.855 ms per prefill token. The attention terms are small
-  estimates (135M parameters, 9 layers of 576 wide: matmuls dominate at these lengths).
+  the task brief's measurements: ~0.98 s to prefill 512 tokens, 42 ms per decode step at batch 1
+  and ~125 ms at batch 8 (radixray's own engine on the same machine is in benchmarks/README.md,
+  "Worker engine"). A line through the two decode points gives 30.1 ms of fixed cost per step
+  and 11.86 ms per decoding sequence; the prefill point then gives (0.98 - 0.030) / 512 = 1.855 ms
+  per prefill token. The attention terms are small estimates (135M parameters, 30 layers of 576
+  wide: the matmuls dominate at these lengths).
 - ``gpu`` -- illustrative numbers for an 8B model on one modern datacenter GPU (~12k prefill
   tokens/s, 12 ms decode steps growing slowly with batch). Not measured here: for shape, not for
   claims.

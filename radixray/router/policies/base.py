@@ -63,9 +63,10 @@ class WorkerState:
 
     ``queued_prefill_tokens`` is the prefill work already accepted and not yet computed (uncached
     tokens of waiting requests plus what is left of the one in prefill). ``active_decode_tokens``
-    is the context held by decoding requests. ``prefill_tokens_per_s`` and ``decode_step_s`` are
-    the worker's own EWMA measurements (effective prefill throughput while it also decodes, and
-    the time of one batched forward step).
+    is the context held by decoding requests. ``prefill_overhead_s`` and ``prefill_tokens_per_s``
+    are the prefill step cost fit (``overhead + tokens / rate``) the router pools over the
+    workers of one performance class (``radixray.step_cost``); ``decode_step_s`` is the worker's
+    own moving average of a decode-only step.
     """
 
     worker_id: Hashable

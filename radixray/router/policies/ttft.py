@@ -1,48 +1,13 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
-recomputation imposes on everyone else, is lowest.
+recomputation imposes on everyone else, is lowest::
 
-For each healthy worker ``w``, with ``c_w`` the tokens of this request cached there (index match,
-page-aligned, at most ``n - 1``: the last prompt token is always computed) and ``R_w``, ``O_w``
-the prefill rate and step overhead measured by the worker (pooled over the workers of its
-performance class, so identical workers are compared on load and cache, not on fit noise)::
+    cost_w = O_w + (queued_w + n - c_w + L * (c_best - c_w) + h * spill_w) / R_w
+             (+ decode_step_s_w while it decodes)
 
-    ttft_w  = O_w + (queued_prefill_tokens_w + n - c_w) / R_w  +  decode_step_s_w   [if decoding]
-    reuse_w = (c_best - c_w) / R_w                      c_best = max over workers of c_w
-    evict_w = h * max(0, n - c_w - free_tokens_w) / R_w  h = share of prompts found cached
-    cost_w  = ttft_w + L * reuse_w + evict_w            L = rho / (1 - rho)
-
-``O_w + x / R_w`` is the measured fit of a prefill step's time against its size (fixed cost
-``O_w``, marginal rate ``R_w``; a plain tokens/time ratio would make a worker that happened to
-get long prompts look faster and attract more of them). The router fits it over all workers of
-one performance class together, so identical workers get the same cost curve and differ only in
-what they hold and what they are doing. The fit's prediction is what is compared, not its two
-parameters apart: near the step sizes a worker has seen it is accurate even when the slope alone
-is noisy. ``ttft_w`` is what the request itself waits: the prefill work queued ahead of it, its
-own uncached tokens, and the decode step in flight (the class's average decode interference
-during prefill chunks is inside the fit; the worker's own decode batch shows in
-``decode_step_s``).
-
-``reuse_w`` is what a myopic TTFT rule leaves out. Recomputing a prefix that another worker holds
-does not only cost this request: the duplicate work occupies a worker that the requests arriving
-after it then queue behind, and the duplicate copy takes cache room that evicts other prefixes
-(so later requests miss). Both grow with how busy the cluster is. We charge the duplicated
-compute once more for each request it is expected to delay: in an M/M/1 queue at utilisation
-``rho`` there are on average ``L = rho / (1 - rho)`` requests in the system. ``rho`` is measured,
-not set: by PASTA (Poisson arrivals see time averages) the fraction of workers that are busy when
-requests arrive estimates the utilisation; the policy keeps an EWMA of it over ~64 arrivals.
-Idle cluster: ``L ~ 0``, pure predicted TTFT (spread load, recompute freely). Saturated cluster:
-``L`` large, recomputation is avoided unless a queue is long enough to be worth it. There are no
-hand-set thresholds; ``rho`` is clipped at ``rho_max`` only to keep ``L`` finite.
-
-``evict_w`` prices the cache room a placement takes: the new pages beyond a worker's free ones
-evict cached tokens, and each evicted token is recomputed later with the probability that a
-cached token is reused, estimated by ``h``, the EWMA share of arriving prompt tokens found cached
-on some worker. Without it, a cold request on an idle cluster goes to whichever worker measures
-fastest, load concentrates, and one cache churns while the others sit empty.
-
-Lowest cost wins; exact ties are broken at random (seeded), or, in a fleet of routers, by this
-router's rank (``Policy.pick_tied``). Cost: one index match and O(workers) arithmetic per
-request.
+(``c_w`` tokens cached on ``w``, ``R_w`` / ``O_w`` its pooled prefill fit, ``L = rho / (1 -
+rho)`` from the measured utilisation, ``h`` the measured reuse share, ``spill_w`` the cached
+tokens the placement would evict). Why each term is there, and what was tried instead:
+docs/ttft_policy.md. Lowest cost wins; ties: seeded random, or by rank in a fleet of routers.
 """
 
 from __future__ import annotations
