@@ -1,19 +1,15 @@
-"""The router's registry of workers: load accounting, health, KV-event feed, index ownership.
+"""The router's workers: who they are, whether they take traffic, and what a policy sees.
 
-Load a policy sees on each worker is the sum of two parts:
+The pool owns the worker side of the ``ApproxIndex`` (a worker that fails is dropped from it at
+once, a worker whose events were lost is rebuilt from a snapshot) and composes the parts, one
+noun each:
 
-* the router's own tally, exact and immediate for the traffic this router sent: requests not yet
-  past their first token (waiting, with their predicted uncached prefill tokens) and requests
-  decoding (with their context);
-* other routers' traffic: the worker's last report (``poll``) less what of ours it counted.
+* ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move;
+* ``Poller`` (``poller.py``): the feed of KV events, load reports and counters from the workers;
+* ``pooled_prefill_fits`` (``prefill_fits.py``): each worker's prefill cost, pooled per class.
 
-Rates (prefill step cost, decode step time) only come from the workers' own measurements. Workers
-of one performance class share one prefill fit over all their steps (see ``prefill_fits``). A
-worker that never measured one borrows the mean of those that did, else a nominal prior, so a new
-worker is neither shunned nor flooded.
-
-The pool owns the worker side of the ``ApproxIndex``: a worker that fails is dropped from it
-at once, a worker whose events were lost is rebuilt from a snapshot.
+Load a policy sees on a worker is ours now plus the others' from the worker's last report; rates
+only come from the workers' own measurements.
 """
 
 from __future__ import annotations
@@ -24,41 +20,21 @@ import time
 from dataclasses import dataclass, field
 
 from radixray.cache_index import ApproxIndex
-from radixray.cache_index.events import decode
-from radixray.protocol import (
-    TRAFFIC_FIELDS,
-    LoadReport,
-    RequestError,
-    WorkerClient,
-    WorkerCounters,
-    WorkerInfo,
-)
-from radixray.step_cost import fit_moments, sum_moments
+from radixray.protocol import LoadReport, WorkerClient, WorkerCounters, WorkerInfo
 
 from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
+from .poller import Poller
+from .prefill_fits import PRIOR_PREFILL_TPS, pooled_prefill_fits
+from .traffic import Traffic
 
 __all__ = ["WorkerPool", "WorkerEntry", "DuplicateWorker"]
 
 log = logging.getLogger(__name__)
-# Before any worker has measured its prefill rate: a CPU worker on the default model is in the
-# thousands of tokens/s range; only the ratio between workers matters to the policies.
-_PRIOR_PREFILL_TPS = 1000.0
 
 
 class DuplicateWorker(ValueError):
     """Two workers claim one worker id."""
-
-
-def _has_moments(e: WorkerEntry) -> bool:
-    return e.report.prefill_fit_moments[0] > 0
-
-
-@dataclass
-class _InFlight:
-    uncached_tokens: int
-    context_tokens: int
-    started: bool = False
 
 
 @dataclass
@@ -73,18 +49,18 @@ class WorkerEntry:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     draining: bool = False
     last_ok: float = field(default_factory=time.monotonic)
-    inflight: dict[str, _InFlight] = field(default_factory=dict)
+    traffic: Traffic = field(default_factory=Traffic)  # this router's requests on it
     events_applied: int = 0
     snapshots: int = 0
-    # This router's traffic on the worker, in the report's terms, kept as requests move.
-    own: dict = field(default_factory=lambda: dict.fromkeys(TRAFFIC_FIELDS, 0))
-    # Our traffic as the report counted it: its peak over the poll that brought the report.
-    own_at_report: dict = field(default_factory=dict)
-    open_polls: list = field(default_factory=list)  # peak tallies of polls in flight
 
     @property
     def healthy(self) -> bool:
         return self.breaker.closed
+
+    @property
+    def inflight(self) -> dict:
+        """This router's requests on the worker, by id."""
+        return self.traffic.requests
 
 
 class WorkerPool:
@@ -100,12 +76,9 @@ class WorkerPool:
         routers that poll them, so the routers of a fleet learn of each other)."""
         self.index = index
         self.router_id = router_id
-        self.poll_interval_s = poll_interval_s
         self.failure_threshold = failure_threshold
-        self.poll_timeout_s = poll_timeout_s
         self.workers: dict[str, WorkerEntry] = {}
-        self._poll_task: asyncio.Task | None = None
-        self._extra_polls: set[asyncio.Task] = set()
+        self.poller = Poller(self, poll_interval_s, poll_timeout_s)
         self._fits: dict[str, tuple[float, float]] | None = None  # prefill_fits(), until a report
         self.fleet: tuple[str, ...] = (router_id,) if router_id else ()
 
@@ -131,7 +104,7 @@ class WorkerPool:
         self.workers[client.worker_id] = entry
         self._fits = None
         self.index.add_worker(client.worker_id)
-        await self._poll_worker(entry)
+        await self.poller.poll(entry)
         return entry
 
     async def remove(self, worker_id: str, close: bool = True) -> None:
@@ -154,90 +127,39 @@ class WorkerPool:
         """The worker failed: stop routing to it and forget what it held."""
         entry = self.workers.get(worker_id)
         if entry is not None and entry.breaker.trip():
-            self._went_down(entry, reason)
+            self.went_down(entry, reason)
 
-    def _went_down(self, entry: WorkerEntry, reason: str) -> None:
+    def went_down(self, entry: WorkerEntry, reason: str) -> None:
         log.warning("worker %s is down: %s", entry.worker_id, reason)
         entry.epoch = None  # a later recovery starts from a snapshot
         self.index.clear(entry.worker_id)
 
-    # ------------------------------------------------------------------ load accounting
+    # ------------------------------------------------------------------ our traffic
 
     def track_dispatch(self, worker_id: str, request_id: str, uncached: int, context: int):
-        entry = self.workers[worker_id]
-        entry.inflight[request_id] = _InFlight(uncached, context)
-        self._count(entry, waiting=1, queued_prefill_tokens=uncached)
+        self.workers[worker_id].traffic.dispatch(request_id, uncached, context)
 
     def track_first_token(self, worker_id: str, request_id: str) -> None:
         entry = self.workers.get(worker_id)
-        f = entry.inflight.get(request_id) if entry else None
-        if f is not None and not f.started:
-            f.started = True
-            self._count(
-                entry,
-                waiting=-1,
-                queued_prefill_tokens=-f.uncached_tokens,
-                running=1,
-                active_decode_tokens=f.context_tokens,
-            )
+        if entry is not None:
+            entry.traffic.first_token(request_id)
 
     def track_tokens(self, worker_id: str, request_id: str, n: int) -> None:
-        """``n`` more tokens generated: the request's context on the worker grew by ``n``."""
         entry = self.workers.get(worker_id)
-        f = entry.inflight.get(request_id) if entry else None
-        if f is not None and n:
-            f.context_tokens += n
-            if f.started:
-                self._count(entry, active_decode_tokens=n)
+        if entry is not None:
+            entry.traffic.tokens(request_id, n)
 
     def track_finish(self, worker_id: str, request_id: str) -> None:
         entry = self.workers.get(worker_id)
-        f = entry.inflight.pop(request_id, None) if entry else None
-        if f is None:
-            return
-        if f.started:
-            self._count(entry, running=-1, active_decode_tokens=-f.context_tokens)
-        else:
-            self._count(entry, waiting=-1, queued_prefill_tokens=-f.uncached_tokens)
+        if entry is not None:
+            entry.traffic.finish(request_id)
 
-    @staticmethod
-    def _count(entry: WorkerEntry, **delta: int) -> None:
-        own = entry.own
-        for k, d in delta.items():
-            own[k] += d
-        # A poll in flight may see the worker at any moment until its reply: remember the most
-        # of our traffic it could have counted, so none of it is taken for another router's.
-        for peak in entry.open_polls:
-            for k in delta:
-                if own[k] > peak[k]:
-                    peak[k] = own[k]
+    # ------------------------------------------------------------------ what policies see
 
     def prefill_fits(self) -> dict[str, tuple[float, float]]:
-        """Each worker's prefill step cost ``(overhead_s, tokens_per_s)``.
-
-        Workers of one performance class (their ``info.perf_class``: same model, dtype,
-        device type and threads) share one fit over all their reported steps, so the router
-        compares their load and cache, not the noise between their separate fits. A worker that
-        reports no class or no moments keeps its own fit; one with no measurement yet borrows
-        the mean rate of those that have one, else a nominal prior.
-        """
-        groups: dict[object, list[WorkerEntry]] = {}
-        for e in self.workers.values():
-            groups.setdefault(e.info.perf_class or ("worker", e.worker_id), []).append(e)
-        fits: dict[str, tuple[float, float]] = {}
-        for members in groups.values():
-            moments = [e.report.prefill_fit_moments for e in members if _has_moments(e)]
-            pooled = fit_moments(sum_moments(moments)) if moments else None
-            for e in members:
-                r = e.report
-                if pooled is not None:
-                    fits[e.worker_id] = pooled
-                elif r.prefill_tokens_per_s:
-                    fits[e.worker_id] = (r.prefill_overhead_s or 0.0, r.prefill_tokens_per_s)
-        prior = sum(rate for _, rate in fits.values()) / len(fits) if fits else _PRIOR_PREFILL_TPS
-        for wid in self.workers:
-            fits.setdefault(wid, (0.0, prior))
-        return fits
+        """Each worker's prefill step cost ``(overhead_s, tokens_per_s)``, pooled over its
+        performance class (``prefill_fits.py``)."""
+        return pooled_prefill_fits(self.workers.values())
 
     def states(self) -> list[WorkerState]:
         """What the policy sees: routable workers only (healthy, not draining).
@@ -255,18 +177,15 @@ class WorkerPool:
             if not e.healthy or e.draining:
                 continue
             r = e.report
-            own, at = e.own, e.own_at_report
-            overhead, rate = fits.get(e.worker_id, (0.0, _PRIOR_PREFILL_TPS))
-            # Per request and per worker: the four fields spelled out (TRAFFIC_FIELDS).
+            overhead, rate = fits.get(e.worker_id, (0.0, PRIOR_PREFILL_TPS))
+            running, waiting, queued, decoding = e.traffic.load(r)
             out.append(
                 WorkerState(
                     e.worker_id,
-                    own["running"] + max(0, r.running - at.get("running", 0)),
-                    own["waiting"] + max(0, r.waiting - at.get("waiting", 0)),
-                    own["queued_prefill_tokens"]
-                    + max(0, r.queued_prefill_tokens - at.get("queued_prefill_tokens", 0)),
-                    own["active_decode_tokens"]
-                    + max(0, r.active_decode_tokens - at.get("active_decode_tokens", 0)),
+                    running,
+                    waiting,
+                    queued,
+                    decoding,
                     r.free_pages,
                     r.total_pages,
                     rate,
@@ -280,50 +199,12 @@ class WorkerPool:
     def routable(self) -> list[str]:
         return [w.worker_id for w in self.states()]
 
-    # ------------------------------------------------------------------ polling
+    # ------------------------------------------------------------------ the feed
 
-    async def _poll_worker(self, entry: WorkerEntry) -> None:
-        """One poll; it is also the circuit breaker's probe while the worker is out."""
-        if not entry.breaker.may_probe():
-            return
-        peak = dict(entry.own)
-        entry.open_polls.append(peak)
-        try:
-            resp = await asyncio.wait_for(
-                entry.client.poll(entry.seq, entry.epoch, self.router_id), self.poll_timeout_s
-            )
-        except (RequestError, asyncio.TimeoutError) as e:
-            if entry.breaker.record_failure():
-                self._went_down(entry, f"poll failed: {type(e).__name__}: {e}")
-            return
-        finally:  # by identity: polls open at once (one asked for during a round) may be equal
-            entry.open_polls = [p for p in entry.open_polls if p is not peak]
-        if not resp.alive:  # reachable, but its engine says it stopped for good
-            self.mark_down(entry.worker_id, "the worker reports its engine stopped")
-            return
-        try:
-            batch = decode(resp.events)
-        except ValueError as e:  # a worker that sends garbage is broken
-            if entry.breaker.record_failure():
-                self._went_down(entry, f"poll sent invalid KV events: {e}")
-            return
-        if resp.snapshot:
-            self.index.clear(entry.worker_id)
-            entry.snapshots += 1
-        self.index.apply(entry.worker_id, batch.events)
-        entry.events_applied += len(batch.events)
-        entry.epoch = resp.epoch
-        entry.seq = resp.seq
-        entry.report = resp.load
+    def reported(self, entry: WorkerEntry) -> None:
+        """A poll of ``entry`` landed (called by the poller)."""
         self._fits = None
         self._update_fleet()
-        # The worker took its report at some moment between our send and this receipt: whatever
-        # of ours it may have counted (up to our peak in between) is not another router's load.
-        entry.own_at_report = peak
-        entry.counters = resp.counters
-        entry.last_ok = time.monotonic()
-        if entry.breaker.record_success():
-            log.info("worker %s is back", entry.worker_id)
 
     def _update_fleet(self) -> None:
         routers = {r for e in self.workers.values() for r in e.report.routers}
@@ -342,34 +223,16 @@ class WorkerPool:
         """Poll one worker now (its view looked stale), without waiting for the next round."""
         entry = self.workers.get(worker_id)
         if entry is not None and entry.healthy:
-            task = asyncio.get_running_loop().create_task(self._poll_worker(entry))
-            self._extra_polls.add(task)
-            task.add_done_callback(self._extra_polls.discard)
+            self.poller.poll_now(entry)
 
     async def poll_once(self) -> None:
-        entries = list(self.workers.values())
-        await asyncio.gather(*(self._poll_worker(e) for e in entries))
-
-    async def _poll_forever(self) -> None:
-        while True:
-            try:
-                await self.poll_once()
-            except Exception:  # never let the feed die: log and keep polling
-                log.exception("worker poll failed")
-            await asyncio.sleep(self.poll_interval_s)
+        await self.poller.poll_all()
 
     def start(self) -> None:
-        if self._poll_task is None:
-            self._poll_task = asyncio.get_running_loop().create_task(self._poll_forever())
+        self.poller.start()
 
     async def stop(self) -> None:
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            try:
-                await self._poll_task
-            except asyncio.CancelledError:
-                pass
-            self._poll_task = None
+        await self.poller.stop()
 
     async def close(self) -> None:
         await self.stop()

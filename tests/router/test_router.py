@@ -147,7 +147,8 @@ def test_a_client_error_is_never_retried_and_releases_its_tally():
     with pytest.raises(InvalidRequest) as err:
         open_and_read(router, "r6")
     assert err.value.param == "max_tokens" and b.generated == []
-    assert all(not e.inflight and not e.own["waiting"] for e in router.pool.workers.values())
+    pool = router.pool.workers.values()
+    assert all(not e.inflight and not e.traffic.now["waiting"] for e in pool)
 
 
 def test_no_worker_left_is_503():

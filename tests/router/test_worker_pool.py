@@ -27,7 +27,7 @@ def entry(wid: str, perf_class: str = "", **report) -> WorkerEntry:
 def pool_with(report: dict, own_at_report: dict | None = None) -> tuple[WorkerPool, WorkerEntry]:
     pool = WorkerPool(ApproxIndex(4))
     e = entry("w", **report)
-    e.own_at_report = own_at_report or {}
+    e.traffic.at_report = own_at_report or {}
     pool.workers["w"] = e
     return pool, e
 
@@ -202,9 +202,9 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
         while len(client.gates) < 2:
             await asyncio.sleep(0.001)
         entry = pool.workers["w0"]
-        assert len(entry.open_polls) == 2
+        assert len(entry.traffic.poll_peaks) == 2
         client.gates[1].set()  # the later poll finishes first
-        while len(entry.open_polls) != 1:
+        while len(entry.traffic.poll_peaks) != 1:
             await asyncio.sleep(0.001)
         # The earlier poll is still open: its peak sees this request come and go.
         pool.track_dispatch("w0", "r1", uncached=7, context=7)
@@ -212,10 +212,10 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
         client.gates[0].set()
         await first
         for _ in range(5000):
-            if not entry.open_polls:
+            if not entry.traffic.poll_peaks:
                 break
             await asyncio.sleep(0.001)
-        return entry.open_polls, entry.own_at_report
+        return entry.traffic.poll_peaks, entry.traffic.at_report
 
     try:
         open_polls, at_report = asyncio.run(scenario())
