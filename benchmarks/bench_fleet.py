@@ -43,8 +43,8 @@ from radixray.bench.cluster import (
 from radixray.bench.compare import machine_info
 from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, RunResult, run_load
-from radixray.bench.report import percentile
 from radixray.bench.workloads import build_workload
+from radixray.numbers import percentile
 
 WINDOW_S = 10.0
 
@@ -80,9 +80,9 @@ def _summary(run: RunResult, delta: dict) -> dict:
         "hit_rate": delta["total"]["hit_rate"],
         "busiest_share": max(workers.values()) / len(ok) if ok else None,
         "worker_shares": {w: n / len(ok) for w, n in sorted(workers.items())},
-        "ttft_p50_s": percentile(ttft, 50),
-        "ttft_p90_s": percentile(ttft, 90),
-        "ttft_p99_s": percentile(ttft, 99),
+        "ttft_p50_s": percentile(ttft, 50, None),
+        "ttft_p90_s": percentile(ttft, 90, None),
+        "ttft_p99_s": percentile(ttft, 99, None),
     }
 
 

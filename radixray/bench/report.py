@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
+
+from radixray.numbers import percentile
+from radixray.plots import ttft_cdf
 
 from .loadgen import RunResult
 
 __all__ = [
-    "percentile",
     "summarize",
     "markdown_table",
     "breakdown_table",
     "write_json",
     "plot",
 ]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in [0, 100]); None for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def summarize(run: RunResult, counters: dict | None = None) -> dict:
@@ -59,13 +50,13 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         "duration_s": run.duration_s,
         "throughput_rps": len(ok) / span if span else 0.0,
         "output_tps": out_tokens / span if span else 0.0,
-        "ttft_p50_s": percentile(ttft, 50),
-        "ttft_p90_s": percentile(ttft, 90),
-        "ttft_p99_s": percentile(ttft, 99),
-        "itl_p50_s": percentile(itl, 50),
-        "itl_p99_s": percentile(itl, 99),
-        "e2e_p50_s": percentile(e2e, 50),
-        "e2e_p99_s": percentile(e2e, 99),
+        "ttft_p50_s": percentile(ttft, 50, None),
+        "ttft_p90_s": percentile(ttft, 90, None),
+        "ttft_p99_s": percentile(ttft, 99, None),
+        "itl_p50_s": percentile(itl, 50, None),
+        "itl_p99_s": percentile(itl, 99, None),
+        "e2e_p50_s": percentile(e2e, 50, None),
+        "e2e_p99_s": percentile(e2e, 99, None),
         "prompt_tokens": prompt,
         "client_cached_tokens": cached,
         "client_hit_rate": cached / prompt if prompt else 0.0,
@@ -76,8 +67,8 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
     hit_reqs = [r.ttft_s for r in ok if r.cached_tokens > r.shared_prefix_tokens]
     miss_reqs = [r.ttft_s for r in ok if r.cached_tokens <= r.shared_prefix_tokens]
     row["uncached_tokens_per_request"] = (prompt - cached) / len(ok) if ok else 0.0
-    row["ttft_p50_hit_s"] = percentile(hit_reqs, 50)
-    row["ttft_p50_miss_s"] = percentile(miss_reqs, 50)
+    row["ttft_p50_hit_s"] = percentile(hit_reqs, 50, None)
+    row["ttft_p50_miss_s"] = percentile(miss_reqs, 50, None)
     row["max_worker_share"] = max(workers.values()) / len(ok) if workers and ok else None
     if counters is not None:
         row["worker_counters"] = counters
@@ -150,17 +141,8 @@ def plot(path: str | Path, by_workload: dict[str, list[tuple[str, list[float], f
     fig, axes = plt.subplots(n, 2, figsize=(12, 4 * n), squeeze=False)
     for row, (name, series) in enumerate(by_workload.items()):
         ax, bx = axes[row]
-        for label, ttfts, _ in series:
-            xs = sorted(t * 1000 for t in ttfts)
-            if xs:
-                ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                ax.step(xs, ys, where="post", label=label)
-        ax.set_xscale("log")
-        ax.set_xlabel("TTFT (ms, log)")
-        ax.set_ylabel("fraction of requests")
+        ttft_cdf(ax, {label: ttfts for label, ttfts, _ in series}, "ms")
         ax.set_title(f"{name}: TTFT CDF")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         labels = [s[0] for s in series if s[2] is not None]
         hits = [s[2] * 100 for s in series if s[2] is not None]
         bx.bar(range(len(hits)), hits, color="tab:green")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from radixray.sim.data import data_dir
+from radixray.sim.data import MOONCAKE_BLOCK_TOKENS, data_dir, read_mooncake
 
 __all__ = [
     "Turn",
@@ -36,7 +36,6 @@ __all__ = [
     "WORKLOADS",
 ]
 
-MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the upstream trace
 # 64 printable ASCII characters without spaces or specials: one byte token each.
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -99,13 +98,12 @@ def block_text(hash_id: int, block_tokens: int) -> str:
     return out[:block_tokens].decode("ascii")
 
 
-def _keep_conversation(hash_ids: list[int], sample_every: int) -> bool:
-    """Sample whole conversations: the first block after the shared system block (id 0)
-    identifies one, so every turn of a kept conversation is kept."""
+def _keep_conversation(conversation: int, sample_every: int) -> bool:
+    """Sample whole conversations (``MooncakeRow.conversation``), so every turn of a kept
+    conversation is kept."""
     if sample_every <= 1:
         return True
-    key = hash_ids[1] if len(hash_ids) > 1 else hash_ids[0]
-    digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(str(conversation).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % sample_every == 0
 
 
@@ -135,31 +133,29 @@ def mooncake_workload(
     cache: dict[int, str] = {}
     sessions: list[Session] = []
     skipped = 0
-    with path.open() as f:
-        for i, line in enumerate(f):
-            if len(sessions) >= limit:
-                break
-            row = json.loads(line)
-            ids = row["hash_ids"]
-            if not ids or not _keep_conversation(ids, sample_every):
-                continue
-            length = max(1, round(row["input_length"] / scale))
-            if length > max_prompt_tokens:
-                skipped += 1
-                continue
-            blocks = [cache.setdefault(h, block_text(h, block_tokens)) for h in ids]
-            prompt = "".join(blocks)[:length]
-            out = max(1, min(max_output_tokens, round(row["output_length"] / oscale)))
-            shared = min(block_tokens, length) if ids[0] == 0 else 0
-            sessions.append(
-                Session(
-                    f"mc-{i}",
-                    "completion",
-                    (Turn(prompt, out),),
-                    arrival_s=row["timestamp"] / 1000.0,
-                    shared_prefix_tokens=shared,
-                )
+    for i, row in enumerate(read_mooncake(path)):
+        if len(sessions) >= limit:
+            break
+        ids = row.hash_ids
+        if not _keep_conversation(row.conversation, sample_every):
+            continue
+        length = max(1, round(row.input_length / scale))
+        if length > max_prompt_tokens:
+            skipped += 1
+            continue
+        blocks = [cache.setdefault(h, block_text(h, block_tokens)) for h in ids]
+        prompt = "".join(blocks)[:length]
+        out = max(1, min(max_output_tokens, round(row.output_length / oscale)))
+        shared = min(block_tokens, length) if ids[0] == 0 else 0
+        sessions.append(
+            Session(
+                f"mc-{i}",
+                "completion",
+                (Turn(prompt, out),),
+                arrival_s=row.timestamp_ms / 1000.0,
+                shared_prefix_tokens=shared,
             )
+        )
     return BenchWorkload(
         "mooncake",
         tuple(sessions),

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixray.cache_index import hash_blocks
+from radixray.numbers import percentile
 
 from .workload import Workload
 
@@ -22,17 +22,6 @@ SUMMARY_KEYS = (
     "throughput",
     "imbalance",
 )
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank-with-interpolation percentile (numpy's default 'linear'), ``q`` in [0, 100]."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def ceiling(workload: Workload, page_size: int) -> tuple[int, int]:

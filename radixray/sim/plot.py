@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from radixray.plots import ttft_cdf
+
 from .metrics import RunResult
 
 __all__ = ["plot_results"]
@@ -36,15 +38,8 @@ def plot_results(results: Mapping[str, RunResult], path: str | Path | None = Non
     ax1.set_title("Cache hit rate")
     ax1.tick_params(axis="x", rotation=30)
     ax1.legend(fontsize=8)
-    for k in names:
-        xs = sorted(r.ttft for r in results[k].records)
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax2.plot(xs, ys, label=k)
-    ax2.set_xscale("log")
-    ax2.set_xlabel("TTFT (s, simulated)")
-    ax2.set_ylabel("fraction of requests")
+    ttft_cdf(ax2, {k: [r.ttft for r in results[k].records] for k in names}, "s", "simulated")
     ax2.set_title("TTFT CDF")
-    ax2.legend(fontsize=8)
     width = 0.8 / max(len(names), 1)
     for j, k in enumerate(names):
         busy = results[k].busy_time

@@ -15,7 +15,7 @@ so a partial block is a prefix of the full one, as it would be in text.
 from __future__ import annotations
 
 import csv
-import json
+import itertools
 import math
 import random
 from collections.abc import Iterable
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from radixray.cache_index import hash_blocks
 
-from .data import azure_trace_path, mooncake_trace_path
+from .data import MOONCAKE_BLOCK_TOKENS, azure_trace_path, mooncake_trace_path, read_mooncake
 
 __all__ = [
     "SimRequest",
@@ -36,8 +36,6 @@ __all__ = [
     "multiturn_chat",
     "MOONCAKE_BLOCK_TOKENS",
 ]
-
-MOONCAKE_BLOCK_TOKENS = 512  # the trace's hash_ids cover 512-token blocks
 
 
 class SimRequest:
@@ -214,42 +212,21 @@ def load_mooncake(
     scale = MOONCAKE_BLOCK_TOKENS / block_tokens
     oscale = scale if output_scale is None else output_scale
     path = resolve_trace(trace)
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                row = (
-                    float(obj["timestamp"]),
-                    int(obj["input_length"]),
-                    int(obj["output_length"]),
-                    [int(h) for h in obj["hash_ids"]],
-                )
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{path}:{lineno}: not a Mooncake trace line (need timestamp, input_length, "
-                    f"output_length, hash_ids): {e}"
-                ) from None
-            rows.append(row)
-            if limit is not None and len(rows) >= limit:
-                break
+    rows = list(itertools.islice(read_mooncake(path), limit))
     rng = random.Random(seed)
-    ts = [r[0] / 1000.0 for r in rows]
+    ts = [r.timestamp_ms / 1000.0 for r in rows]
     if spread:
         ts = _spread(ts, rng)
     reqs = []
-    for i, ((_, inp, out, hids), t) in enumerate(zip(rows, ts, strict=True)):
-        if not hids:
-            continue
+    for i, (row, t) in enumerate(zip(rows, ts, strict=True)):
+        hids, inp, out = row.hash_ids, row.input_length, row.output_length
         n = len(hids)
         length = max(1, round(inp / scale))
         # Keep the length consistent with the block count: the last block is partial.
         length = min(max(length, (n - 1) * block_tokens + 1), n * block_tokens)
         segs = [(h, block_tokens) for h in hids[:-1]]
         segs.append((hids[-1], length - (n - 1) * block_tokens))
-        session = str(hids[1]) if n > 1 else str(hids[0])
+        session = str(row.conversation)
         reqs.append(SimRequest(i, t / speedup, tuple(segs), max(1, round(out / oscale)), session))
     return Workload(
         "mooncake" if str(trace) == "mooncake" else path.stem,

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import time
 
+from radixray.numbers import Ewma
 from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel
 
-__all__ = ["EngineStats", "Ewma"]
-
-
-class Ewma:
-    """Exponentially weighted moving average; ``value`` is None until the first sample."""
-
-    def __init__(self, alpha: float = 0.2):
-        self.alpha = alpha
-        self.value: float | None = None
-
-    def update(self, x: float) -> None:
-        self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
+__all__ = ["EngineStats"]
 
 
 class EngineStats:

@@ -11,7 +11,7 @@ import pytest
 from radixray.bench.cli import main as bench_main
 from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, run_load
-from radixray.bench.report import breakdown_table, markdown_table, percentile, plot, summarize
+from radixray.bench.report import breakdown_table, markdown_table, plot, summarize
 from radixray.bench.workloads import BenchWorkload, Session, Turn, block_text
 
 SHARED = "".join(block_text(i, 16) for i in range(4))  # 64 shared characters = 4 pages
@@ -28,12 +28,6 @@ def _workload(n: int = 6) -> BenchWorkload:
         Session("chat", "chat", (Turn("first", 3), Turn("second", 3)), system=SHARED * 2)
     )
     return BenchWorkload("synthetic", tuple(sessions))
-
-
-def test_percentile():
-    assert percentile([], 50) is None
-    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
 
 
 def test_concurrency_run_measures_streams_usage_and_worker_counters(worker_app, tmp_path):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from radixray.numbers import Ewma
+
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 
 __all__ = ["PredictedTTFT"]
@@ -38,18 +40,26 @@ class PredictedTTFT(Policy):
         if not 0 < rho_max < 1:
             raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
         self.reuse_weight = reuse_weight
-        self._decay = 1.0 - 1.0 / ewma_requests
         self.rho_max = rho_max
-        self.rho = 0.0  # EWMA of the busy fraction seen at arrivals
-        self.reuse = 0.0  # EWMA of the share of arriving prompts found cached somewhere
+        # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
+        # sees (the utilisation), the share of its prompt found cached on some worker.
+        self._rho = Ewma(1.0 / ewma_requests, initial=0.0)
+        self._reuse = Ewma(1.0 / ewma_requests, initial=0.0)
+
+    @property
+    def rho(self) -> float:
+        return self._rho.value
+
+    @property
+    def reuse(self) -> float:
+        return self._reuse.value
 
     def _observe(self, live: Sequence[WorkerState]) -> float:
         busy = 0
         for w in live:
             if w.running or w.waiting:
                 busy += 1
-        self.rho = self._decay * self.rho + (1.0 - self._decay) * busy / len(live)
-        rho = min(self.rho, self.rho_max)
+        rho = min(self._rho.update(busy / len(live)), self.rho_max)
         return rho / (1.0 - rho)
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
@@ -62,9 +72,7 @@ class PredictedTTFT(Policy):
         n = request.num_tokens
         cap = max(n - 1, 0)
         c_best = min(max(matched.values(), default=0) * P, cap)
-        if n:
-            self.reuse = self._decay * self.reuse + (1.0 - self._decay) * c_best / n
-        reuse = self.reuse
+        reuse = self._reuse.update(c_best / n) if n else self._reuse.value
 
         def cost(w: WorkerState) -> float:
             c = min(matched.get(w.worker_id, 0) * P, cap)
