@@ -137,6 +137,9 @@ _DISTINCT_LAYER_CACHES = 4
 
 
 def run_cpu(reps: int) -> None:
+    """A decode step of every layer, as the model runs it: the backend object prepares the
+    step's plan once, then stores and attends per layer; the "torch" reference beside the "cpu"
+    fast path, interleaved per shape."""
     m = SMOL
     P, Hq, Hkv, D = m["page"], m["hq"], m["hkv"], m["d"]
     scale = D**-0.5
@@ -144,6 +147,7 @@ def run_cpu(reps: int) -> None:
         f"# CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch "
         f"threads, torch {torch.__version__}; SmolLM2-135M shapes {m}"
     )
+    backends = [K.make_backend(name, "cpu", torch.float32, P, D) for name in ("torch", "cpu")]
     rows = []
     shapes = [(b, c) for b in CPU_BATCHES for c in CPU_CONTEXTS]
     for batch, ctx in tqdm(shapes, desc="cpu shapes", file=sys.stderr):
@@ -166,26 +170,29 @@ def run_cpu(reps: int) -> None:
         q = torch.randn(batch, Hq, D, generator=gen)
         k_new = torch.randn(batch, Hkv, D, generator=gen)
 
-        def step(caches=caches, q=q, k=k_new, table=block_table, lens=seq_lens, cu=cu,
+        def step(backend, caches=caches, q=q, k=k_new, table=block_table, lens=seq_lens, cu=cu,
                  slots=slot_mapping):  # fmt: skip
+            plan = backend.prepare(slots, table, cu, lens, 1)
             for layer in range(m["layers"]):
                 kc, vc = caches[layer % _DISTINCT_LAYER_CACHES]
-                K.store_kv(k, k, kc, vc, slots)
-                K.extend_attention(q, kc, vc, table, cu, lens, scale)
+                backend.store(plan, k, k, kc, vc)
+                backend.attend(plan, q, kc, vc, scale)
 
-        step()  # warm up
-        times = []
+        times: dict[str, list[float]] = {b.name: [] for b in backends}
+        for b in backends:
+            step(b)  # warm up
         for _ in range(reps):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        med = statistics.median(times)
-        rows.append((batch, ctx, med, med / m["layers"], min(times), max(times)))
+            for b in backends:
+                t0 = time.perf_counter()
+                step(b)
+                times[b.name].append((time.perf_counter() - t0) * 1e3)
+        ref, fast = (statistics.median(times[b.name]) for b in backends)
+        rows.append((batch, ctx, ref, fast, ref / fast))
 
-    print("| batch | context | ms / decode step (30 layers) | ms / layer | min | max |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for b, c, med, per_layer, lo, hi in rows:
-        print(f"| {b} | {c} | {med:.1f} | {per_layer:.2f} | {lo:.1f} | {hi:.1f} |")
+    print("| batch | context | torch (reference) ms / step | cpu ms / step | speed-up |")
+    print("|---:|---:|---:|---:|---:|")
+    for b, c, ref, fast, ratio in rows:
+        print(f"| {b} | {c} | {ref:.1f} | {fast:.1f} | {ratio:.2f}x |")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,6 +37,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="torch threads per CPU worker (serve default: cores / workers)",
     )
+    p.add_argument(
+        "--attention-backend",
+        default=None,
+        help="flash_attn, triton, cpu or torch (default: RADIXRAY_ATTENTION_BACKEND, else the "
+        "best this device runs); a backend that cannot run stops the worker at start-up",
+    )
 
 
 def _engine_config(args, worker_id: str | None) -> dict:
@@ -51,6 +57,7 @@ def _engine_config(args, worker_id: str | None) -> dict:
         "max_running": args.max_running,
         "device": args.device,
         "cpu_threads": args.cpu_threads,
+        "attention_backend": args.attention_backend,
         "worker_id": worker_id,
     }
 
@@ -335,7 +342,13 @@ def cmd_worker(args) -> int:
     name = socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
     address = f"http://{name}:{args.port}"
     worker_id = args.worker_id or f"{name}:{args.port}"
-    host = WorkerHost(_engine_config(args, worker_id), worker_id, address)
+    from radixray.kernels import BackendUnavailableError
+
+    try:
+        host = WorkerHost(_engine_config(args, worker_id), worker_id, address)
+    except (ValueError, BackendUnavailableError) as e:  # a setting this machine cannot run
+        print(f"radixray worker: cannot start: {e}", file=sys.stderr, flush=True)
+        return 2
     app = WorkerServer(host, token=token)
 
     def ready():

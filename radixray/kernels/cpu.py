@@ -1,6 +1,7 @@
-"""The "torch" backend's fast path on CPU: paged store / extend attention for float32 caches.
+"""The "cpu" backend (backends.CpuBackend, the automatic choice on CPU for float32 caches): paged
+store / extend attention.
 
-reference.py stays the spec (and what an explicitly named ``backend="torch"`` runs); this module
+reference.py stays the spec (and what the "torch" backend runs); this module
 computes the same thing faster and is tested against it (tests/kernels/test_cpu.py, float32
 tolerance: it sums in a different order, so it is not bitwise equal). What makes it faster:
 

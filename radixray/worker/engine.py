@@ -365,7 +365,7 @@ class Engine:
         else:
             hw = f"{cpu_model()} x{torch.get_num_threads()} threads"
         c = self.config
-        return " | ".join((c.model, c.dtype, hw, c.attention_backend or "auto"))
+        return " | ".join((c.model, c.dtype, hw, self.runner.attention.name))
 
     def stats(self) -> dict:
         """Counters, load and measured rates in one dict (keys: ``WorkerCounters`` and

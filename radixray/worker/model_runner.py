@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from radixray.kernels import make_backend
+
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata
 from .scheduler import Batch
@@ -25,14 +27,12 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = device
-        self.backend = backend
-        if backend is not None:
-            from radixray import kernels
-
-            # Fail at start-up, with the valid choices, not on the first request.
-            probe = pool.k_cache[0, :1, :1, :, :]
-            kernels.resolve_backend(backend, probe[0, 0].unsqueeze(0), pool.k_cache[0])
-            model.set_attention_backend(backend)
+        # Chosen once, for this pool: a named backend that cannot run fails here, at start-up,
+        # with the reason and the valid choices, not on the first request.
+        self.attention = make_backend(
+            backend, device, pool.k_cache.dtype, pool.page_size, pool.k_cache.shape[-1]
+        )
+        model.set_attention_backend(self.attention)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:

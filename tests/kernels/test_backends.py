@@ -25,11 +25,12 @@ def _no_env(monkeypatch):
     monkeypatch.delenv(K.ENV_VAR, raising=False)
 
 
-def test_cpu_default_is_torch(small):
+def test_cpu_default_is_the_cpu_fast_path(small):
     q, kv = small
-    assert K.resolve_backend(None, q, kv.k_cache) == "torch"
-    assert K.resolve_backend("auto", q, kv.k_cache) == "torch"
-    assert K.available_backends(q, kv.k_cache)[-1] == "torch"
+    assert K.resolve_backend(None, q, kv.k_cache) == "cpu"
+    assert K.resolve_backend("auto", q, kv.k_cache) == "cpu"
+    assert K.resolve_backend(None, q.double(), kv.k_cache.double()) == "torch"
+    assert K.available_backends(q, kv.k_cache)[-2:] == ["cpu", "torch"]
 
 
 def test_public_functions_on_cpu_match_reference(small):
@@ -55,13 +56,13 @@ def test_forcing_unavailable_backend_errors_clearly(small, name):
         K.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, 1.0, name)
     msg = str(err.value)
     assert repr(name) in msg and "argument" in msg
-    assert "flash_attn, triton, torch" in msg  # the valid choices
+    assert "flash_attn, triton, cpu, torch" in msg  # the valid choices
     assert "CUDA" in msg
 
 
 def test_unknown_backend_lists_choices(small):
     q, kv = small
-    with pytest.raises(ValueError, match="valid choices: flash_attn, triton, torch"):
+    with pytest.raises(ValueError, match="valid choices: flash_attn, triton, cpu, torch"):
         K.resolve_backend("cuda", q, kv.k_cache)
 
 

@@ -1,4 +1,4 @@
-"""The CPU fast path of the "torch" backend (kernels/cpu.py) against the reference: mixed
+"""The "cpu" backend (kernels/cpu.py) against the "torch" reference, both as backend objects: mixed
 prefill + decode batches, MHA and GQA, odd lengths, page edges, several page sizes, decode rows
 of very different lengths (several padded groups), cached prefixes and skipped slots."""
 
@@ -27,13 +27,12 @@ def run_both(q_lens, ctx_lens, P, Hq, Hkv, D=32, seed=0, skip_rows=()):
     for r in skip_rows:
         slot_mapping[r] = -1
     results = []
-    for fast in (False, True):
+    for name in ("torch", "cpu"):
+        backend = K.make_backend(name, "cpu", torch.float32, P, D)
         kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
-        plan = cpu.plan(kv.block_table, cu, kv.seq_lens, slot_mapping, P) if fast else None
-        K.store_kv(k_new, v_new, kc, vc, slot_mapping, backend="torch", plan=plan)
-        out = K.extend_attention(
-            q, kc, vc, kv.block_table, cu, kv.seq_lens, D**-0.5, backend="torch", plan=plan
-        )
+        plan = backend.prepare(slot_mapping, kv.block_table, cu, kv.seq_lens, max(q_lens))
+        backend.store(plan, k_new, v_new, kc, vc)
+        out = backend.attend(plan, q, kc, vc, D**-0.5)
         results.append((out, kc, vc))
     return results
 
@@ -76,13 +75,31 @@ def test_skipped_slots_are_not_stored():
     torch.testing.assert_close(fast, ref, **TOLERANCE[torch.float32])
 
 
-def test_plan_only_for_automatic_float32_cpu(monkeypatch):
-    kv = make_paged_kv([5], 4, 2, 8, torch.float32, "cpu", torch.Generator().manual_seed(0))
-    args = (kv.block_table, make_cu_seqlens([5], "cpu"), kv.seq_lens, torch.arange(5))
+def test_cpu_backend_is_the_automatic_choice_for_float32_on_cpu(monkeypatch):
     monkeypatch.delenv(K.ENV_VAR, raising=False)
-    assert K.cpu_plan(*args, kv.k_cache) is not None
-    assert K.cpu_plan(*args, kv.k_cache, backend="auto") is not None
-    assert K.cpu_plan(*args, kv.k_cache, backend="torch") is None  # named: the reference
-    assert K.cpu_plan(*args, kv.k_cache.double()) is None
+    assert K.make_backend(None, "cpu", torch.float32, 4, 8).name == "cpu"
+    assert K.make_backend("auto", "cpu", torch.float32, 4, 8).name == "cpu"
+    assert K.make_backend(None, "cpu", torch.float64, 4, 8).name == "torch"
+    assert K.make_backend("torch", "cpu", torch.float32, 4, 8).name == "torch"  # named: the spec
+    with pytest.raises(K.BackendUnavailableError, match="needs float32, got torch.bfloat16"):
+        K.make_backend("cpu", "cpu", torch.bfloat16, 4, 8)
     monkeypatch.setenv(K.ENV_VAR, "torch")
-    assert K.cpu_plan(*args, kv.k_cache) is None
+    assert K.make_backend(None, "cpu", torch.float32, 4, 8).name == "torch"
+    assert K.make_backend("cpu", "cpu", torch.float32, 4, 8).name == "cpu"  # argument wins
+
+
+def test_functional_api_on_cpu_runs_the_cpu_backend_and_matches(monkeypatch):
+    monkeypatch.delenv(K.ENV_VAR, raising=False)
+    (ref, kr, vr), _ = run_both([3, 1], [7, 12], 4, 4, 2, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    kv = make_paged_kv([7, 12], 4, 2, 32, torch.float32, "cpu", gen)
+    q = make_query(4, 4, 32, torch.float32, "cpu", gen)
+    k_new, v_new = torch.randn(4, 2, 32, generator=gen), torch.randn(4, 2, 32, generator=gen)
+    cu = make_cu_seqlens([3, 1], "cpu")
+    slots = [int(kv.block_table[0, p // 4]) * 4 + p % 4 for p in (4, 5, 6)]
+    slots.append(int(kv.block_table[1, 11 // 4]) * 4 + 11 % 4)
+    assert K.resolve_backend(None, q, kv.k_cache) == "cpu"
+    K.store_kv(k_new, v_new, kv.k_cache, kv.v_cache, torch.tensor(slots))
+    assert torch.equal(kv.k_cache, kr) and torch.equal(kv.v_cache, vr)
+    out = K.extend_attention(q, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, 32**-0.5)
+    torch.testing.assert_close(out, ref, **TOLERANCE[torch.float32])

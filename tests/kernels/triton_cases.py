@@ -145,7 +145,7 @@ def test_non_contiguous_q_and_strided_cache():
 
 def test_public_api_forced_triton():
     """radixray.kernels with backend="triton" (and by environment variable) runs these kernels;
-    on CPU the automatic choice stays the torch reference even under the interpreter."""
+    on CPU the automatic choice stays the CPU fast path even under the interpreter."""
     gen = _gen(5)
     P, Hq, Hkv, D = 4, 6, 2, 16
     lens = [1, 4, 6]
@@ -160,9 +160,42 @@ def test_public_api_forced_triton():
     )
     assert_close(ext, expected, F32)
     if INTERPRET:
-        assert K.resolve_backend(None, q, kv.k_cache) == "torch"
+        assert K.resolve_backend(None, q, kv.k_cache) == "cpu"  # never the interpreter
     os.environ[K.ENV_VAR] = "triton"  # this subprocess only
     try:
         assert K.resolve_backend(None, q, kv.k_cache) == "triton"
     finally:
         del os.environ[K.ENV_VAR]
+
+
+def test_triton_backend_object_routes_a_decode_step_and_a_mixed_step():
+    """The backend object as the model uses it: one plan per step; a pure decode step (one new
+    token per sequence, max_seqlen_q=1) takes the split-KV decode kernel, a mixed one the extend
+    kernel; both store through the Triton store and match the reference."""
+    gen = _gen(6)
+    P, Hq, Hkv, D = 4, 4, 2, 16
+    backend = K.make_backend("triton", DEVICE, F32, P, D)
+    ref = K.make_backend("torch", DEVICE, F32, P, D)
+    for q_lens, lens in (([1, 1], [3, 9]), ([3, 1], [5, 6])):
+        kv = make_paged_kv(lens, P, Hkv, D, F32, DEVICE, gen)
+        T = sum(q_lens)
+        q = make_query(T, Hq, D, F32, DEVICE, gen)
+        k_new = torch.randn(T, Hkv, D, generator=gen).to(DEVICE)
+        cu = make_cu_seqlens(q_lens, DEVICE)
+        slots = [
+            int(kv.block_table[b, p // P]) * P + p % P
+            for b, (n, L) in enumerate(zip(q_lens, lens, strict=True))
+            for p in range(L - n, L)
+        ]
+        slot_mapping = torch.tensor(slots, device=DEVICE)
+        outs = []
+        for impl in (backend, ref):
+            kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
+            plan = impl.prepare(slot_mapping, kv.block_table, cu, kv.seq_lens, max(q_lens))
+            impl.store(plan, k_new, k_new, kc, vc)
+            outs.append((impl.attend(plan, q, kc, vc, 0.25), kc))
+        assert backend.prepare(
+            slot_mapping, kv.block_table, cu, kv.seq_lens, max(q_lens)
+        ).decode_only == (max(q_lens) == 1)
+        assert torch.equal(outs[0][1], outs[1][1])
+        assert_close(outs[0][0], outs[1][0], F32)

@@ -221,9 +221,13 @@ def test_attention_backend_is_applied_and_validated():
     from radixray.kernels import BackendUnavailableError
 
     prompts = shared_prefix_prompts(3, n=4)
-    want = tokens(engine().generate_batch(prompts, GREEDY))
+    auto = engine()
+    assert auto.runner.model.attention is auto.runner.attention
+    assert auto.runner.attention.name == "cpu"  # float32 on CPU: the fast path
+    want = tokens(auto.generate_batch(prompts, GREEDY))
     forced = engine(attention_backend="torch")
-    assert all(layer.self_attn.backend == "torch" for layer in forced.runner.model.layers)
+    assert forced.runner.model.attention.name == "torch"
+    assert forced.perf_class.endswith("| torch")
     assert tokens(forced.generate_batch(prompts, GREEDY)) == want
     with pytest.raises(ValueError, match="valid choices"):
         engine(attention_backend="cuda-magic")

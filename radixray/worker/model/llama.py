@@ -5,8 +5,11 @@ Per layer and step::
 
     h [T, hidden] -> RMSNorm -> qkv_proj -> q [T, Hq, D], k/v [T, Hkv, D]
       -> RoPE(q, k at positions)
-      -> kernels.store_kv(k, v, k_cache[l], v_cache[l], slot_mapping)        new K/V into pages
-      -> kernels.extend_attention(q, k_cache[l], v_cache[l], block_table, ...) cached + new context
+      -> backend.store(plan, k, v, k_cache[l], v_cache[l])     new K/V into pages
+      -> backend.attend(plan, q, k_cache[l], v_cache[l])       cached + new context
+
+``backend`` is the attention backend chosen once (radixray.kernels.make_backend; the model runner
+builds it at start-up) and ``plan`` the step's metadata it prepared once for all layers.
       -> o_proj -> + residual -> RMSNorm -> SwiGLU MLP -> + residual
 
 Weights are named as in HF transformers' ``LlamaForCausalLM`` at the boundary
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixray import kernels
+from radixray.kernels import AttentionBackend, make_backend
 from radixray.model_meta.config import ModelConfig
 
 from .attention import AttentionMetadata
@@ -86,7 +89,6 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim**-0.5
-        self.backend: str | None = None  # attention backend (None: best available / env var)
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, device)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, device)
 
@@ -95,29 +97,18 @@ class Attention(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn: AttentionMetadata,
+        backend: AttentionBackend,
+        plan,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        plan=None,
     ) -> torch.Tensor:
         T = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping, self.backend, plan=plan)
-        out = kernels.extend_attention(
-            q,
-            k_cache,
-            v_cache,
-            attn.block_table,
-            attn.cu_seqlens_q,
-            attn.seq_lens,
-            self.scale,
-            self.backend,
-            max_seqlen_q=attn.max_seqlen_q,
-            plan=plan,
-        )
+        backend.store(plan, k, v, k_cache, v_cache)
+        out = backend.attend(plan, q, k_cache, v_cache, self.scale)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
@@ -141,8 +132,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
         self.mlp = MLP(cfg, device)
 
-    def forward(self, h, cos, sin, attn, k_cache, v_cache, plan=None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, k_cache, v_cache, plan)
+    def forward(self, h, cos, sin, backend, plan, k_cache, v_cache) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, plan, k_cache, v_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -169,14 +160,34 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, self.device
         )
-        self.attention_backend: str | None = None
+        self.attention: AttentionBackend | None = None  # built for the first pool it meets
+        self._attention_name: str | None = None
 
-    def set_attention_backend(self, backend: str | None) -> None:
-        """Run every layer's attention on ``backend`` ("torch", "triton", "flash_attn"; None:
-        the best available, or RADIXRAY_ATTENTION_BACKEND)."""
-        self.attention_backend = backend
-        for layer in self.layers:
-            layer.self_attn.backend = backend
+    def set_attention_backend(self, backend: AttentionBackend | str | None) -> None:
+        """Run every layer's attention on ``backend``: an object from
+        :func:`radixray.kernels.make_backend` (what the model runner passes), or a name
+        ("flash_attn", "triton", "cpu", "torch"; None: RADIXRAY_ATTENTION_BACKEND, else the best
+        available) built for the first pool the model runs on."""
+        if isinstance(backend, AttentionBackend):
+            self.attention, self._attention_name = backend, backend.name
+        else:
+            self.attention, self._attention_name = None, backend
+
+    def _attention_for(self, k_cache: torch.Tensor) -> AttentionBackend:
+        """The backend for this pool (``k_cache [layers, pages, P, Hkv, D]``); built once, and
+        again only if the model is later run on a pool of another kind."""
+        backend, P = self.attention, k_cache.shape[2]
+        if (
+            backend is None
+            or backend.page_size != P
+            or backend.dtype != k_cache.dtype
+            or backend.device != k_cache.device
+        ):
+            backend = make_backend(
+                self._attention_name, k_cache.device, k_cache.dtype, P, self.config.head_dim
+            )
+            self.attention = backend
+        return backend
 
     # --- forward ------------------------------------------------------------------------------
 
@@ -213,18 +224,14 @@ class LlamaModel(nn.Module):
             )
         h = self.embed_tokens(input_ids)
         cos, sin = self.rope(positions)
-        # Where the batch's tokens sit in the pool is the same for every layer: on CPU the
-        # attention fast path works it out once per step (None elsewhere: the kernels do it).
-        plan = kernels.cpu_plan(
-            attn.block_table,
-            attn.cu_seqlens_q,
-            attn.seq_lens,
-            attn.slot_mapping,
-            k_cache[0],
-            self.attention_backend,
+        # Where the batch's tokens sit in the pool is the same for every layer: the backend
+        # works it out once per step.
+        backend = self._attention_for(k_cache)
+        plan = backend.prepare(
+            attn.slot_mapping, attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.max_seqlen_q
         )
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, attn, k_cache[i], v_cache[i], plan)
+            h = layer(h, cos, sin, backend, plan, k_cache[i], v_cache[i])
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         h = self.norm(h[logits_indices])
