@@ -36,10 +36,12 @@ format: $(STAMP)
 test: lint
 	RAY_AUTH_MODE=disabled RADIXRAY_HF_LIVE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: everything but the integration tests (Ray, Serve, subprocesses, soak,
-# schemathesis, notebook), which `make test` (and CI) still run.
+# The inner loop: everything but the integration tests (Ray, Serve, subprocesses incl. the
+# Triton interpreter, soak, schemathesis, notebook), which `make test` (and CI) still run.
+# One OpenMP thread per test process: two processes of two threads each on two cores ran 1.7x
+# slower than this (the threads spin at every barrier while the other process holds the core).
 test-fast: lint
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -m "not integration" -n 2 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled $(PY) -m pytest -m "not integration" -n 2 $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(VENV)/bin/radixray serve --workers 2 --model smollm2 --host 127.0.0.1 --port 8000

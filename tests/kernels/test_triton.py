@@ -18,9 +18,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("triton_cases.py")
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="triton is not installed"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None, reason="triton is not installed"
+    ),
+    pytest.mark.integration,  # subprocesses, ~45 s under the interpreter: `make test` runs them
+]
 
 
 @pytest.mark.parametrize("group", ["decode", "extend", "store_kv", "non_contiguous or public_api"])
