@@ -9,12 +9,12 @@ import logging
 import os
 import sys
 
+from radixray.api.server import serve_uvicorn
+
 __all__ = ["main"]
 
 log = logging.getLogger("radixray")
-NAMESPACE = "radixray"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-ACTOR_PREFIX = "radixray-"  # worker actors are named radixray-<worker id>
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -99,45 +99,18 @@ def _settings(args, policy: str):
     )
 
 
-def _serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
-    """Serve ``app`` until interrupted, on uvloop with httptools where installed (the event
-    loop and the HTTP parser in C: a router spends most of its CPU in them)."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", http="auto", loop="none"
-    )
-    server = uvicorn.Server(config)
-
-    async def run():
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.05)
-        if server.started and on_ready:
-            on_ready()
-        await task
-
-    factory = _loop_factory()
-    if factory is None or not hasattr(asyncio, "Runner"):  # Python 3.10: the standard loop
-        asyncio.run(run())
-        return
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(run())
-
-
-def _loop_factory():
-    try:
-        import uvloop
-    except ImportError:  # not on this platform: the standard loop
-        return None
-    return uvloop.new_event_loop
-
-
 def cmd_serve(args) -> int:
     if args.worker_urls:
         return _serve_http_workers(args)
     import ray
 
+    from radixray.deploy.cluster import (
+        ACTOR_PREFIX,
+        NAMESPACE,
+        actor_client,
+        cluster_token,
+        named_workers,
+    )
     from radixray.model_meta import load_model_meta
     from radixray.router.app import build_app
     from radixray.router.service import RouterService
@@ -152,7 +125,7 @@ def cmd_serve(args) -> int:
     if not use_gpu and args.cpu_threads is None:
         args.cpu_threads = max(1, (os.cpu_count() or 1) // max(args.workers, 1))
     meta = load_model_meta(args.model)
-    token = _ray_cluster_token(args.cluster_token)
+    token = cluster_token(args.cluster_token)
 
     async def factory(spec: dict):
         wid = spec["worker_id"]
@@ -164,7 +137,7 @@ def cmd_serve(args) -> int:
                 use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
             ),
         ).remote(cfg, wid)
-        return await _actor_client(handle, wid, args.worker_transport, token, owned=True)
+        return await actor_client(handle, wid, args.worker_transport, token, owned=True)
 
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
     from radixray.router.fleet_metrics import RayKVStore
@@ -173,11 +146,11 @@ def cmd_serve(args) -> int:
 
     async def start_workers():
         if args.join:
-            names = _named_workers()
+            names = named_workers()
             print(f"joining {len(names)} running workers", flush=True)
             clients = await asyncio.gather(
                 *(
-                    _actor_client(h, wid, args.worker_transport, token, owned=False)
+                    actor_client(h, wid, args.worker_transport, token, owned=False)
                     for wid, h in names.items()
                 )
             )
@@ -201,7 +174,7 @@ def cmd_serve(args) -> int:
         )
 
     try:
-        _serve_uvicorn(app, args.host, args.port, ready)
+        serve_uvicorn(app, args.host, args.port, ready)
     finally:
         if args.join:  # the workers belong to the router that started them
             asyncio.run(service.stop())
@@ -218,54 +191,6 @@ def _json_dict(text: str) -> dict:
     ):
         raise argparse.ArgumentTypeError(f"expected a JSON object of positive numbers: {text}")
     return value
-
-
-def _named_workers() -> dict:
-    """``{worker id: actor handle}`` of every running radixray worker actor in the namespace
-    (for --join)."""
-    import ray
-
-    names = sorted(
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["name"].startswith(ACTOR_PREFIX) and a["namespace"] == NAMESPACE
-    )
-    if not names:
-        raise SystemExit(
-            f"--join: no worker actors named {ACTOR_PREFIX}* in namespace {NAMESPACE!r}"
-        )
-    return {n[len(ACTOR_PREFIX) :]: ray.get_actor(n, namespace=NAMESPACE) for n in names}
-
-
-_TOKEN_KEY = b"cluster_token"
-
-
-def _ray_cluster_token(given: str | None) -> str:
-    """The token of the worker actors' internal routes: given, or the one the cluster's first
-    router stored in Ray's key-value store (a joining router finds it there), or a new one."""
-    import secrets
-
-    from ray.experimental import internal_kv
-
-    if given:
-        return given
-    # Put-if-absent, then read: two routers starting at once agree on one token.
-    internal_kv._internal_kv_put(
-        _TOKEN_KEY, secrets.token_urlsafe(32).encode(), overwrite=False, namespace=NAMESPACE
-    )
-    return internal_kv._internal_kv_get(_TOKEN_KEY, namespace=NAMESPACE).decode()
-
-
-async def _actor_client(handle, worker_id: str, transport: str, token: str, owned: bool):
-    """The router's client for one worker actor: over the actor's own HTTP server ("http",
-    the default: Ray places and runs it, requests go over HTTP) or through actor calls
-    ("ray"). ``owned``: closing the client kills the actor."""
-    from radixray.protocol import RayHttpTransport, RayTransport, WorkerClient
-
-    if transport == "ray":
-        return WorkerClient(RayTransport(handle, kill_on_close=owned), worker_id)
-    url = await handle.start_http.remote(None, 0, token)
-    return WorkerClient(RayHttpTransport(handle, url, token, kill_on_close=owned), worker_id)
 
 
 def _serve_http_workers(args) -> int:
@@ -289,7 +214,7 @@ def _serve_http_workers(args) -> int:
         print(f"radixray router on {url} (policy {args.policy}, {n} HTTP workers)", flush=True)
 
     try:
-        _serve_uvicorn(app, args.host, args.port, ready)
+        serve_uvicorn(app, args.host, args.port, ready)
     finally:
         asyncio.run(service.close())
     return 0
@@ -355,7 +280,7 @@ def cmd_worker(args) -> int:
         print(f"radixray worker {worker_id} on http://{args.host}:{args.port}", flush=True)
 
     try:
-        _serve_uvicorn(app, args.host, args.port, ready)
+        serve_uvicorn(app, args.host, args.port, ready)
     finally:
         host.shutdown()
     return 0

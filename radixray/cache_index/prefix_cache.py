@@ -14,6 +14,8 @@ Ownership protocol between a cache and its caller (the scheduler):
 
 Page accounting: at every moment a page is exactly one of free (in the allocator), in the cache,
 or private to one caller. ``check_integrity(held_pages)`` proves it.
+
+(Over 400 lines on purpose: this protocol and its two implementations are read together.)
 """
 
 from __future__ import annotations

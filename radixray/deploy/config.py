@@ -61,6 +61,25 @@ def _build(cls, owner: str, data: Mapping | None):
     return cls(**data)
 
 
+def _check_autoscaling(owner: str, a) -> None:
+    """Serve's autoscaling_config, which must keep at least one replica."""
+    if a is None:
+        return
+    if not isinstance(a, Mapping):
+        raise ValueError(f"{owner}.autoscaling_config must be a mapping, got {a!r}")
+    if a.get("min_replicas", 1) < 1:
+        raise ValueError(
+            f"{owner}.autoscaling_config.min_replicas must be >= 1, got {a['min_replicas']}"
+        )
+
+
+def _replicas(num_replicas: int, autoscaling_config: dict | None) -> dict:
+    """Serve's replica options: autoscaling when configured, else a fixed count."""
+    if autoscaling_config:
+        return {"autoscaling_config": dict(autoscaling_config)}
+    return {"num_replicas": num_replicas}
+
+
 @dataclass(frozen=True)
 class WorkerDeploymentConfig:
     """The worker deployment: one engine per replica."""
@@ -78,16 +97,9 @@ class WorkerDeploymentConfig:
         _positive_int(o, "max_ongoing_requests", self.max_ongoing_requests)
         for name in ("num_cpus", "num_gpus", "graceful_shutdown_timeout_s"):
             _nonneg(o, name, getattr(self, name))
-        a = self.autoscaling_config
-        if a is not None:
-            if not isinstance(a, Mapping):
-                raise ValueError(f"workers.autoscaling_config must be a mapping, got {a!r}")
-            # Scale-to-zero would leave the router with nothing to route to and no way to wake
-            # a worker (requests never reach a worker replica's queue): keep one.
-            if a.get("min_replicas", 1) < 1:
-                raise ValueError(
-                    f"workers.autoscaling_config.min_replicas must be >= 1, got {a['min_replicas']}"
-                )
+        # Scale-to-zero would leave the router with nothing to route to and no way to wake a
+        # worker (requests never reach a worker replica's queue): keep one.
+        _check_autoscaling(o, self.autoscaling_config)
 
     @property
     def initial_replicas(self) -> int:
@@ -106,11 +118,7 @@ class WorkerDeploymentConfig:
             # would drown the log. Errors are still logged.
             "logging_config": {"enable_access_log": False},
         }
-        if self.autoscaling_config:
-            opts["autoscaling_config"] = dict(self.autoscaling_config)
-        else:
-            opts["num_replicas"] = self.num_replicas
-        return opts
+        return opts | _replicas(self.num_replicas, self.autoscaling_config)
 
 
 @dataclass(frozen=True)
@@ -132,14 +140,7 @@ class RouterDeploymentConfig:
         _positive_int(o, "max_ongoing_requests", self.max_ongoing_requests)
         _nonneg(o, "num_cpus", self.num_cpus)
         _nonneg(o, "startup_wait_s", self.startup_wait_s)
-        a = self.autoscaling_config
-        if a is not None:
-            if not isinstance(a, Mapping):
-                raise ValueError(f"router.autoscaling_config must be a mapping, got {a!r}")
-            if a.get("min_replicas", 1) < 1:  # no router, no way in
-                raise ValueError(
-                    f"router.autoscaling_config.min_replicas must be >= 1, got {a['min_replicas']}"
-                )
+        _check_autoscaling(o, self.autoscaling_config)  # no router, no way in
         for owned in ("policy", "page_size", "admin_token"):
             if owned in self.settings:
                 where = (
@@ -154,11 +155,7 @@ class RouterDeploymentConfig:
             "ray_actor_options": {"num_cpus": self.num_cpus},
             "max_ongoing_requests": self.max_ongoing_requests,
         }
-        if self.autoscaling_config:
-            opts["autoscaling_config"] = dict(self.autoscaling_config)
-        else:
-            opts["num_replicas"] = self.num_replicas
-        return opts
+        return opts | _replicas(self.num_replicas, self.autoscaling_config)
 
 
 @dataclass(frozen=True)

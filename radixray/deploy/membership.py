@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from radixray.periodic import Periodic
 from radixray.router.service import RouterService
 
 __all__ = ["ReplicaMembership"]
@@ -42,7 +43,7 @@ class ReplicaMembership:
         self.interval_s = interval_s
         self._seen: set[str] = set()
         self._adding: dict[str, asyncio.Task] = {}
-        self._task: asyncio.Task | None = None
+        self._ticker = Periodic(self.sync_once, interval_s, "worker membership sync", log)
 
     async def sync_once(self) -> None:
         running = self.list_replicas()
@@ -82,22 +83,13 @@ class ReplicaMembership:
                 return have
             await asyncio.sleep(min(0.2, self.interval_s))
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.sync_once()
-            except Exception:  # never let membership die: log and try again
-                log.exception("worker membership sync failed")
-            await asyncio.sleep(self.interval_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._ticker.start()
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._adding.values()) if t is not None]
-        for t in tasks:
+        await self._ticker.stop()
+        adding = list(self._adding.values())
+        for t in adding:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = None
+        await asyncio.gather(*adding, return_exceptions=True)
         self._adding.clear()

@@ -63,6 +63,12 @@ class PagedStep:
     max_seqlen_q: int | None  # a host int (never read from a device tensor); None = unknown
     decode_only: bool  # every sequence has exactly one new token
 
+    def extend(self, fn, q, k_cache, v_cache, scale: float) -> torch.Tensor:
+        """``fn``, an extend kernel with the signature of reference.extend_attention plus
+        ``max_seqlen_q``, over this step."""
+        args = (self.block_table, self.cu_seqlens_q, self.seq_lens, scale)
+        return fn(q, k_cache, v_cache, *args, max_seqlen_q=self.max_seqlen_q)
+
 
 class AttentionBackend:
     """Paged attention for one pool. Subclasses set ``name`` and implement ``unavailable``,
@@ -196,16 +202,7 @@ class TritonBackend(AttentionBackend):
     def attend(self, plan, q, k_cache, v_cache, scale):
         if plan.decode_only:
             return self._decode(q, k_cache, v_cache, plan.block_table, plan.seq_lens, scale)
-        return self._extend(
-            q,
-            k_cache,
-            v_cache,
-            plan.block_table,
-            plan.cu_seqlens_q,
-            plan.seq_lens,
-            scale,
-            max_seqlen_q=plan.max_seqlen_q,
-        )
+        return plan.extend(self._extend, q, k_cache, v_cache, scale)
 
     def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale):
         return self._decode(q, k_cache, v_cache, block_table, seq_lens, scale)
@@ -235,16 +232,7 @@ class FlashAttnBackend(AttentionBackend):
         self._store(k, v, k_cache, v_cache, plan.slot_mapping)
 
     def attend(self, plan, q, k_cache, v_cache, scale):
-        return flash_attn.extend_attention(
-            q,
-            k_cache,
-            v_cache,
-            plan.block_table,
-            plan.cu_seqlens_q,
-            plan.seq_lens,
-            scale,
-            max_seqlen_q=plan.max_seqlen_q,
-        )
+        return plan.extend(flash_attn.extend_attention, q, k_cache, v_cache, scale)
 
     def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale):
         return flash_attn.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)

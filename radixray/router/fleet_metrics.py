@@ -22,6 +22,8 @@ import time
 from collections import defaultdict
 from typing import Protocol
 
+from radixray.periodic import Periodic
+
 log = logging.getLogger(__name__)
 
 __all__ = ["FleetMetrics", "KVStore", "RayKVStore"]
@@ -75,7 +77,10 @@ class FleetMetrics:
         self.store = store
         self.period_s = period_s
         self.stale_s = stale_s
-        self._task: asyncio.Task | None = None
+        # the store may be briefly unreachable: the next period tries again
+        self._ticker = Periodic(
+            lambda: asyncio.to_thread(self.publish), period_s, "fleet metrics: publishing", log
+        )
 
     def snapshot(self) -> bytes:
         """This router's counters and histograms: ``{"ts", "types", "samples"}`` as JSON."""
@@ -131,23 +136,11 @@ class FleetMetrics:
                 )
         return ("\n".join(lines) + "\n").encode()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self.publish)
-            except Exception:  # the store may be briefly unreachable: try again next period
-                log.exception("fleet metrics: publishing failed")
-            await asyncio.sleep(self.period_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._ticker.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._ticker.stop()
 
 
 def _escape(value: str) -> str:

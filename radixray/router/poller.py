@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from radixray.cache_index.events import decode
+from radixray.periodic import Periodic
 from radixray.protocol import RequestError
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class Poller:
         self.pool = pool
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._task: asyncio.Task | None = None
+        self._ticker = Periodic(self.poll_all, interval_s, "worker poll", log)
         self._extra: set[asyncio.Task] = set()
 
     async def poll(self, entry: WorkerEntry) -> None:
@@ -86,20 +87,8 @@ class Poller:
     async def poll_all(self) -> None:
         await asyncio.gather(*(self.poll(e) for e in list(self.pool.workers.values())))
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.poll_all()
-            except Exception:  # never let the feed die: log and keep polling
-                log.exception("worker poll failed")
-            await asyncio.sleep(self.interval_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._ticker.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._ticker.stop()

@@ -39,7 +39,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .engine_loop import EngineLoop
 from .memory_pool import KVPool
-from .model_runner import ModelRunner, load_for_engine
+from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .request import Completion, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
@@ -73,7 +73,7 @@ class Engine:
         """``loaded``: an already loaded (model, model_config, tokenizer) to share between
         engines (tests); by default the model named in the config is loaded."""
         self.config = config = config or EngineConfig()
-        self.device = _resolve_device(config.device)
+        self.device = resolve_device(config.device)
         if config.cpu_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(config.cpu_threads)
         model, mcfg, tokenizer = loaded or load_for_engine(config, self.device)
@@ -401,11 +401,3 @@ class Engine:
 
     def __exit__(self, *exc):
         self.shutdown()
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return torch.device(device)

@@ -10,7 +10,7 @@ from .memory_pool import KVPool
 from .model.attention import AttentionMetadata
 from .scheduler import Batch
 
-__all__ = ["ModelRunner", "load_for_engine"]
+__all__ = ["ModelRunner", "load_for_engine", "resolve_device"]
 
 from .memory_pool import DTYPES as _DTYPES
 
@@ -68,3 +68,12 @@ def _token_slice(req, start: int, end: int) -> list[int]:
     if start >= n:
         return req.output_ids[start - n : end - n]
     return prompt[start:] + req.output_ids[: end - n]
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device for EngineConfig.device ("auto": CUDA when there is one)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return torch.device(device)
