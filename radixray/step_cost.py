@@ -12,9 +12,13 @@ Pure Python, no torch: the router imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
-__all__ = ["StepCostModel", "fit_moments", "sum_moments"]
+__all__ = ["PRIOR_PREFILL_TPS", "StepCostModel", "fit_moments", "pooled_fits", "sum_moments"]
+
+# Before any worker has measured its prefill rate: a CPU worker on the default model is in the
+# thousands of tokens/s range; only the ratio between workers matters to the policies.
+PRIOR_PREFILL_TPS = 1000.0
 
 
 def fit_moments(moments: Sequence[float]) -> tuple[float, float] | None:
@@ -46,6 +50,39 @@ def sum_moments(many: Iterable[Sequence[float]]) -> list[float]:
         for i in range(5):
             total[i] += m[i]
     return total
+
+
+def pooled_fits(
+    workers: Iterable[
+        tuple[Hashable, Hashable | None, Sequence[float] | None, tuple[float, float] | None]
+    ],
+) -> dict[Hashable, tuple[float, float]]:
+    """Each worker's ``(overhead_s, tokens_per_s)``, pooled over its performance class.
+
+    ``workers``: ``(worker id, perf class or None, fit moments or None, own fit or None)``.
+    Workers of one class share one fit over all their moments, so a router compares their load
+    and cache, not the noise between their separate fits. A worker with no class is a class of
+    its own; one with no moments keeps its own fit; one with neither borrows the mean rate of
+    those that have one, else ``PRIOR_PREFILL_TPS``, so a new worker is neither shunned nor
+    flooded. The live router and the simulator both call this.
+    """
+    workers = list(workers)
+    groups: dict[Hashable, list] = {}
+    for w in workers:
+        wid, perf_class, _, _ = w
+        groups.setdefault(("worker", wid) if perf_class is None else perf_class, []).append(w)
+    fits: dict[Hashable, tuple[float, float]] = {}
+    for members in groups.values():
+        moments = [m for _, _, m, _ in members if m is not None and m[0] > 0]
+        pooled = fit_moments(sum_moments(moments)) if moments else None
+        for wid, _, _, own in members:
+            fit = pooled or own
+            if fit is not None:
+                fits[wid] = fit
+    prior = sum(rate for _, rate in fits.values()) / len(fits) if fits else PRIOR_PREFILL_TPS
+    for wid, *_ in workers:
+        fits.setdefault(wid, (0.0, prior))
+    return fits
 
 
 class StepCostModel:

@@ -12,36 +12,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from radixray.step_cost import fit_moments, sum_moments
+from radixray.step_cost import PRIOR_PREFILL_TPS, pooled_fits
 
 if TYPE_CHECKING:
     from .worker_pool import WorkerEntry
 
 __all__ = ["pooled_prefill_fits", "PRIOR_PREFILL_TPS"]
 
-# Before any worker has measured its prefill rate: a CPU worker on the default model is in the
-# thousands of tokens/s range; only the ratio between workers matters to the policies.
-PRIOR_PREFILL_TPS = 1000.0
-
 
 def pooled_prefill_fits(entries: Iterable[WorkerEntry]) -> dict[str, tuple[float, float]]:
-    entries = list(entries)
-    groups: dict[object, list[WorkerEntry]] = {}
-    for e in entries:
-        groups.setdefault(e.info.perf_class or ("worker", e.worker_id), []).append(e)
-    fits: dict[str, tuple[float, float]] = {}
-    for members in groups.values():
-        moments = [
-            e.report.prefill_fit_moments for e in members if e.report.prefill_fit_moments[0] > 0
-        ]
-        pooled = fit_moments(sum_moments(moments)) if moments else None
-        for e in members:
-            r = e.report
-            if pooled is not None:
-                fits[e.worker_id] = pooled
-            elif r.prefill_tokens_per_s:
-                fits[e.worker_id] = (r.prefill_overhead_s or 0.0, r.prefill_tokens_per_s)
-    prior = sum(rate for _, rate in fits.values()) / len(fits) if fits else PRIOR_PREFILL_TPS
-    for e in entries:
-        fits.setdefault(e.worker_id, (0.0, prior))
-    return fits
+    """Each entry's fit from its last report (``radixray.step_cost.pooled_fits``)."""
+    return pooled_fits(
+        (
+            e.worker_id,
+            e.info.perf_class or None,
+            e.report.prefill_fit_moments,
+            (e.report.prefill_overhead_s or 0.0, e.report.prefill_tokens_per_s)
+            if e.report.prefill_tokens_per_s
+            else None,
+        )
+        for e in entries
+    )

@@ -17,9 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex, hash_blocks
 from radixray.protocol import (
@@ -31,8 +29,8 @@ from radixray.protocol import (
     WorkerUnavailable,
 )
 
-from .herding import HerdAlarm
-from .policies import Decision, NoHealthyWorker, Policy, RoutingRequest
+from .dispatch import DecisionRecord, Dispatcher
+from .policies import NoHealthyWorker, Policy, RoutingRequest
 from .worker_pool import WorkerPool
 
 __all__ = ["Router", "RoutedStream", "DecisionRecord", "NoWorkerAvailable", "RequestFailed"]
@@ -47,35 +45,6 @@ class NoWorkerAvailable(WorkerUnavailable):
 class RequestFailed(EngineFailure):
     """Workers' engines failed while running this request, on more than one worker: likely the
     request itself trips them, so it is not retried further (a server error, not the client's)."""
-
-
-@dataclass
-class DecisionRecord:
-    request_id: str
-    worker_id: str
-    router_id: str | None
-    reason: str
-    prompt_tokens: int
-    predicted_cached_tokens: int
-    actual_cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    queued_prefill_tokens: int = 0
-    running: int = 0
-    attempts: int = 1
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    finish_reason: str | None = None
-    error: str | None = None
-    ts: float = field(default_factory=time.time)
-    scores: dict = field(default_factory=dict)
-    miss: dict | None = None
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["scores"] = {
-            str(k): round(v, 6) if isinstance(v, float) else v for k, v in self.scores.items()
-        }
-        return d
 
 
 class RoutedStream:
@@ -182,16 +151,27 @@ class Router:
         self.pool = pool
         self.index = index or pool.index
         self.page_size = self.index.page_size
-        self.policy = policy
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
-        self.decisions: deque[DecisionRecord] = deque(maxlen=decision_log_size)
         self._ids = itertools.count()
         self.max_inflight_per_worker = max_inflight_per_worker
         self.router_id = router_id
-        self.herd = HerdAlarm(herd_window)
-        self.listeners = []  # callables(record) on completion (metrics)
-        self.mispredictions = 0
+        self.dispatch = Dispatcher(
+            policy,
+            self.index,
+            router_id=router_id,
+            herd_window=herd_window,
+            decision_log_size=decision_log_size,
+        )
+
+    @property
+    def policy(self) -> Policy:
+        """The policy routing this router's requests (its dispatcher's)."""
+        return self.dispatch.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.dispatch.policy = policy
 
     def new_request_id(self) -> str:
         return f"rr-{int(time.time() * 1000):x}-{next(self._ids)}"
@@ -223,7 +203,7 @@ class Router:
                 )
             self.policy.fleet = self.pool.fleet_position()
             try:
-                decision = self.policy.choose(rr, states, self.index)
+                decision, record = self.dispatch.decide(rr, states, attempt)
             except NoHealthyWorker:
                 if engine_failures:  # nowhere left to retry: the failure was an engine's
                     raise RequestFailed(
@@ -231,13 +211,9 @@ class Router:
                     ) from None
                 raise NoWorkerAvailable(f"No worker is available: {last_error}") from None
             wid = decision.worker_id
-            record = self._record(rr, decision, states, attempt)
-            self.herd.observe(wid, states, record)
             entry = self.pool.workers[wid]
             predicted = min(decision.predicted_cached_tokens, max(len(prompt_ids) - 1, 0))
             self.pool.track_dispatch(wid, request_id, len(prompt_ids) - predicted, len(prompt_ids))
-            self.index.insert(wid, hashes)  # optimistic: it will hold them after prefill
-            self.policy.on_dispatch(decision, rr)
             agen = entry.client.generate(req)
             try:
                 first = await agen.__anext__()
@@ -246,7 +222,7 @@ class Router:
                 excluded.add(wid)
                 last_error = f"worker {wid}: {e.message}"
                 record.error = last_error
-                self.decisions.append(record)
+                self.dispatch.log(record)
                 if isinstance(e, WorkerUnavailable):
                     self.pool.mark_down(wid, e.message)
                 elif isinstance(e, EngineFailure):
@@ -270,21 +246,6 @@ class Router:
             return RoutedStream(self, wid, request_id, agen, first, record, started, on_close)
         raise NoWorkerAvailable(f"gave up after {self.max_retries + 1} attempts: {last_error}")
 
-    def _record(self, rr: RoutingRequest, d: Decision, states, attempt: int) -> DecisionRecord:
-        st = next((s for s in states if s.worker_id == d.worker_id), None)
-        return DecisionRecord(
-            request_id=str(rr.request_id),
-            worker_id=str(d.worker_id),
-            router_id=self.router_id,
-            reason=d.reason,
-            prompt_tokens=rr.num_tokens,
-            predicted_cached_tokens=d.predicted_cached_tokens,
-            queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
-            running=st.running if st else 0,
-            attempts=attempt,
-            scores=dict(d.scores),
-        )
-
     def _complete(self, stream: RoutedStream, final: StreamChunk | None, error: str | None):
         rec = stream.record
         wid = stream.worker_id
@@ -295,21 +256,12 @@ class Router:
             rec.error = error
         else:
             rec.finish_reason = final.finish_reason
-            actual = final.cached_tokens
-            rec.actual_cached_tokens = actual
             rec.completion_tokens = final.completion_tokens
             rec.miss = dict(final.miss) if final.miss else None
-            if actual < rec.predicted_cached_tokens:
+            if self.dispatch.complete(rec, stream.request_id, final.cached_tokens):
                 # The index promised blocks the worker did not have: its view of this worker is
                 # stale (an eviction not yet reported). The blocks themselves are right again
                 # now (the worker just computed them), so resync from the worker's own events
                 # at once instead of waiting for the next poll.
-                self.mispredictions += 1
                 self.pool.poll_now(wid)
-            self.policy.on_complete(stream.request_id, wid, actual)
-        self.decisions.append(rec)
-        for fn in self.listeners:
-            try:
-                fn(rec)
-            except Exception:  # metrics must never break serving
-                log.exception("decision listener failed")
+        self.dispatch.log(rec)

@@ -84,14 +84,14 @@ async def metrics(service: Service):
 
 @ops_router.get("/debug/decisions", dependencies=debug)
 async def decisions(service: Service, limit: int = 100):
-    limit = max(1, min(limit, len(service.router.decisions) or 1))
-    recs = list(service.router.decisions)[-limit:]
+    limit = max(1, min(limit, len(service.router.dispatch.decisions) or 1))
+    recs = list(service.router.dispatch.decisions)[-limit:]
     return {
         "router_id": service.router_id,
         "decisions": [r.as_dict() for r in recs],
         "policy": service.policy.name,
-        "mispredictions": service.router.mispredictions,
-        "herding": list(service.router.herd.active.values()),
+        "mispredictions": service.router.dispatch.mispredictions,
+        "herding": list(service.router.dispatch.herd.active.values()),
     }
 
 

@@ -93,7 +93,7 @@ class RouterService:
         )
         self.metrics = RouterMetrics(self.router_id)
         self.fleet_metrics: FleetMetrics | None = None  # set where routers share a store (Ray)
-        self.router.listeners.append(self.metrics.on_decision)
+        self.router.dispatch.listeners.append(self.metrics.on_decision)
         self.worker_factory = worker_factory
         self.inflight = 0
         self._drains: set[asyncio.Task] = set()
@@ -135,7 +135,7 @@ class RouterService:
 
     async def render_metrics(self) -> bytes:
         self.metrics.refresh(self.pool)
-        self.metrics.refresh_herding(self.router.herd, self.pool.workers)
+        self.metrics.refresh_herding(self.router.dispatch.herd, self.pool.workers)
         text = self.metrics.render()
         if self.fleet_metrics is not None:
             try:

@@ -2,9 +2,9 @@
 
 Events, in time order (ties: step ends and KV-event deliveries before arrivals, then FIFO)::
 
-    arrival      build WorkerState for every worker, policy.choose(...), record the decision,
-                 optimistically index the request's blocks on the chosen worker (the live
-                 router's "learn from its own decisions"), enqueue it there
+    arrival      build WorkerState for every worker and route with the live router's
+                 ``Dispatcher`` (policy.choose, the record, the optimistic index entry,
+                 on_dispatch), enqueue it on the chosen worker
     step end     a worker finishes a forward step: tokens, first tokens, finishes; it emits KV
                  events, delivered to the router's index ``event_delay_s`` later
     kv events    ApproxIndex.apply(worker, events): stale optimistic entries are corrected
@@ -20,8 +20,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex
+from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
-from radixray.step_cost import fit_moments, sum_moments
+from radixray.step_cost import pooled_fits
 
 from .metrics import RequestRecord, RunResult, ceiling
 from .timing import TIMING_PRESETS, TimingModel
@@ -74,124 +75,154 @@ class Simulator:
         self.policy = policy
 
     def run(self, progress: bool | str = False) -> RunResult:
-        cfg = self.config
-        wl = self.workload
+        label = progress if isinstance(progress, str) else self.policy.name
+        return _Run(self.workload, self.policy, self.config).execute(label if progress else None)
+
+
+class _Run:
+    """One run's state: the workers, the router's index and dispatcher, the event heap."""
+
+    def __init__(self, workload: Workload, policy: Policy, cfg: SimConfig):
+        self.wl, self.policy, self.cfg = workload, policy, cfg
         P = cfg.page_size
-        policy = self.policy
-        hashes = wl.block_hashes(P)
-        index = ApproxIndex(P, cfg.index_max_blocks or cfg.num_pages)
-        records: list[RequestRecord | None] = [None] * len(wl.requests)
-        pos_of = {r.rid: i for i, r in enumerate(wl.requests)}
-        finished = [0] * len(wl.requests)
-
-        def on_first_token(st: ReqState, now: float) -> None:
-            rec = records[pos_of[st.req.rid]]
-            rec.first_token = now
-            rec.cached = st.cached
-
-        def on_finish(st: ReqState, now: float) -> None:
-            i = pos_of[st.req.rid]
-            finished[i] += 1
-            rec = records[i]
-            rec.finish = now
-            policy.on_complete(st.req.rid, rec.worker, st.cached)
-
-        emit = cfg.event_delay_s is not None
-        workers = [
+        self.hashes = workload.block_hashes(P)
+        self.index = ApproxIndex(P, cfg.index_max_blocks or cfg.num_pages)
+        # The live router's dispatch steps, with no decision log: records are kept below.
+        self.dispatch = Dispatcher(
+            policy, self.index, optimistic=cfg.optimistic_index, herd_window=0, decision_log_size=0
+        )
+        n = len(workload.requests)
+        self.records: list[RequestRecord | None] = [None] * n
+        self.decisions: list[DecisionRecord | None] = [None] * n
+        self.pos_of = {r.rid: i for i, r in enumerate(workload.requests)}
+        self.finished = [0] * n
+        self.emit = cfg.event_delay_s is not None
+        self.workers = [
             SimWorker(
-                w, cfg.num_pages, P, cfg.timing, wl, cfg.eviction, emit, on_first_token, on_finish
+                w,
+                cfg.num_pages,
+                P,
+                cfg.timing,
+                workload,
+                cfg.eviction,
+                self.emit,
+                self._on_first_token,
+                self._on_finish,
             )
             for w in range(cfg.num_workers)
         ]
-        for w in workers:
-            index.add_worker(w.worker_id)
-        heap: list = []
-        seq = 0
-        delay = cfg.event_delay_s or 0.0
-        mem_peak = 0
-        steps = 0
+        for w in self.workers:
+            self.index.add_worker(w.worker_id)
+        self.heap: list = []
+        self.seq = 0
+        self.steps = 0
+        self.mem_peak = 0
+
+    # ------------------------------------------------------------------ callbacks from workers
+
+    def _on_first_token(self, st: ReqState, now: float) -> None:
+        rec = self.records[self.pos_of[st.req.rid]]
+        rec.first_token = now
+        rec.cached = st.cached
+
+    def _on_finish(self, st: ReqState, now: float) -> None:
+        i = self.pos_of[st.req.rid]
+        self.finished[i] += 1
+        self.records[i].finish = now
+        self.dispatch.complete(self.decisions[i], st.req.rid, st.cached)
+        self.decisions[i] = None  # its record is kept; the decision is no longer needed
+
+    # ------------------------------------------------------------------ events
+
+    def _after_step(self, w: SimWorker, dt: float | None, now: float) -> None:
+        """A worker's step started (``dt``: its duration) or it went idle (None); its KV events
+        leave for the router's index."""
+        if self.emit:
+            evs = w.cache.take_events()
+            if evs:
+                self.seq += 1
+                delay = self.cfg.event_delay_s
+                if delay:
+                    heapq.heappush(self.heap, (now + delay, 0, self.seq, _EVENTS, w.worker_id, evs))
+                else:
+                    self.index.apply(w.worker_id, evs)
+        if dt is not None:
+            self.seq += 1
+            heapq.heappush(self.heap, (now + dt, 0, self.seq, _STEP, w.worker_id, None))
+        self.steps += 1
+        if self.cfg.check_every and self.steps % self.cfg.check_every == 0:
+            for x in self.workers:
+                x.check_integrity()
+
+    def _next_event(self) -> None:
+        now, _, _, kind, wid, payload = heapq.heappop(self.heap)
+        if kind == _STEP:
+            w = self.workers[wid]
+            self._after_step(w, w.step_end(now), now)
+        else:
+            self.index.apply(wid, payload)
+
+    def _arrive(self, i: int) -> None:
+        """Route request ``i`` as the live router would and enqueue it on its worker."""
+        req, hs = self.wl.requests[i], self.hashes[i]
+        now = req.arrival
+        rreq = RoutingRequest(req.rid, req.num_tokens, hs, req.session, now)
+        # One timing model, one performance class: the router pools the workers' fits.
+        fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
+        states = [w.state(fits[w.worker_id]) for w in self.workers]
+        decision, self.decisions[i] = self.dispatch.decide(rreq, states)
+        wid = decision.worker_id
+        self.records[i] = RequestRecord(
+            req.rid, wid, now, req.num_tokens, decision.predicted_cached_tokens, decision.reason
+        )
+        w = self.workers[wid]
+        self._after_step(w, w.enqueue(req, hs, now), now)
+
+    def execute(self, progress: str | None) -> RunResult:
+        reqs = self.wl.requests
+        n = len(reqs)
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
-            label = progress if isinstance(progress, str) else policy.name
-            bar = tqdm(total=len(wl.requests), desc=label, unit="req", leave=False)
-
-        def after_step(w: SimWorker, dt: float | None, now: float) -> None:
-            nonlocal seq, steps
-            if emit:
-                evs = w.cache.take_events()
-                if evs:
-                    seq += 1
-                    if delay:
-                        heapq.heappush(heap, (now + delay, 0, seq, _EVENTS, w.worker_id, evs))
-                    else:
-                        index.apply(w.worker_id, evs)
-            if dt is not None:
-                seq += 1
-                heapq.heappush(heap, (now + dt, 0, seq, _STEP, w.worker_id, None))
-            steps += 1
-            if cfg.check_every and steps % cfg.check_every == 0:
-                for x in workers:
-                    x.check_integrity()
-
+            bar = tqdm(total=n, desc=progress, unit="req", leave=False)
         t0 = time.perf_counter()
-        reqs = wl.requests
-        n = len(reqs)
         i = 0
-        optimistic = cfg.optimistic_index
-        while i < n or heap:
-            if heap and (i >= n or heap[0][0] <= reqs[i].arrival):
-                now, _, _, kind, wid, payload = heapq.heappop(heap)
-                if kind == _STEP:
-                    w = workers[wid]
-                    after_step(w, w.step_end(now), now)
-                else:
-                    index.apply(wid, payload)
+        while i < n or self.heap:
+            if self.heap and (i >= n or self.heap[0][0] <= reqs[i].arrival):
+                self._next_event()
                 continue
-            req = reqs[i]
-            hs = hashes[i]
-            now = req.arrival
-            rreq = RoutingRequest(req.rid, req.num_tokens, hs, req.session, now)
-            # One timing model, one performance class: the router pools the workers' fits.
-            fit = fit_moments(sum_moments(w.prefill_cost.moments for w in workers))
-            decision = policy.choose(rreq, [w.state(fit) for w in workers], index)
-            wid = decision.worker_id
-            records[i] = RequestRecord(
-                req.rid, wid, now, req.num_tokens, decision.predicted_cached_tokens, decision.reason
-            )
-            if optimistic and hs:
-                index.insert(wid, hs)
-            policy.on_dispatch(decision, rreq)
-            w = workers[wid]
-            after_step(w, w.enqueue(req, hs, now), now)
+            self._arrive(i)
             i += 1
             if i % 1024 == 0:
-                mem_peak = max(mem_peak, index.memory_bytes())
+                self.mem_peak = max(self.mem_peak, self.index.memory_bytes())
             if bar is not None and i % 256 == 0:
                 bar.update(256)
         if bar is not None:
             bar.update(n - bar.n)
             bar.close()
-        wall = time.perf_counter() - t0
-        for w in workers:
+        return self._result(time.perf_counter() - t0)
+
+    def _result(self, wall: float) -> RunResult:
+        for w in self.workers:
             w.check_integrity()
-        bad = [reqs[k].rid for k in range(n) if finished[k] != 1]
+        reqs = self.wl.requests
+        bad = [reqs[k].rid for k in range(len(reqs)) if self.finished[k] != 1]
         if bad:
             raise AssertionError(f"{len(bad)} requests did not finish exactly once: {bad[:10]}")
-        mem = index.memory_bytes()
-        ceil_hit, _ = ceiling(wl, P)
+        mem = self.index.memory_bytes()
+        ceil_hit, _ = ceiling(self.wl, self.cfg.page_size)
         return RunResult(
-            policy=policy.name,
-            records=records,
-            busy_time=[w.busy_time for w in workers],
-            first_block_tokens=wl.first_block_tokens,
+            policy=self.policy.name,
+            records=self.records,
+            busy_time=[w.busy_time for w in self.workers],
+            first_block_tokens=self.wl.first_block_tokens,
             ceiling_tokens=ceil_hit,
             index_memory_bytes=mem,
-            index_memory_peak_bytes=max(mem, mem_peak),
+            index_memory_peak_bytes=max(mem, self.mem_peak),
             wall_s=wall,
-            config={**cfg.to_dict(), "workload": wl.name, **wl.description},
-            oversize=sum(w.oversize for w in workers),
+            config={**self.cfg.to_dict(), "workload": self.wl.name, **self.wl.description},
+            oversize=sum(w.oversize for w in self.workers),
         )
 
 

@@ -429,7 +429,7 @@ def test_overloaded_router_answers_429_with_retry_after():
                 assert e.type == "rate_limit_error" and e.response.headers["retry-after"] == "4"
                 # Refused before routing: no attempt recorded (the one in flight records its
                 # decision when it ends).
-                assert len(service.router.decisions) == 0
+                assert len(service.router.dispatch.decisions) == 0
             finally:
                 cm.__exit__(None, None, None)  # the client leaves: the request is aborted
             settle(hosts, service)

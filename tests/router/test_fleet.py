@@ -179,7 +179,7 @@ def test_the_herding_alarm_fires_on_a_herd_and_stays_quiet_otherwise(caplog):
             # least_load (SGLang's rule: the first of the least loaded) takes the first each
             # time while the other two sit idle.
             ch = await _sequential(herding, 24, None, "ll")
-            alarm = herding.router.herd
+            alarm = herding.router.dispatch.herd
             episodes, active = alarm.episodes, {w: dict(e) for w, e in alarm.active.items()}
             herding.metrics.refresh_herding(alarm, herding.pool.workers)
             text = herding.metrics.render().decode()
@@ -190,7 +190,10 @@ def test_the_herding_alarm_fires_on_a_herd_and_stays_quiet_otherwise(caplog):
             # Balanced: round robin over three workers (after the herd: no stale load from it).
             await asyncio.sleep(0.3)  # the last reports of the herd's requests are in
             rr = await _sequential(balanced, 48, None, "rr")
-            quiet = (balanced.router.herd.episodes, dict(balanced.router.herd.active))
+            quiet = (
+                balanced.router.dispatch.herd.episodes,
+                dict(balanced.router.dispatch.herd.active),
+            )
             return rr, quiet, ch, episodes, active, text, after
         finally:
             await balanced.stop()

@@ -89,7 +89,9 @@ def open_and_read(router: Router, rid: str) -> tuple[str, list[StreamChunk]]:
 
 
 def attempts(router: Router, rid: str) -> list[tuple[int, str, str | None]]:
-    return [(r.attempts, r.worker_id, r.error) for r in router.decisions if r.request_id == rid]
+    return [
+        (r.attempts, r.worker_id, r.error) for r in router.dispatch.decisions if r.request_id == rid
+    ]
 
 
 def test_unavailable_before_the_first_token_is_retried_elsewhere_and_marked_down():
@@ -119,7 +121,7 @@ def test_a_failure_after_the_first_token_is_not_retried():
     got = asyncio.run(go())
     assert [c.text for c in got] == ["a"]  # the first chunk reached the caller
     assert b.generated == []  # never retried once streaming
-    (rec,) = [r for r in router.decisions if r.request_id == "r2"]
+    (rec,) = [r for r in router.dispatch.decisions if r.request_id == "r2"]
     assert rec.finish_reason == "error" and "failed mid-stream" in rec.error
     assert not router.pool.workers["w0"].inflight
 

@@ -1,0 +1,136 @@
+"""``Dispatcher``: the steps of routing that do not wait on a worker, one copy for the live
+router and the simulator.
+
+    decide    policy.choose over the routable workers -> the decision and its record; the
+              herding alarm sees it; the request's blocks go into the index on the chosen worker
+              (optimistic: it will hold them after prefill); policy.on_dispatch
+    complete  the worker's actual cached tokens go on the record and back to the policy
+              (on_complete); a shortfall against the prediction is a misprediction (the
+              index's view of that worker was stale), counted and returned so that the caller
+              can resync that worker
+
+What differs between the two callers stays with them: the live ``Router`` wraps ``decide`` in
+its retry loop around real streams and keeps its load tally in the worker pool; the simulator
+calls ``decide`` at each arrival and ``complete`` at each finish in simulated time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from radixray.cache_index import ApproxIndex
+
+from .herding import HerdAlarm
+from .policies import Decision, Policy, RoutingRequest, WorkerState
+
+__all__ = ["DecisionRecord", "Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecisionRecord:
+    """One routing decision and what came of it (``/debug/decisions``, the metrics)."""
+
+    request_id: str
+    worker_id: str
+    router_id: str | None
+    reason: str
+    prompt_tokens: int
+    predicted_cached_tokens: int
+    actual_cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    queued_prefill_tokens: int = 0
+    running: int = 0
+    attempts: int = 1
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    ts: float = field(default_factory=time.time)
+    scores: dict = field(default_factory=dict)
+    miss: dict | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["scores"] = {
+            str(k): round(v, 6) if isinstance(v, float) else v for k, v in self.scores.items()
+        }
+        return d
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        policy: Policy,
+        index: ApproxIndex,
+        *,
+        router_id: str | None = None,
+        optimistic: bool = True,
+        herd_window: int = 64,
+        decision_log_size: int = 1024,
+    ):
+        """``optimistic``: index a request's blocks on its worker at once (else only KV events
+        teach the index); ``decision_log_size``: finished decisions kept for /debug."""
+        self.policy = policy
+        self.index = index
+        self.router_id = router_id
+        self.optimistic = optimistic
+        self.herd = HerdAlarm(herd_window) if herd_window else None  # 0: no alarm (simulator)
+        self.decisions: deque[DecisionRecord] = deque(maxlen=decision_log_size)
+        self.listeners: list[Callable[[DecisionRecord], None]] = []  # on completion (metrics)
+        self.mispredictions = 0
+
+    def decide(
+        self, request: RoutingRequest, states: Sequence[WorkerState], attempt: int = 1
+    ) -> tuple[Decision, DecisionRecord]:
+        """Choose a worker for ``request`` and commit the router to it. Raises the policy's
+        ``NoHealthyWorker`` when ``states`` is empty."""
+        decision = self.policy.choose(request, states, self.index)
+        wid = decision.worker_id
+        record = self._record(request, decision, states, attempt)
+        if self.herd is not None:
+            self.herd.observe(wid, states, record)
+        if self.optimistic and request.block_hashes:
+            self.index.insert(wid, request.block_hashes)
+        self.policy.on_dispatch(decision, request)
+        return decision, record
+
+    def complete(self, record: DecisionRecord, request_id: Hashable, actual_cached: int) -> bool:
+        """The request finished with ``actual_cached`` tokens reused on its worker. Returns
+        True when that fell short of the prediction (the caller resyncs that worker)."""
+        record.actual_cached_tokens = actual_cached
+        self.policy.on_complete(request_id, record.worker_id, actual_cached)
+        mispredicted = actual_cached < record.predicted_cached_tokens
+        self.mispredictions += mispredicted
+        return mispredicted
+
+    def log(self, record: DecisionRecord) -> None:
+        """Keep a finished (or failed) decision and tell the listeners."""
+        self.decisions.append(record)
+        for fn in self.listeners:
+            try:
+                fn(record)
+            except Exception:  # metrics must never break serving
+                log.exception("decision listener failed")
+
+    def _record(
+        self, rr: RoutingRequest, d: Decision, states: Sequence[WorkerState], attempt: int
+    ) -> DecisionRecord:
+        st = next((s for s in states if s.worker_id == d.worker_id), None)
+        return DecisionRecord(
+            request_id=str(rr.request_id),
+            worker_id=d.worker_id,
+            router_id=self.router_id,
+            reason=d.reason,
+            prompt_tokens=rr.num_tokens,
+            predicted_cached_tokens=d.predicted_cached_tokens,
+            queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
+            running=st.running if st else 0,
+            attempts=attempt,
+            scores=dict(d.scores),
+        )
