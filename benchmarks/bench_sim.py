@@ -3,7 +3,8 @@
 
 The load per worker is held constant across cluster sizes: arrivals are sped up by
 ``speedup_per_8 * workers / 8``. Prints markdown tables, checks the ttft targets (hit rate >= 95% of
-the best baseline's, TTFT p50 / p90 / p99 <= 0.8x the best baseline's, each figure separately),
+the best baseline's; TTFT's excess over the bound -- every request hitting its whole
+infinite-cache prefix on an idle worker -- <= 0.5x the best baseline's excess at p50 and p99),
 and writes JSON and a plot of the 8-worker large-cache run.
 
     .venv/bin/python benchmarks/bench_sim.py                       # the full table (~10 min)
@@ -20,29 +21,15 @@ import time
 from datetime import date
 from pathlib import Path
 
-from radixray.sim import SimConfig, load_mooncake, percentile, simulate, timing_preset
+from radixray.sim import SimConfig, load_mooncake, simulate, timing_preset
 from radixray.sim.plot import plot_results
 
+# Every variant a peer offers; the best of them is the baseline. cache_aware is SGLang's rule
+# as its router runs it now (a low match goes to the least loaded worker, PR #14650);
+# cache_aware_smallest_cache is the rule before that change.
 BASELINES = ["round_robin", "random", "least_load", "power_of_two", "consistent_hash",
-             "cache_aware", "kv_cost"]  # fmt: skip
+             "cache_aware", "cache_aware_smallest_cache", "kv_cost"]  # fmt: skip
 OURS = "ttft"
-
-
-def own_prefill_bound(wl, page_size: int, timing) -> dict:
-    """TTFT percentiles if every request hit the whole infinite-cache ceiling and found its
-    worker idle: its own uncached prefill, in chunks. No routing can beat these."""
-    seen: set[int] = set()
-    times = []
-    for r, hs in zip(wl.requests, wl.block_hashes(page_size), strict=True):
-        cap = (r.num_tokens - 1) // page_size
-        k = 0
-        while k < cap and hs[k] in seen:
-            k += 1
-        seen.update(hs)
-        u = r.num_tokens - k * page_size
-        steps = -(-u // timing.max_batch_tokens)
-        times.append(timing.step_time(0, 0, u, 0) + (steps - 1) * timing.step_overhead_s)
-    return {f"p{q}": percentile(times, q) for q in (50, 90, 99)}
 
 
 def run_cell(workers: int, pages: int, speedup: float, args) -> dict:
@@ -68,11 +55,13 @@ def verdict(s: dict) -> dict:
     ours = s[OURS]
     best_hit = max(v["hit_rate"] for v in base.values())
     out = {"hit_rate": ours["hit_rate"] / best_hit}
-    for q in ("ttft_p50", "ttft_p90", "ttft_p99"):
-        out[q] = ours[q] / min(v[q] for v in base.values())
-    out["pass"] = out["hit_rate"] >= 0.95 and all(
-        out[q] <= 0.8 for q in ("ttft_p50", "ttft_p90", "ttft_p99")
-    )
+    for q in ("ttft_p50", "ttft_p90", "ttft_p99", "excess_p50", "excess_p90", "excess_p99"):
+        best = min(v[q] for v in base.values())
+        out[q] = ours[q] / best if best > 0 else float("inf") if ours[q] > 0 else 1.0
+        out[f"best_{q}"] = min(base, key=lambda k, q=q: base[k][q])
+    # The routing target: ttft's excess over the bound at most half the best baseline's at p50
+    # and p99, and its hit rate at least 0.95x the best baseline's.
+    out["pass"] = out["hit_rate"] >= 0.95 and out["excess_p50"] <= 0.5 and out["excess_p99"] <= 0.5
     return out
 
 
@@ -81,20 +70,29 @@ def table(title: str, s: dict) -> str:
     lines = [
         f"#### {title} (round robin p99/p50 = {rr['ttft_p99'] / rr['ttft_p50']:.1f})",
         "",
-        "| policy | hit | hit beyond b0 | TTFT p50 s | p90 s | p99 s | req/s | imbalance |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | hit | hit beyond b0 | TTFT p50 s | p90 s | p99 s | excess p50 | p90 | p99 "
+        "| req/s | imbalance |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k, v in s.items():
         lines.append(
             f"| {k} | {v['hit_rate']:.3f} | {v['hit_rate_beyond_first_block']:.3f} | "
             f"{v['ttft_p50']:.2f} | {v['ttft_p90']:.2f} | {v['ttft_p99']:.2f} | "
+            f"{v['excess_p50']:.2f} | {v['excess_p90']:.2f} | {v['excess_p99']:.2f} | "
             f"{v['throughput']:.2f} | {v['imbalance']:.2f} |"
         )
+    b = next(iter(s.values()))
+    lines.append(
+        f"| *bound* | {b['ceiling']:.3f} (ceiling) | | {b['bound_p50']:.2f} | "
+        f"{b['bound_p90']:.2f} | {b['bound_p99']:.2f} | 0 | 0 | 0 | | |"
+    )
     v = verdict(s)
     lines.append(
-        f"\nttft vs best baseline: hit x{v['hit_rate']:.2f}, p50 x{v['ttft_p50']:.2f}, "
-        f"p90 x{v['ttft_p90']:.2f}, p99 x{v['ttft_p99']:.2f} -> "
-        f"{'PASS' if v['pass'] else 'FAIL'}; ceiling {next(iter(s.values()))['ceiling']:.3f}"
+        f"\nttft vs best baseline: hit x{v['hit_rate']:.2f}; TTFT p50 x{v['ttft_p50']:.2f}, "
+        f"p90 x{v['ttft_p90']:.2f}, p99 x{v['ttft_p99']:.2f}; excess over the bound p50 "
+        f"x{v['excess_p50']:.2f} ({v['best_excess_p50']}), p99 x{v['excess_p99']:.2f} "
+        f"({v['best_excess_p99']}) -> {'PASS' if v['pass'] else 'FAIL'} (target: excess <= 0.5x "
+        "at p50 and p99, hit >= 0.95x)"
     )
     return "\n".join(lines)
 
@@ -124,14 +122,6 @@ def main(argv=None) -> int:
         },
         "cells": {},
     }
-    wl = load_mooncake(args.trace, block_tokens=args.block_tokens, limit=args.limit)
-    bound = own_prefill_bound(wl, args.page_size, timing_preset(args.timing))
-    all_out["meta"]["own_prefill_bound_s"] = bound
-    print(
-        "TTFT lower bound (ceiling hits, idle worker): "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in bound.items()),
-        flush=True,
-    )
     for workers in [int(x) for x in args.workers.split(",")]:
         for pages in [int(x) for x in args.pages.split(",")]:
             speedup = args.speedup_per_8 * workers / 8

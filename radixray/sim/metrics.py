@@ -8,9 +8,18 @@ from dataclasses import dataclass, field
 from radixray.cache_index import hash_blocks
 from radixray.numbers import percentile
 
+from .timing import TimingModel
 from .workload import Workload
 
-__all__ = ["RequestRecord", "RunResult", "ceiling", "percentile", "SUMMARY_KEYS"]
+__all__ = [
+    "RequestRecord",
+    "RunResult",
+    "SUMMARY_KEYS",
+    "ceiling",
+    "ceiling_hits",
+    "percentile",
+    "ttft_bound",
+]
 
 SUMMARY_KEYS = (
     "hit_rate",
@@ -19,30 +28,53 @@ SUMMARY_KEYS = (
     "ttft_p50",
     "ttft_p90",
     "ttft_p99",
+    "bound_p50",
+    "bound_p90",
+    "bound_p99",
     "throughput",
     "imbalance",
 )
 
 
-def ceiling(workload: Workload, page_size: int) -> tuple[int, int]:
-    """(hit tokens, prompt tokens) of one infinite cache that keeps every full page of every
+def ceiling_hits(workload: Workload, page_size: int) -> list[int]:
+    """Each request's hit tokens in one infinite cache that keeps every full page of every
     earlier prompt (and, for chat, of earlier prompt + answer), matching at most the first
     ``num_tokens - 1`` tokens, page-aligned, as a worker does."""
     seen: set[int] = set()
-    hit = total = 0
+    hits = []
     hashes = workload.block_hashes(page_size)
     for req, hs in zip(workload.requests, hashes, strict=True):
-        n = req.num_tokens
-        total += n
-        cap = (n - 1) // page_size
+        cap = (req.num_tokens - 1) // page_size
         k = 0
         while k < cap and hs[k] in seen:
             k += 1
-        hit += k * page_size
+        hits.append(k * page_size)
         seen.update(hs)
         if req.output_seg is not None:
             seen.update(hash_blocks(workload.tokens(req) + workload.output_tokens(req), page_size))
-    return hit, total
+    return hits
+
+
+def ceiling(workload: Workload, page_size: int) -> tuple[int, int]:
+    """(hit tokens, prompt tokens) of the infinite cache of :func:`ceiling_hits`."""
+    return sum(ceiling_hits(workload, page_size)), sum(r.num_tokens for r in workload.requests)
+
+
+def ttft_bound(workload: Workload, page_size: int, timing: TimingModel) -> list[float]:
+    """Each request's TTFT if it hit its whole infinite-cache prefix (:func:`ceiling_hits`) on
+    an idle worker: its uncached tokens prefilled alone, in chunks of ``max_batch_tokens``, as a
+    simulated worker steps. No routing can do better; what a policy adds above it is queueing
+    and recomputation, the part routing can remove."""
+    out = []
+    chunk = timing.max_batch_tokens
+    for req, hit in zip(workload.requests, ceiling_hits(workload, page_size), strict=True):
+        pos, n, t = hit, req.num_tokens, 0.0
+        while pos < n:
+            c = min(n - pos, chunk)
+            t += timing.step_time(0, 0, c, c * pos + c * (c - 1) // 2)
+            pos += c
+        out.append(t)
+    return out
 
 
 @dataclass
@@ -78,6 +110,7 @@ class RunResult:
     wall_s: float = 0.0
     config: dict = field(default_factory=dict)
     oversize: int = 0
+    bound: list[float] = field(default_factory=list)  # ttft_bound, per request (same order)
 
     def summary(self) -> dict:
         recs = self.records
@@ -92,6 +125,13 @@ class RunResult:
         span = end - start
         busy = self.busy_time
         mean_busy = sum(busy) / len(busy) if busy else 0.0
+        bound = {f"bound_p{q}": percentile(self.bound, q) for q in (50, 90, 99)}
+        # Every request's TTFT is at least its own bound, so each percentile is too (up to
+        # rounding: clamped at 0).
+        excess = {
+            f"excess_p{q}": max(0.0, percentile(ttfts, q) - bound[f"bound_p{q}"])
+            for q in (50, 90, 99)
+        }
         return {
             "requests": len(recs),
             "hit_rate": cached / prompt if prompt else 0.0,
@@ -101,6 +141,8 @@ class RunResult:
             "ttft_p50": percentile(ttfts, 50),
             "ttft_p90": percentile(ttfts, 90),
             "ttft_p99": percentile(ttfts, 99),
+            **bound,
+            **excess,
             "e2e_p50": percentile([r.e2e for r in recs], 50),
             "throughput": len(recs) / span if span > 0 else 0.0,
             "token_throughput": prompt / span if span > 0 else 0.0,

@@ -24,7 +24,7 @@ from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
 
-from .metrics import RequestRecord, RunResult, ceiling
+from .metrics import RequestRecord, RunResult, ceiling, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
 from .worker import ReqState, SimWorker
 from .workload import Workload
@@ -223,6 +223,7 @@ class _Run:
             wall_s=wall,
             config={**self.cfg.to_dict(), "workload": self.wl.name, **self.wl.description},
             oversize=sum(w.oversize for w in self.workers),
+            bound=ttft_bound(self.wl, self.cfg.page_size, self.cfg.timing),
         )
 
 

@@ -20,6 +20,7 @@ Nothing in this package imports the simulator.
 
 from __future__ import annotations
 
+import inspect
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
@@ -195,11 +196,61 @@ def policy_names() -> list[str]:
 
 
 def make_policy(name: str, **kwargs) -> Policy:
-    """Build a registered policy by name; kwargs go to its constructor."""
+    """Build a registered policy by name; kwargs go to its constructor.
+
+    ``name`` may carry constructor arguments as a spec, ``"name:key=value:key=value"`` (e.g.
+    ``"cache_aware:fallback=smallest_cache"``, what ``radixray sim --policies`` and the notebook
+    take); values are read as int, float, true/false/none, else a string, and win over
+    ``kwargs``. A policy built from a spec with arguments is named by the whole spec, so that
+    two variants of one policy stay apart in a report.
+    """
+    base, *params = name.split(":")
     try:
-        cls = _REGISTRY[name]
+        cls = _REGISTRY[base]
     except KeyError:
         raise ValueError(
-            f"unknown routing policy {name!r}; valid names: {', '.join(policy_names())}"
+            f"unknown routing policy {base!r}; valid names: {', '.join(policy_names())}"
         ) from None
-    return cls(**kwargs)
+    spec_args = dict(_spec_arg(name, p) for p in params)
+    accepted = _init_params(cls)
+    unknown = sorted(set(spec_args) - set(accepted))
+    if unknown:
+        valid = ", ".join(accepted)
+        raise ValueError(
+            f"policy {base!r} has no parameter {unknown[0]!r}; its parameters: {valid}"
+        )
+    policy = cls(**(kwargs | spec_args))
+    if params:
+        policy.name = name
+    return policy
+
+
+def _init_params(cls: type) -> list[str]:
+    """The keyword arguments ``cls(...)`` takes, through subclasses that pass ``**kwargs`` on."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names += [p.name for p in params if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD
+                  and p.name not in names]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _spec_arg(spec: str, part: str) -> tuple[str, object]:
+    key, sep, text = part.partition("=")
+    if not sep or not key:
+        raise ValueError(f"policy spec {spec!r}: expected key=value after ':', got {part!r}")
+    low = text.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low == "none":
+        return key, None
+    for parse in (int, float):
+        try:
+            return key, parse(text)
+        except ValueError:
+            pass
+    return key, text

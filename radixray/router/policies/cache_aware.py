@@ -6,14 +6,18 @@ Per request, with ``load`` = outstanding requests per healthy worker::
                  and max(load) > balance_rel_threshold * min(load)
     if imbalanced:                          -> the least loaded worker (shortest queue)
     elif best match / prompt > cache_threshold -> the worker with the longest cached prefix
-    else:                                   -> the worker with the smallest cache (SGLang's
-                                               ``get_smallest_tenant``: most room to cache)
+    else:                                   -> the least loaded worker (SGLang since
+                                               sgl-project/sglang PR #14650)
 
 Defaults are SGLang's: ``cache_threshold=0.3``, ``balance_abs_threshold=64``,
 ``balance_rel_threshold=1.5``. SGLang keeps its own approximate radix tree of text per worker; we
-use the shared ``ApproxIndex`` (blocks per worker, bounded) for both the match and the cache size.
-``fallback="least_load"`` replaces the smallest-cache fallback by the least loaded worker (a common
-variant; the issue text describes that one).
+use the shared ``ApproxIndex`` (blocks per worker, bounded) for the match.
+
+``cache_aware_smallest_cache`` (``fallback="smallest_cache"``) is SGLang's rule before that PR:
+a low match went to the worker with the smallest cache (``get_smallest_tenant``). Kept to
+measure against, and to show why it went: with an index kept exact by KV events the smallest
+cache is the *busiest* worker (in-flight requests hold private pages, not cached ones), so the
+fallback sends new prompts to the worker least able to take them.
 
 Ties: the longest match prefers the less loaded worker, then the first in the order given; the
 shortest queue and the smallest cache pick the first in the order given (SGLang's ``min_by_key``).
@@ -25,7 +29,7 @@ from collections.abc import Sequence
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 
-__all__ = ["CacheAware"]
+__all__ = ["CacheAware", "CacheAwareSmallestCache"]
 
 
 @register_policy("cache_aware")
@@ -36,7 +40,7 @@ class CacheAware(Policy):
         cache_threshold: float = 0.3,
         balance_abs_threshold: int = 64,
         balance_rel_threshold: float = 1.5,
-        fallback: str = "smallest_cache",
+        fallback: str = "least_load",
     ):
         super().__init__(seed)
         if not 0.0 <= cache_threshold <= 1.0:
@@ -74,3 +78,11 @@ class CacheAware(Policy):
             matched.get(best.worker_id, 0) * index.page_size,
             scores,
         )
+
+
+@register_policy("cache_aware_smallest_cache")
+class CacheAwareSmallestCache(CacheAware):
+    """SGLang's cache_aware before PR #14650: a low match goes to the smallest cache."""
+
+    def __init__(self, seed: int | None = 0, **kwargs):
+        super().__init__(seed, **({"fallback": "smallest_cache"} | kwargs))

@@ -19,6 +19,7 @@ from radixray.router.policies import (
 P = 16
 ALL = [
     "cache_aware",
+    "cache_aware_smallest_cache",
     "consistent_hash",
     "kv_cost",
     "least_load",
@@ -61,7 +62,9 @@ def index_with(**held) -> ApproxIndex:
 
 def test_registry_lists_names_on_a_miss():
     assert policy_names() == ALL
-    with pytest.raises(ValueError, match="valid names: cache_aware, consistent_hash"):
+    with pytest.raises(
+        ValueError, match="valid names: cache_aware, cache_aware_smallest_cache, consistent_hash"
+    ):
         make_policy("nope")
 
 
@@ -145,17 +148,43 @@ def test_cache_aware_match_tie_goes_to_less_loaded():
     assert d.worker_id == 2
 
 
-def test_cache_aware_low_match_goes_to_smallest_cache():
-    pol = make_policy("cache_aware")  # threshold 0.3: 2 of 8 blocks is 0.25
-    idx = index_with(w1=2)
+def test_cache_aware_low_match_goes_to_least_load_and_the_old_variant_to_smallest_cache():
+    idx = index_with(w1=2)  # threshold 0.3: 2 of 8 blocks is 0.25
     idx.insert(0, [7, 8, 9])
     idx.insert(3, [11])
     idx.insert(2, [12, 13])
-    d = pol.choose(req(8), [ws(i) for i in range(4)], idx)
-    assert d.worker_id == 3 and d.reason == "cache_aware: low match -> smallest cache"
-    lo = make_policy("cache_aware", fallback="least_load")
-    d = lo.choose(req(8), [ws(0, 2), ws(1, 2), ws(2, 1), ws(3, 2)], idx)
-    assert d.worker_id == 2
+    states = [ws(0, 2), ws(1, 2), ws(2, 1), ws(3, 2)]
+    d = make_policy("cache_aware").choose(req(8), states, idx)  # SGLang since PR #14650
+    assert d.worker_id == 2 and d.reason == "cache_aware: low match -> least load"
+    # before it: the smallest cache (worker 3 holds one block), whatever its load
+    for old in (
+        make_policy("cache_aware_smallest_cache"),
+        make_policy("cache_aware:fallback=smallest_cache"),
+    ):
+        d = old.choose(req(8), states, idx)
+        assert d.worker_id == 3 and d.reason == "cache_aware: low match -> smallest cache"
+
+
+def test_policy_specs_pass_arguments_and_name_the_variant():
+    pol = make_policy("cache_aware:fallback=smallest_cache:cache_threshold=0.5", seed=3)
+    assert (pol.fallback, pol.cache_threshold, pol.name) == (
+        "smallest_cache",
+        0.5,
+        "cache_aware:fallback=smallest_cache:cache_threshold=0.5",
+    )
+    assert make_policy("cache_aware").name == "cache_aware"
+    old = make_policy("cache_aware_smallest_cache:cache_threshold=0.9")
+    assert (old.fallback, old.cache_threshold) == ("smallest_cache", 0.9)
+    assert make_policy("ttft:seed=none").name == "ttft:seed=none"
+    with pytest.raises(ValueError, match="policy 'cache_aware' has no parameter 'fallbak'; its "
+                       "parameters: seed, cache_threshold"):  # fmt: skip
+        make_policy("cache_aware:fallbak=least_load")
+    with pytest.raises(ValueError, match="expected key=value after ':', got 'oops'"):
+        make_policy("cache_aware:oops")
+    with pytest.raises(ValueError, match="fallback must be 'smallest_cache' or 'least_load'"):
+        make_policy("cache_aware:fallback=biggest")
+    with pytest.raises(ValueError, match="unknown routing policy 'nope'"):
+        make_policy("nope:x=1")
 
 
 def test_cache_aware_imbalance_needs_both_thresholds():

@@ -1,0 +1,66 @@
+"""The TTFT bound (whole infinite-cache prefix hit, idle worker): exact where nothing queues and
+one cache holds everything, never beaten under load, and in every report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixray.sim import SimConfig, load_mooncake, simulate
+from radixray.sim.cli import main
+from radixray.sim.metrics import ceiling_hits, ttft_bound
+from tests.sim.test_simulator import BT, write_trace
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bound")
+    rows = write_trace(folder / "busy.jsonl", n=240, seed=3)
+    with open(folder / "idle.jsonl", "w") as f:
+        for i, row in enumerate(rows):  # the same requests, 100 s apart: nothing ever queues
+            f.write(json.dumps(row | {"timestamp": i * 100_000}) + "\n")
+    return folder / "busy.jsonl", folder / "idle.jsonl"
+
+
+def test_one_idle_worker_with_room_for_everything_meets_the_bound_exactly(traces):
+    wl = load_mooncake(traces[1], block_tokens=BT)
+    cfg = SimConfig(num_workers=1, num_pages=8192, page_size=BT)
+    result = simulate(wl, "ttft", cfg)
+    hits = ceiling_hits(wl, BT)
+    assert [r.cached for r in result.records] == hits
+    bound = ttft_bound(wl, BT, cfg.timing)
+    assert result.bound == bound
+    for rec, b in zip(result.records, bound, strict=True):
+        assert rec.ttft == pytest.approx(b, rel=1e-9, abs=1e-12)
+    s = result.summary()
+    assert s["excess_p50"] == pytest.approx(0, abs=1e-9) and s["excess_p99"] == pytest.approx(
+        0, abs=1e-9
+    )
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "ttft"])
+def test_no_request_beats_its_bound_under_load(traces, policy):
+    wl = load_mooncake(traces[0], block_tokens=BT, speedup=8.0)
+    result = simulate(wl, policy, SimConfig(num_workers=3, num_pages=256, page_size=BT))
+    for rec, b in zip(result.records, result.bound, strict=True):
+        assert rec.ttft >= b - 1e-9
+    s = result.summary()
+    assert s["bound_p50"] <= s["ttft_p50"] and s["bound_p99"] <= s["ttft_p99"]
+    assert s["excess_p99"] == pytest.approx(s["ttft_p99"] - s["bound_p99"])
+
+
+def test_the_bound_is_in_the_table_and_the_json(traces, tmp_path, capsys):
+    out = tmp_path / "o.json"
+    argv = ["--trace", str(traces[0]), "--workers", "3", "--pages", "256", "--speedup", "8"]
+    argv += ["--policies", "round_robin,cache_aware:fallback=smallest_cache", "--no-progress"]
+    assert main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"round_robin", "cache_aware:fallback=smallest_cache"}
+    for s in data.values():
+        assert 0 < s["bound_p50"] <= s["bound_p90"] <= s["bound_p99"] <= s["ttft_p99"]
+        assert s["excess_p50"] == pytest.approx(max(0.0, s["ttft_p50"] - s["bound_p50"]))
+    table = capsys.readouterr().out
+    assert "xs p50" in table and table.splitlines()[-1].startswith("bound ")
+    assert main(["--policies", "cache_aware:fallbak=x", "--no-progress"]) == 2
+    assert "has no parameter 'fallbak'" in capsys.readouterr().err
