@@ -169,6 +169,31 @@ class ApproxIndex:
             self._credit(mask, i, result)
         return result
 
+    def longest_match(self, hashes: Sequence[int]) -> int:
+        """The most leading blocks any one worker holds (``max(match(hashes).values())``,
+        without building the per-worker answer)."""
+        owners = self._owners
+        mask = self._all_mask
+        i = 0
+        for h in hashes:
+            mask &= owners.get(h, 0)
+            if not mask:
+                break
+            i += 1
+        return i
+
+    def prefix_on(self, worker: WorkerId, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that ``worker`` holds (its entry in ``match``)."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return 0
+        i = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            i += 1
+        return i
+
     def _credit(self, bits: int, n: int, result: dict) -> None:
         slot_worker = self._slot_worker
         while bits:

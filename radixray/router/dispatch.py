@@ -1,10 +1,13 @@
 """``Dispatcher``: the steps of routing that do not wait on a worker, one copy for the live
 router and the simulator.
 
-    decide    policy.choose over the routable workers -> the decision and its record; the
+    decide    policy.choose over the routable workers -> the decision and its record (with the
+              reuse telemetry by the index: *available*, the longest prefix any worker holds,
+              and *captured*, what the chosen worker holds, whatever the policy predicted); the
               herding alarm sees it; the request's blocks go into the index on the chosen worker
               (optimistic: it will hold them after prefill); policy.on_dispatch
-    complete  the worker's actual cached tokens go on the record and back to the policy
+    complete  the worker's actual cached tokens (*delivered*) go on the record and back to the
+              policy
               (on_complete); a shortfall against the prediction is a misprediction (the
               index's view of that worker was stale), counted and returned so that the caller
               can resync that worker
@@ -41,8 +44,10 @@ class DecisionRecord:
     router_id: str | None
     reason: str
     prompt_tokens: int
-    predicted_cached_tokens: int
-    actual_cached_tokens: int | None = None
+    predicted_cached_tokens: int  # the policy's prediction (0 for policies that do not match)
+    actual_cached_tokens: int | None = None  # delivered: what the worker reused
+    available_tokens: int = 0  # the longest cached prefix any worker held (index, at decision)
+    captured_tokens: int = 0  # the prefix the chosen worker held (index, at decision)
     completion_tokens: int | None = None
     queued_prefill_tokens: int = 0
     running: int = 0
@@ -122,13 +127,21 @@ class Dispatcher:
         self, rr: RoutingRequest, d: Decision, states: Sequence[WorkerState], attempt: int
     ) -> DecisionRecord:
         st = next((s for s in states if s.worker_id == d.worker_id), None)
+        # A worker reuses at most the page-aligned first n - 1 tokens (one is always computed).
+        P = self.index.page_size
+        cap = (rr.num_tokens - 1) // P * P if rr.num_tokens else 0
+        hashes = rr.block_hashes
+        available = self.index.longest_match(hashes) * P if hashes else 0
+        captured = self.index.prefix_on(d.worker_id, hashes) * P if hashes else 0
         return DecisionRecord(
             request_id=str(rr.request_id),
             worker_id=d.worker_id,
             router_id=self.router_id,
             reason=d.reason,
             prompt_tokens=rr.num_tokens,
-            predicted_cached_tokens=d.predicted_cached_tokens,
+            predicted_cached_tokens=min(d.predicted_cached_tokens, cap),
+            available_tokens=min(available, cap),
+            captured_tokens=min(captured, cap),
             queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
             running=st.running if st else 0,
             attempts=attempt,

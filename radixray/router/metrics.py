@@ -55,6 +55,21 @@ class RouterMetrics:
             "Requests whose actual cached tokens fell below the index's prediction",
             registry=r,
         )
+        self.reuse = Counter(
+            "radixray_reuse_tokens",
+            "Prompt tokens reusable by kind: available (the longest prefix any worker held, by "
+            "the index at decision), captured (held by the chosen worker, by the index), delivered "
+            "(actually reused)",
+            ["kind"],
+            registry=r,
+        )
+        self.reuse_error = Counter(
+            "radixray_reuse_misprediction_tokens",
+            "Delivered minus captured reuse, by sign: over (the index promised more than the "
+            "worker had) and under (the worker had more than the index knew)",
+            ["direction"],
+            registry=r,
+        )
         self.retries = Counter(
             "radixray_retries", "Dispatches retried on another worker", registry=r
         )
@@ -111,10 +126,16 @@ class RouterMetrics:
             self._prompt_total += rec.prompt_tokens
             self._cached_total += rec.actual_cached_tokens or 0
             self.hit_rate.set(self._cached_total / max(self._prompt_total, 1))
-        if rec.actual_cached_tokens is not None and (
-            rec.actual_cached_tokens < rec.predicted_cached_tokens
-        ):
-            self.mispredicted.inc()
+        delivered = rec.actual_cached_tokens
+        if delivered is not None:
+            self.reuse.labels("available").inc(rec.available_tokens)
+            self.reuse.labels("captured").inc(rec.captured_tokens)
+            self.reuse.labels("delivered").inc(delivered)
+            error = delivered - rec.captured_tokens
+            if error:
+                self.reuse_error.labels("under" if error > 0 else "over").inc(abs(error))
+            if delivered < rec.predicted_cached_tokens:
+                self.mispredicted.inc()
 
     def refresh_herding(self, alarm, worker_ids) -> None:
         for w in worker_ids:

@@ -18,7 +18,17 @@ from .workload import Workload, azure_shared_prefix, load_mooncake, multiturn_ch
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
 
 DEFAULT_POLICIES = "round_robin,cache_aware,kv_cost,ttft"
-JSON_KEYS = (*SUMMARY_KEYS, "excess_p50", "excess_p90", "excess_p99", "index_memory_bytes")
+JSON_KEYS = (
+    *SUMMARY_KEYS,
+    "excess_p50",
+    "excess_p90",
+    "excess_p99",
+    "reuse_available",
+    "reuse_captured",
+    "reuse_over",
+    "reuse_under",
+    "index_memory_bytes",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,13 +100,15 @@ def format_table(summaries: dict[str, dict]) -> str:
     that routing can remove), and the bound itself is the last line."""
     w = max([16, *(len(name) + 2 for name in summaries)])
     head = (
-        f"{'policy':<{w}}{'hit':>7}{'hit>b0':>8}{'ceil':>7}{'p50 s':>8}{'p90 s':>8}"
-        f"{'p99 s':>8}{'xs p50':>8}{'xs p99':>8}{'req/s':>8}{'imbal':>7}{'index KB':>10}"
+        f"{'policy':<{w}}{'hit':>7}{'avail':>7}{'capt':>7}{'hit>b0':>8}{'ceil':>7}"
+        f"{'p50 s':>8}{'p90 s':>8}{'p99 s':>8}{'xs p50':>8}{'xs p99':>8}"
+        f"{'req/s':>8}{'imbal':>7}{'index KB':>10}"
     )
     lines = [head, "-" * len(head)]
     for name, s in summaries.items():
         lines.append(
-            f"{name:<{w}}{s['hit_rate']:>7.3f}{s['hit_rate_beyond_first_block']:>8.3f}"
+            f"{name:<{w}}{s['hit_rate']:>7.3f}{s['reuse_available']:>7.3f}"
+            f"{s['reuse_captured']:>7.3f}{s['hit_rate_beyond_first_block']:>8.3f}"
             f"{s['ceiling']:>7.3f}{s['ttft_p50']:>8.2f}{s['ttft_p90']:>8.2f}{s['ttft_p99']:>8.2f}"
             f"{s['excess_p50']:>8.2f}{s['excess_p99']:>8.2f}"
             f"{s['throughput']:>8.2f}{s['imbalance']:>7.2f}{s['index_memory_bytes'] / 1024:>10.0f}"
@@ -104,7 +116,7 @@ def format_table(summaries: dict[str, dict]) -> str:
     if summaries:
         s = next(iter(summaries.values()))
         lines.append(
-            f"{'bound':<{w}}{'':>22}{s['bound_p50']:>8.2f}{s['bound_p90']:>8.2f}"
+            f"{'bound':<{w}}{'':>36}{s['bound_p50']:>8.2f}{s['bound_p90']:>8.2f}"
             f"{s['bound_p99']:>8.2f}   (whole infinite-cache prefix hit on an idle worker)"
         )
     return "\n".join(lines)

@@ -83,11 +83,13 @@ class RequestRecord:
     worker: int
     arrival: float
     prompt_tokens: int
-    predicted_cached: int
+    predicted_cached: int  # the policy's prediction
     reason: str
-    cached: int = -1
+    cached: int = -1  # delivered
     first_token: float = math.nan
     finish: float = math.nan
+    available: int = 0  # the longest prefix any worker held, by the index at decision
+    captured: int = 0  # the prefix the chosen worker held, by the index at decision
 
     @property
     def ttft(self) -> float:
@@ -137,6 +139,16 @@ class RunResult:
             "hit_rate": cached / prompt if prompt else 0.0,
             "hit_rate_beyond_first_block": beyond_cached / beyond_prompt if beyond_prompt else 0.0,
             "ceiling": self.ceiling_tokens / prompt if prompt else 0.0,
+            # reuse telemetry, as fractions of prompt tokens: available >= captured always;
+            # delivered above or below captured is the index's error, counted both ways
+            "reuse_available": sum(r.available for r in recs) / prompt if prompt else 0.0,
+            "reuse_captured": sum(r.captured for r in recs) / prompt if prompt else 0.0,
+            "reuse_over": sum(max(r.captured - r.cached, 0) for r in recs) / prompt
+            if prompt
+            else 0.0,
+            "reuse_under": sum(max(r.cached - r.captured, 0) for r in recs) / prompt
+            if prompt
+            else 0.0,
             "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
             "ttft_p50": percentile(ttfts, 50),
             "ttft_p90": percentile(ttfts, 90),

@@ -170,10 +170,18 @@ class _Run:
         # One timing model, one performance class: the router pools the workers' fits.
         fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
         states = [w.state(fits[w.worker_id]) for w in self.workers]
-        decision, self.decisions[i] = self.dispatch.decide(rreq, states)
+        decision, rec = self.dispatch.decide(rreq, states)
+        self.decisions[i] = rec
         wid = decision.worker_id
         self.records[i] = RequestRecord(
-            req.rid, wid, now, req.num_tokens, decision.predicted_cached_tokens, decision.reason
+            req.rid,
+            wid,
+            now,
+            req.num_tokens,
+            rec.predicted_cached_tokens,
+            decision.reason,
+            available=rec.available_tokens,
+            captured=rec.captured_tokens,
         )
         w = self.workers[wid]
         self._after_step(w, w.enqueue(req, hs, now), now)
