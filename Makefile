@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint format serve bench clean
+.PHONY: install test test-fast lint format serve bench notebook clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test-fast: lint
 
 serve: $(STAMP)
 	$(VENV)/bin/radixray serve --workers 2 --model smollm2 --host 127.0.0.1 --port 8000
+
+# The policy notebook, executed on the whole Mooncake trace and saved with its tables and figures.
+notebook: $(STAMP)
+	$(PY) notebooks/execute.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cache_index.py
