@@ -13,7 +13,7 @@ from radixray.router.policies import make_policy, policy_names
 from .metrics import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
 from .timing import TIMING_PRESETS, timing_preset
-from .workload import Workload, azure_shared_prefix, load_mooncake, multiturn_chat
+from .workload import Workload, azure_shared_prefix, hot_prefix, load_mooncake, multiturn_chat
 
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--workload",
-        choices=("trace", "azure_shared_prefix", "multiturn_chat"),
+        choices=("trace", "azure_shared_prefix", "multiturn_chat", "hot_prefix"),
         default="trace",
         help="'trace' replays --trace; the others are generated",
     )
@@ -85,6 +85,8 @@ def build_workload(args: argparse.Namespace) -> Workload:
         )
     if args.workload == "multiturn_chat":
         return multiturn_chat(num_requests=args.limit or 2000, seed=args.seed)
+    if args.workload == "hot_prefix":
+        return hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
     return load_mooncake(
         args.trace,
         block_tokens=args.block_tokens,

@@ -34,6 +34,7 @@ __all__ = [
     "resolve_trace",
     "azure_shared_prefix",
     "multiturn_chat",
+    "hot_prefix",
     "MOONCAKE_BLOCK_TOKENS",
 ]
 
@@ -355,6 +356,43 @@ def multiturn_chat(
         reqs,
         system_len,
         {"sessions": num_sessions, "zipf_s": zipf_s, "rate": rate, "max_turns": max_turns},
+    )
+
+
+# ------------------------------------------------------------------ one hot system prompt
+
+
+def hot_prefix(
+    num_requests: int = 3000,
+    rate: float = 10.0,
+    hot_share: float = 0.8,
+    num_cold: int = 16,
+    system_len: int = 1024,
+    question_len: tuple[int, int] = (32, 128),
+    output_len: tuple[int, int] = (8, 24),
+    seed: int = 0,
+) -> Workload:
+    """One system prompt carries most of the traffic: Poisson arrivals at ``rate`` per second;
+    a request uses the hot system prompt with probability ``hot_share``, else one of
+    ``num_cold`` others (uniformly), then a unique question. At the defaults the hot prompt
+    brings 8 requests/s, more than one CPU-preset worker serves (at 4.8/s, cache_aware keeping
+    it on two workers already queues for seconds), so a router that keeps it where it was
+    cached first makes a hotspot: it must be replicated onto as many workers as its load needs.
+    """
+    rng = random.Random(seed)
+    t = 0.0
+    reqs = []
+    for i in range(num_requests):
+        t += rng.expovariate(rate)
+        hot = rng.random() < hot_share
+        g = 0 if hot else 1 + rng.randrange(num_cold)
+        segs = ((-(g + 1), system_len), (2_000_000 + i, rng.randint(*question_len)))
+        reqs.append(SimRequest(i, t, segs, rng.randint(*output_len), "hot" if hot else str(g)))
+    return Workload(
+        "hot_prefix",
+        reqs,
+        system_len,
+        {"rate": rate, "hot_share": hot_share, "num_cold": num_cold, "system_len": system_len},
     )
 
 
