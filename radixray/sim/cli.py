@@ -12,7 +12,7 @@ from radixray.router.policies import make_policy, policy_names
 
 from .metrics import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
-from .timing import TIMING_PRESETS, timing_preset
+from .timing import TIMING_PRESETS, load_timing
 from .workload import Workload, azure_shared_prefix, hot_prefix, load_mooncake, multiturn_chat
 
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
@@ -58,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, default=8)
     c.add_argument("--pages", type=int, default=4096, help="KV pages per worker")
     c.add_argument("--page-size", type=int, default=16)
-    c.add_argument("--timing", choices=sorted(TIMING_PRESETS), default="cpu")
+    c.add_argument(
+        "--timing",
+        default="cpu",
+        help=f"a preset ({', '.join(sorted(TIMING_PRESETS))}) or a JSON file fitted to a live "
+        "engine by `radixray sim calibrate --out FILE`",
+    )
     c.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
     c.add_argument(
         "--event-delay", type=float, default=0.05, help="KV event delay to the router (s)"
@@ -125,6 +130,11 @@ def format_table(summaries: dict[str, dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "calibrate":
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     args = build_parser().parse_args(argv)
     names = policy_names() if args.policies == "all" else args.policies.split(",")
     for name in names:
@@ -134,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --policies: {e}", file=sys.stderr)
             return 2
     try:
+        timing = load_timing(args.timing)
         wl = build_workload(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -142,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_workers=args.workers,
         num_pages=args.pages,
         page_size=args.page_size,
-        timing=timing_preset(args.timing),
+        timing=timing,
         eviction=args.eviction,
         event_delay_s=None if args.no_events else args.event_delay,
         optimistic_index=not args.no_optimistic,

@@ -26,9 +26,11 @@ Presets:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
-__all__ = ["TimingModel", "TIMING_PRESETS", "timing_preset"]
+__all__ = ["TimingModel", "TIMING_PRESETS", "load_timing", "timing_preset"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,26 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         max_running=256,
     ),
 }
+
+
+def load_timing(spec: str) -> TimingModel:
+    """A preset by name, or a JSON file of TimingModel fields (``radixray sim calibrate`` writes
+    one fitted to a live engine on this machine; extra keys such as its fit report are kept in
+    the file, not in the model)."""
+    if spec in TIMING_PRESETS:
+        return TIMING_PRESETS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(
+            f"timing must be a preset ({', '.join(sorted(TIMING_PRESETS))}) or a JSON file "
+            f"written by `radixray sim calibrate`; no such file: {spec}"
+        )
+    data = json.loads(path.read_text())
+    names = [f.name for f in fields(TimingModel)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ValueError(f"{spec}: a timing model needs the fields {missing}")
+    return TimingModel(**{n: data[n] for n in names})
 
 
 def timing_preset(name: str, **overrides) -> TimingModel:

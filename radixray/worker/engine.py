@@ -174,8 +174,7 @@ class Engine:
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
         out = self._emit(batch, logits)
-        decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.req.output_ids)
-        self.meter.record_step(batch.num_tokens - decode, decode, dt)
+        self.meter.record_step(batch.shape(), dt)
         if self.config.debug_checks:
             self.scheduler.check_integrity()
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from radixray.numbers import Ewma
 from radixray.protocol import MISS_CAUSES
@@ -26,13 +27,19 @@ class EngineStats:
         self.decode_step_time = Ewma()  # seconds per step for steps that are decode only
         self.decode_rate = Ewma()  # tokens/s of decode-only steps
         self.step_time = Ewma()
+        # the last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds):
+        # what a timing model for the simulator is fitted to (radixray.sim.calibrate)
+        self.step_log: deque[tuple[int, int, int, int, float]] = deque(maxlen=4096)
 
     def record_admission(self, prompt_tokens: int, miss: dict[str, int]) -> None:
         self.prompt_tokens += prompt_tokens
         for k, v in miss.items():
             self.miss_tokens[k] += v
 
-    def record_step(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
+    def record_step(self, shape, seconds: float) -> None:
+        """One step of ``shape`` (a scheduler ``StepShape``) took ``seconds``."""
+        decode_tokens, _, prefill_tokens, _ = shape
+        self.step_log.append((*shape, seconds))
         self.steps += 1
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens

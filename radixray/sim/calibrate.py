@@ -1,0 +1,180 @@
+"""``radixray sim calibrate``: fit the simulator's timing model to a live engine on this machine.
+
+The engine logs every step it runs as ``(decode_batch, decode_ctx, prefill_tokens,
+prefill_ctx_sum, seconds)`` (``EngineStats.step_log``: its own measurements, the same terms as
+``TimingModel.step_time``). This command drives a real engine through a designed set of steps,
+takes that log and fits the five coefficients by least squares (none negative), so that the
+simulator can stand for the workers a user actually has:
+
+* cold prefills of several lengths (prefill tokens and the attention term over their own
+  context), chunked as the engine chunks them;
+* a prefill over a long cached prefix (the attention term again, with few new tokens);
+* decode batches of several sizes and context lengths (per-sequence and per-context cost).
+
+Each probe runs twice and the first run is discarded (warm-up). The output is a JSON file of
+``TimingModel`` fields plus a fit report; ``radixray sim --timing FILE`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from .timing import TimingModel
+
+__all__ = ["fit_timing", "main", "probe_engine"]
+
+Sample = tuple[int, int, int, int, float]
+
+
+def fit_timing(
+    samples: Sequence[Sample], max_batch_tokens: int, max_running: int
+) -> tuple[TimingModel, dict]:
+    """Least squares of ``seconds ~ overhead + decode_seq * batch + decode_ctx * ctx +
+    prefill_token * tokens + prefill_attn * ctx_sum`` with no coefficient negative (a
+    coefficient the data would make negative is dropped and the rest refitted). Returns the
+    model and a report (samples, median and p90 relative error of the fit)."""
+    import numpy as np
+
+    if len(samples) < 5:
+        raise ValueError(f"need at least 5 step samples to fit 5 coefficients, got {len(samples)}")
+    a = np.array([[1.0, s[0], s[1], s[2], s[3]] for s in samples])
+    y = np.array([s[4] for s in samples])
+    # Columns on very different scales (1 vs context sums of 1e6): fit on scaled columns.
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    active = [j for j in range(5) if a[:, j].any()]
+    coef = np.zeros(5)
+    while True:
+        sol, *_ = np.linalg.lstsq(a[:, active] / scale[active], y, rcond=None)
+        sol = sol / scale[active]
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    if coef[3] <= 0:
+        raise ValueError("the samples do not determine a positive cost per prefill token")
+    pred = a @ coef
+    rel = np.abs(pred - y) / np.maximum(y, 1e-9)
+    model = TimingModel(
+        step_overhead_s=float(coef[0]),
+        decode_seq_s=float(coef[1]),
+        decode_ctx_s=float(coef[2]),
+        prefill_token_s=float(coef[3]),
+        prefill_attn_s=float(coef[4]),
+        max_batch_tokens=max_batch_tokens,
+        max_running=max_running,
+    )
+    report = {
+        "samples": len(samples),
+        "median_rel_error": float(np.median(rel)),
+        "p90_rel_error": float(np.percentile(rel, 90)),
+    }
+    return model, report
+
+
+def probe_engine(
+    engine, quick: bool = False, progress: Callable[[str], None] | None = None
+) -> list[Sample]:
+    """Drive ``engine`` (an idle ``radixray.worker.Engine``) through the probes; return the step
+    samples of the second run of each."""
+    from radixray.protocol import SamplingParams
+
+    vocab = engine.model_config.vocab_size
+    limit = engine.max_model_len - 32
+    rng = random.Random(0)
+
+    def fresh(n: int) -> list[int]:  # token ids no earlier prompt started with: no cache hits
+        return [rng.randrange(10, vocab) for _ in range(min(n, limit))]
+
+    lengths = (64, 512) if quick else (64, 256, 512, 1024, 2048)
+    batches = (1, 4) if quick else (1, 4, 8, 16, 32)
+    contexts = (64,) if quick else (64, 512)
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    decode = SamplingParams(max_tokens=8 if quick else 16, temperature=0.0, ignore_eos=True)
+    probes: list[tuple[str, Callable[[], None]]] = []
+    for n in lengths:
+        probes.append((f"prefill {n}", lambda n=n: engine.generate_batch([fresh(n)], one)))
+    for n in lengths[1:]:
+
+        def cached(n=n):
+            prefix = fresh(n)
+            engine.generate_batch([prefix], one)
+            engine.generate_batch([prefix + fresh(64)], one)
+
+        probes.append((f"64 new on {n} cached", cached))
+    for b in batches:
+        for ctx in contexts:
+            probes.append(
+                (f"decode {b} x {ctx}", lambda b=b, ctx=ctx: engine.generate_batch(
+                    [fresh(ctx) for _ in range(b)], decode)),
+            )  # fmt: skip
+    samples: list[Sample] = []
+    for name, run in probes:
+        run()  # warm-up
+        log = engine.meter.step_log
+        log.clear()
+        t0 = time.perf_counter()
+        run()
+        samples.extend(log)
+        if progress:
+            progress(f"{name}: {len(log)} steps, {time.perf_counter() - t0:.2f} s")
+    return samples
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="radixray sim calibrate",
+        description="Fit the simulator's timing model to a live engine on this machine.",
+    )
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--max-batch-tokens", type=int, default=1024)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--cpu-threads", type=int, default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller probes (tests)")
+    args = p.parse_args(argv)
+    from radixray.sysinfo import cpu_model
+    from radixray.worker import Engine, EngineConfig
+
+    engine = Engine(
+        EngineConfig(
+            model=args.model,
+            max_batch_tokens=args.max_batch_tokens,
+            max_running=args.max_running,
+            cpu_threads=args.cpu_threads,
+            device=args.device,
+            enable_events=False,
+        )
+    )
+    try:
+        samples = probe_engine(engine, args.quick, lambda m: print(m, file=sys.stderr, flush=True))
+        model, report = fit_timing(samples, args.max_batch_tokens, args.max_running)
+    finally:
+        engine.shutdown()
+    out = model.to_dict() | {
+        "fit": report
+        | {
+            "model": args.model,
+            "machine": engine.perf_class,
+            "cpu": cpu_model(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+        "samples": [list(s) for s in samples],
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(
+        f"wrote {args.out}: {json.dumps(model.to_dict())}; fit over {report['samples']} steps, "
+        f"median error {report['median_rel_error']:.1%}, p90 {report['p90_rel_error']:.1%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
