@@ -26,8 +26,8 @@ from radixray.step_cost import pooled_fits
 
 from .metrics import RequestRecord, RunResult, ceiling, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
-from .worker import ReqState, SimWorker
-from .workload import Workload
+from .worker import SimWorker
+from .workload import SimRequest, Workload
 
 __all__ = ["SimConfig", "Simulator", "simulate"]
 
@@ -120,16 +120,16 @@ class _Run:
 
     # ------------------------------------------------------------------ callbacks from workers
 
-    def _on_first_token(self, st: ReqState, now: float) -> None:
-        rec = self.records[self.pos_of[st.req.rid]]
+    def _on_first_token(self, req: SimRequest, cached: int, now: float) -> None:
+        rec = self.records[self.pos_of[req.rid]]
         rec.first_token = now
-        rec.cached = st.cached
+        rec.cached = cached
 
-    def _on_finish(self, st: ReqState, now: float) -> None:
-        i = self.pos_of[st.req.rid]
+    def _on_finish(self, req: SimRequest, cached: int, now: float) -> None:
+        i = self.pos_of[req.rid]
         self.finished[i] += 1
         self.records[i].finish = now
-        self.dispatch.complete(self.decisions[i], st.req.rid, st.cached)
+        self.dispatch.complete(self.decisions[i], req.rid, cached)
         self.decisions[i] = None  # its record is kept; the decision is no longer needed
 
     # ------------------------------------------------------------------ events

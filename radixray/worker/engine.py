@@ -169,12 +169,13 @@ class Engine:
             if not live.admitted:
                 live.admitted = True
                 self.meter.record_admission(it.req.num_prompt, it.req.miss)
+        shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
         out = self._emit(batch, logits)
-        self.meter.record_step(batch.shape(), dt)
+        self.meter.record_step(shape, dt)
         if self.config.debug_checks:
             self.scheduler.check_integrity()
         return out
@@ -371,13 +372,13 @@ class Engine:
         ``LoadReport`` fields, plus ``page_size``)."""
         s = self.meter.as_dict()
         sched, alloc = self.scheduler, self.pool.allocator
+        running, waiting, queued, decoding = sched.load()
         s.update(
-            running=len(sched.running),
+            running=running,
             # Requests still in the inbox are waiting too: they are accepted, not yet queued.
-            waiting=len(sched.waiting) + self.loop.pending,
-            queued_prefill_tokens=sum(r.num_tokens - r.num_computed for r in sched.waiting)
-            + sum(r.num_tokens - r.num_computed - 1 for r in sched.running if r.in_prefill),
-            active_decode_tokens=sum(r.num_tokens for r in sched.running),
+            waiting=waiting + self.loop.pending,
+            queued_prefill_tokens=queued,
+            active_decode_tokens=decoding,
             free_pages=alloc.num_free,
             total_pages=alloc.num_pages,
             cached_pages=self.cache.total_tokens // self.page_size,

@@ -120,6 +120,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def load(self) -> tuple[int, int, int, int]:
+        """``(running, waiting, queued_prefill_tokens, active_decode_tokens)``: what a worker
+        reports to routers (the engine and the simulator's workers both). Queued prefill is
+        every token a waiting request has not computed (the cache may cover some at admission)
+        plus what running prefills have left."""
+        return (
+            len(self.running),
+            len(self.waiting),
+            sum(r.num_tokens - r.num_computed for r in self.waiting)
+            + sum(r.num_tokens - r.num_computed - 1 for r in self.running if r.in_prefill),
+            sum(r.num_tokens for r in self.running),
+        )
+
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is; its pages go back at once. None if unknown."""
         for i, req in enumerate(self.waiting):
