@@ -1,5 +1,6 @@
-"""Trace-driven routing simulator: the router's own policies and ApproxIndex over simulated
-workers that hold real RadixCaches, with a timing model in place of a model.
+"""Trace-driven routing simulator: the router's own policies, dispatch core and ApproxIndex over
+simulated workers that run the engine's own scheduler over real RadixCaches, with a timing model
+(a preset, or one fitted to a live engine by ``radixray sim calibrate``) in place of a model.
 
 >>> from radixray.sim import load_mooncake, simulate, SimConfig
 >>> result = simulate(load_mooncake(limit=500), "ttft", SimConfig(num_workers=4))

@@ -5,8 +5,9 @@ Events, in time order (ties: step ends and KV-event deliveries before arrivals, 
     arrival      build WorkerState for every worker and route with the live router's
                  ``Dispatcher`` (policy.choose, the record, the optimistic index entry,
                  on_dispatch), enqueue it on the chosen worker
-    step end     a worker finishes a forward step: tokens, first tokens, finishes; it emits KV
-                 events, delivered to the router's index ``event_delay_s`` later
+    step end     a worker (the engine's Scheduler, sim/worker.py) finishes a forward step:
+                 tokens, first tokens, finishes; it emits KV events, delivered to the router's
+                 index ``event_delay_s`` later
     kv events    ApproxIndex.apply(worker, events): stale optimistic entries are corrected
 
 Everything random is drawn from generators seeded by ``SimConfig.seed`` (the workload has its own

@@ -14,8 +14,8 @@ request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Pre
 handed to the cache after every chunk, so a long shared prompt is shared as soon as a chunk of it
 exists.
 
-Page ownership is the contract of ``cache_index.prefix_cache``: a running request's pages are
-``pages[:num_tree_pages]`` (the tree's, locked through ``node``) followed by private pages.
+Pages are the ``PageManager``'s (page_manager.py): the scheduler decides who runs and whom to
+preempt, the manager whether the pages are there; each of its verbs does all or nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import NamedTuple
 from radixray.cache_index import ChunkCache, PrefixCache
 from radixray.protocol import MISS_CAUSES
 
+from .page_manager import PageManager
 from .request import Request, RequestStatus
 
 __all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch"]
@@ -91,6 +92,7 @@ def _cdiv(a: int, b: int) -> int:
 
 class Scheduler:
     def __init__(self, cache: PrefixCache, config: SchedulerConfig | None = None):
+        self.pages = PageManager(cache)
         self.cache = cache
         self.alloc = cache.allocator
         self.P = cache.page_size
@@ -100,7 +102,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.steps = 0
         self.num_preemptions = 0
-        self.num_evicted_pages = 0
+
+    @property
+    def num_evicted_pages(self) -> int:
+        return self.pages.num_evicted_pages
 
     # ------------------------------------------------------------------ queue
 
@@ -152,16 +157,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Every page is free, cached or private to exactly one running request."""
-        self.cache.check_integrity(held_pages=self.held_pages())
-        for r in self.running:
-            if len(r.pages) < _cdiv(r.num_computed, self.P):
-                raise AssertionError(
-                    f"{r.request_id} computed {r.num_computed} tokens "
-                    f"but holds {len(r.pages)} pages"
-                )
-        for r in self.waiting:
-            if r.pages or r.node is not None:
-                raise AssertionError(f"waiting request {r.request_id} holds pages")
+        self.pages.check_integrity(self.running, self.waiting)
 
     # ------------------------------------------------------------------ planning
 
@@ -189,19 +185,10 @@ class Scheduler:
         return Batch(items)
 
     def _ensure_pages(self, req: Request, upto: int, scheduled: set[int]) -> bool:
-        """Give ``req`` pages for positions < ``upto``: allocate, else evict, else preempt the
-        least-progressed running request not yet scheduled this step. False if ``req`` itself
-        was the one preempted."""
-        while (need := _cdiv(upto, self.P) - len(req.pages)) > 0:
-            pages = self.alloc.alloc(need)
-            if pages is not None:
-                req.pages += pages
-                return True
-            short = need - self.alloc.num_free
-            if self.cache.evictable_tokens // self.P > 0:
-                self.num_evicted_pages += self.cache.evict(short)
-                if self.alloc.num_free >= need:
-                    continue
+        """Give ``req`` pages for positions < ``upto`` (free or evicted ones), else preempt the
+        least-progressed running request not yet scheduled this step and try again. False if
+        ``req`` itself was the one preempted."""
+        while not self.pages.grow(req, upto):
             candidates = [r for r in self.running if id(r) not in scheduled]
             victim = min(
                 candidates, key=lambda r: (len(r.output_ids), r.num_computed, -r.arrival_step)
@@ -240,13 +227,12 @@ class Scheduler:
         return out
 
     def _admit(self, items: list[ScheduledItem], budget: int) -> None:
-        P, cache, cfg = self.P, self.cache, self.config
+        P, cfg = self.P, self.config
         in_flight = self._in_flight_hashes()
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_running:
                 break
-            # The last token is always computed: its logits give the next token.
-            m = cache.match_prefix(req.all_ids[: req.num_tokens - 1], req.extra_key)
+            m = self.pages.match(req)
             nxt = len(m.pages)
             if (
                 cfg.dedupe_in_flight
@@ -257,25 +243,11 @@ class Scheduler:
             ):
                 req.deferred_steps += 1  # wait for the running request to cache it
                 continue
-            cache.lock(m.node)
-            need_total = _cdiv(req.num_tokens, P) - len(m.pages)
-            if need_total > self.alloc.num_free + cache.evictable_tokens // P:
-                cache.unlock(m.node)
-                break  # not enough memory for this one: keep the queue order, wait
             n = min(req.num_tokens - m.num_tokens, budget)
-            need = _cdiv(m.num_tokens + n, P) - len(m.pages)
-            if need > self.alloc.num_free:
-                self.num_evicted_pages += cache.evict(need - self.alloc.num_free)
-            pages = self.alloc.alloc(need)
-            if pages is None:  # cannot happen after the check above; be safe, not sorry
-                cache.unlock(m.node)
-                break
+            if not self.pages.admit(req, m, m.num_tokens + n):
+                break  # not enough memory for this one: keep the queue order, wait
             if req.miss is None:
                 req.miss = self._attribute(req, m.num_tokens, in_flight)
-            req.pages = list(m.pages) + pages
-            req.num_tree_pages = len(m.pages)
-            req.node = m.node
-            req.num_computed = m.num_tokens
             req.status = RequestStatus.RUNNING
             self.waiting.remove(req)
             self.running.append(req)
@@ -315,55 +287,12 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed = it.start + it.num_tokens
-            if self.reuse and it.num_tokens > 1:
-                self._commit(req, req.num_computed)
-
-    def _commit(self, req: Request, upto: int) -> None:
-        """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``."""
-        P, cache = self.P, self.cache
-        k = upto // P
-        if k <= req.num_tree_pages:
-            return
-        tokens = req.all_ids[: k * P]
-        cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
-        dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
-        m = cache.match_prefix(tokens, req.extra_key)
-        assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
-        cache.lock(m.node)
-        if req.node is not None:
-            cache.unlock(req.node)
-        req.node = m.node
-        req.pages[:k] = m.pages
-        req.num_tree_pages = k
-        if dups:
-            self.alloc.free(dups)
-
-    def _release(self, req: Request) -> None:
-        """Give every page back: computed full pages to the cache (kept for reuse), the rest
-        to the allocator; drop the lock."""
-        P, cache = self.P, self.cache
-        k = req.num_computed // P
-        ntp = req.num_tree_pages
-        to_free: list[int] = []
-        if k > ntp or (not self.reuse and k > 0):
-            cached = cache.insert(
-                req.all_ids[: k * P], req.pages[:k], req.extra_key, req.block_hashes
-            )
-            to_free += req.pages[ntp : max(ntp, min(cached // P, k))]  # duplicates
-            to_free += req.pages[k:]
-        else:
-            to_free += req.pages[ntp:]
-        if req.node is not None:
-            cache.unlock(req.node)
-        if to_free:
-            self.alloc.free(to_free)
-        req.pages = []
-        req.num_tree_pages = 0
-        req.node = None
+            if it.num_tokens > 1:
+                self.pages.commit(req, req.num_computed)
 
     def preempt(self, req: Request) -> None:
         """Stop ``req``, keep its computed prefix in the cache, requeue it at the front."""
-        self._release(req)
+        self.pages.release(req)
         req.num_computed = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -372,7 +301,7 @@ class Scheduler:
         self.waiting.insert(0, req)
 
     def finish(self, req: Request, reason: str) -> None:
-        self._release(req)
+        self.pages.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         self.running.remove(req)

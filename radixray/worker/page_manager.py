@@ -1,0 +1,150 @@
+"""``PageManager``: which pages a request holds, and every change to that. Ints and lists only.
+
+The scheduler decides *who* runs (order, budget, whom to preempt); this decides *whether the
+pages are there* and moves them. Each verb either does all it says or changes nothing and says
+so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
+
+    match(req)              the cached prefix of the request's tokens (read only)
+    admit(req, m, upto)     lock the prefix, pages for positions < upto -> False: nothing changed
+    grow(req, upto)         more pages (evicting cached ones) -> False: nothing changed (preempt)
+    commit(req, upto)       hand computed full pages to the cache; the request keeps them locked
+    release(req)            give everything back: full computed pages cached, the rest freed
+
+Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
+``pages[:num_tree_pages]`` (the cache's, locked through ``node``) then private pages; every page
+is free, cached, or private to exactly one request (``check_integrity``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from radixray.cache_index import ChunkCache, PrefixCache
+from radixray.cache_index.prefix_cache import MatchResult
+
+from .request import Request
+
+__all__ = ["PageManager"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PageManager:
+    def __init__(self, cache: PrefixCache):
+        self.cache = cache
+        self.alloc = cache.allocator
+        self.P = cache.page_size
+        self.reuse = not isinstance(cache, ChunkCache)
+        self.num_evicted_pages = 0
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a request could get now: free ones and cached ones nobody holds."""
+        return self.alloc.num_free + self.cache.evictable_tokens // self.P
+
+    def match(self, req: Request) -> MatchResult:
+        """The cached prefix of the request's tokens; the last token is always computed (its
+        logits give the next token), so it is never matched."""
+        return self.cache.match_prefix(req.all_ids[: req.num_tokens - 1], req.extra_key)
+
+    def admit(self, req: Request, m: MatchResult, upto: int) -> bool:
+        """Lock ``m`` for ``req`` and give it pages for positions < ``upto``; the request's
+        whole prompt must fit in what is available. False (nothing changed) when it does not."""
+        P, cache = self.P, self.cache
+        cache.lock(m.node)  # before counting: the match's own pages are not evictable
+        need = _cdiv(upto, P) - len(m.pages)
+        if (
+            _cdiv(req.num_tokens, P) - len(m.pages) > self.available_pages
+            or (pages := self._take(need)) is None
+        ):
+            cache.unlock(m.node)
+            return False
+        req.pages = list(m.pages) + pages
+        req.num_tree_pages = len(m.pages)
+        req.node = m.node
+        req.num_computed = m.num_tokens
+        return True
+
+    def grow(self, req: Request, upto: int) -> bool:
+        """Pages for positions < ``upto``, evicting cached pages nobody holds if need be. False
+        (nothing changed) when even that is not enough: the caller frees some by preempting."""
+        need = _cdiv(upto, self.P) - len(req.pages)
+        if need <= 0:
+            return True
+        pages = self._take(need)
+        if pages is None:
+            return False
+        req.pages += pages
+        return True
+
+    def _take(self, n: int) -> list[int] | None:
+        """``n`` pages, evicting the shortfall from the cache; None (nothing evicted) when the
+        free and evictable pages together are fewer."""
+        if n <= 0:
+            return []
+        if n > self.available_pages:
+            return None
+        if n > self.alloc.num_free:
+            self.num_evicted_pages += self.cache.evict(n - self.alloc.num_free)
+        return self.alloc.alloc(n)
+
+    def commit(self, req: Request, upto: int) -> None:
+        """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``; pages
+        another request cached meanwhile replace ``req``'s private copies, which are freed."""
+        P, cache = self.P, self.cache
+        k = upto // P
+        if not self.reuse or k <= req.num_tree_pages:
+            return
+        tokens = req.all_ids[: k * P]
+        cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
+        dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
+        m = cache.match_prefix(tokens, req.extra_key)
+        assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
+        cache.lock(m.node)
+        if req.node is not None:
+            cache.unlock(req.node)
+        req.node = m.node
+        req.pages[:k] = m.pages
+        req.num_tree_pages = k
+        if dups:
+            self.alloc.free(dups)
+
+    def release(self, req: Request) -> None:
+        """Give every page back: computed full pages to the cache (kept for reuse), the rest to
+        the allocator; drop the lock."""
+        P, cache = self.P, self.cache
+        k = req.num_computed // P
+        ntp = req.num_tree_pages
+        to_free: list[int] = []
+        if k > ntp or (not self.reuse and k > 0):
+            cached = cache.insert(
+                req.all_ids[: k * P], req.pages[:k], req.extra_key, req.block_hashes
+            )
+            to_free += req.pages[ntp : max(ntp, min(cached // P, k))]  # duplicates
+            to_free += req.pages[k:]
+        else:
+            to_free += req.pages[ntp:]
+        if req.node is not None:
+            cache.unlock(req.node)
+        if to_free:
+            self.alloc.free(to_free)
+        req.pages = []
+        req.num_tree_pages = 0
+        req.node = None
+
+    def check_integrity(self, holders: Iterable[Request], idle: Iterable[Request] = ()) -> None:
+        """Every page is free, cached or private to exactly one of ``holders``; each holder has
+        pages for what it computed; ``idle`` requests hold none."""
+        holders = list(holders)
+        self.cache.check_integrity(held_pages=[p for r in holders for p in r.private_pages])
+        for r in holders:
+            if len(r.pages) < _cdiv(r.num_computed, self.P):
+                raise AssertionError(
+                    f"{r.request_id} computed {r.num_computed} tokens "
+                    f"but holds {len(r.pages)} pages"
+                )
+        for r in idle:
+            if r.pages or r.node is not None:
+                raise AssertionError(f"waiting request {r.request_id} holds pages")
