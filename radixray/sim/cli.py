@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 from radixray.router.policies import make_policy, policy_names
 
+from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
 from .metrics import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
 from .timing import TIMING_PRESETS, load_timing
-from .workload import Workload, azure_shared_prefix, hot_prefix, load_mooncake, multiturn_chat
+from .workload import Workload, load_mooncake
 
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
 
