@@ -70,6 +70,9 @@ class RouterMetrics:
             ["direction"],
             registry=r,
         )
+        # children made once: on_decision runs for every request
+        self._reuse = {k: self.reuse.labels(k) for k in ("available", "captured", "delivered")}
+        self._reuse_error = {k: self.reuse_error.labels(k) for k in ("over", "under")}
         self.retries = Counter(
             "radixray_retries", "Dispatches retried on another worker", registry=r
         )
@@ -128,12 +131,12 @@ class RouterMetrics:
             self.hit_rate.set(self._cached_total / max(self._prompt_total, 1))
         delivered = rec.actual_cached_tokens
         if delivered is not None:
-            self.reuse.labels("available").inc(rec.available_tokens)
-            self.reuse.labels("captured").inc(rec.captured_tokens)
-            self.reuse.labels("delivered").inc(delivered)
+            self._reuse["available"].inc(rec.available_tokens)
+            self._reuse["captured"].inc(rec.captured_tokens)
+            self._reuse["delivered"].inc(delivered)
             error = delivered - rec.captured_tokens
             if error:
-                self.reuse_error.labels("under" if error > 0 else "over").inc(abs(error))
+                self._reuse_error["under" if error > 0 else "over"].inc(abs(error))
             if delivered < rec.predicted_cached_tokens:
                 self.mispredicted.inc()
 

@@ -86,10 +86,6 @@ class Batch(NamedTuple):
         return StepShape(decode, decode_ctx, prefill, ctx_sum)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class Scheduler:
     def __init__(self, cache: PrefixCache, config: SchedulerConfig | None = None):
         self.pages = PageManager(cache)
@@ -151,9 +147,6 @@ class Scheduler:
                 self.finish(req, "abort")
                 return req
         return None
-
-    def held_pages(self) -> list[int]:
-        return [p for r in self.running for p in r.private_pages]
 
     def check_integrity(self) -> None:
         """Every page is free, cached or private to exactly one running request."""
