@@ -117,7 +117,10 @@ def test_a_router_joining_late_is_warm_before_it_reports_ready():
     hosts = hosts_for(2)
 
     async def go():
-        async with fleet(hosts, 2, policy="cache_aware") as services:
+        # round_robin, so both workers fill: cold prompts one at a time on idle workers would all
+        # go to the first worker under cache_aware (least-load fallback, ties to the first), and
+        # whether a stale polled load sends one elsewhere is timing
+        async with fleet(hosts, 2, policy="round_robin") as services:
             rng = random.Random(1)
             for i in range(12):  # traffic through the first two: the workers fill their caches
                 req = GenerateRequest(f"warm-{i}", cold(rng, 64 + 16 * i), PARAMS)
