@@ -30,6 +30,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory-gb", type=float, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=1024)
     p.add_argument("--max-running", type=int, default=64)
+    p.add_argument(
+        "--prefill-order",
+        choices=["fcfs", "shortest"],
+        default="fcfs",
+        help="after the decodes, a step's budget goes to running prefills first (fcfs) or to "
+        "the fewest uncomputed tokens first, running or waiting (shortest)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument(
         "--cpu-threads",
@@ -55,6 +62,7 @@ def _engine_config(args, worker_id: str | None) -> dict:
         "kv_memory_bytes": int(args.kv_memory_gb * (1 << 30)) if args.kv_memory_gb else None,
         "max_batch_tokens": args.max_batch_tokens,
         "max_running": args.max_running,
+        "prefill_order": args.prefill_order,
         "device": args.device,
         "cpu_threads": args.cpu_threads,
         "attention_backend": args.attention_backend,

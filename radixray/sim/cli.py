@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
     c.add_argument(
+        "--prefill-order",
+        choices=("fcfs", "shortest"),
+        default="fcfs",
+        help="the workers' scheduler: running prefills first, or the fewest uncomputed tokens",
+    )
+    c.add_argument(
         "--event-delay", type=float, default=0.05, help="KV event delay to the router (s)"
     )
     c.add_argument("--no-events", action="store_true", help="index learns only from decisions")
@@ -156,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         page_size=args.page_size,
         timing=timing,
         eviction=args.eviction,
+        prefill_order=args.prefill_order,
         event_delay_s=None if args.no_events else args.event_delay,
         optimistic_index=not args.no_optimistic,
         seed=args.seed,
@@ -163,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"workload {wl.name}: {len(wl)} requests, {wl.total_tokens()} prompt tokens "
         f"{wl.description}; {args.workers} workers x {args.pages} pages of {args.page_size}, "
-        f"timing {args.timing}",
+        f"timing {args.timing}, {args.prefill_order} prefills",
         file=sys.stderr,
     )
     results: dict[str, RunResult] = {}

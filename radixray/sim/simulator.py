@@ -24,6 +24,7 @@ from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
+from radixray.worker.scheduler import PREFILL_ORDERS
 
 from .metrics import RequestRecord, RunResult, ceiling, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
@@ -50,6 +51,7 @@ class SimConfig:
     index_max_blocks: int | None = None
     seed: int = 0
     check_every: int = 0  # run every worker's check_integrity every N steps (0: only at the end)
+    prefill_order: str = "fcfs"  # the workers' SchedulerConfig.prefill_order
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -58,6 +60,11 @@ class SimConfig:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.event_delay_s is not None and self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0 or None, got {self.event_delay_s}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(
+                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
+                f"got {self.prefill_order!r}"
+            )
         if self.event_delay_s is None and not self.optimistic_index:
             raise ValueError("with no KV events and no optimistic index the router sees nothing")
 
@@ -109,6 +116,7 @@ class _Run:
                 self.emit,
                 self._on_first_token,
                 self._on_finish,
+                cfg.prefill_order,
             )
             for w in range(cfg.num_workers)
         ]

@@ -46,6 +46,7 @@ class SimWorker:
         enable_events: bool = True,
         on_first_token: Callable[[SimRequest, int, float], None] | None = None,
         on_finish: Callable[[SimRequest, int, float], None] | None = None,
+        prefill_order: str = "fcfs",
     ):
         """``on_first_token(request, cached_tokens, now)`` and ``on_finish(...)`` report each
         request once."""
@@ -58,7 +59,9 @@ class SimWorker:
         self.scheduler = Scheduler(
             self.cache,
             SchedulerConfig(
-                max_batch_tokens=timing.max_batch_tokens, max_running=timing.max_running
+                max_batch_tokens=timing.max_batch_tokens,
+                max_running=timing.max_running,
+                prefill_order=prefill_order,
             ),
         )
         self.on_first_token = on_first_token

@@ -8,6 +8,8 @@ from radixray.cache_index.block_hash import check_page_size
 from radixray.cache_index.prefix_cache import CACHE_TYPES
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 
+from .scheduler import PREFILL_ORDERS
+
 __all__ = ["EngineConfig"]
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -28,6 +30,7 @@ class EngineConfig:
     max_running: int = 64
     max_model_len: int | None = None  # None: the model's context length
     dedupe_in_flight: bool = True
+    prefill_order: str = "fcfs"  # "fcfs" or "shortest": SchedulerConfig.prefill_order
     enable_events: bool = True
     debug_checks: bool = False  # check_integrity() after every step (tests)
     attention_backend: str | None = None
@@ -59,6 +62,11 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(
+                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
+                f"got {self.prefill_order!r}"
+            )
         if self.cpu_threads is not None and (
             not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
         ):

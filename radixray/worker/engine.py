@@ -96,6 +96,7 @@ class Engine:
                 max_batch_tokens=config.max_batch_tokens,
                 max_running=config.max_running,
                 dedupe_in_flight=config.dedupe_in_flight,
+                prefill_order=config.prefill_order,
             ),
         )
         self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)

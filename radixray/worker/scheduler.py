@@ -29,7 +29,9 @@ from radixray.protocol import MISS_CAUSES
 from .page_manager import PageManager
 from .request import Request, RequestStatus
 
-__all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch"]
+__all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch", "PREFILL_ORDERS"]
+
+PREFILL_ORDERS = ("fcfs", "shortest")
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,23 @@ class SchedulerConfig:
     # (~50 us per 4k-token prompt), which past this length costs more than it saves.
     lpm_queue_limit: int = 128
     dedupe_in_flight: bool = True
+    # Which prefill work a step's budget goes to after the decodes. "fcfs": running prefills
+    # continue first (by arrival), then admissions; a long prompt's chunks hold the budget until
+    # it is done, and everything that arrives behind it waits. "shortest": running prefills and
+    # waiting requests together, fewest uncomputed tokens first (a long prefill keeps its pages
+    # and pauses while shorter ones pass); what has waited max_wait_steps goes first, by arrival.
+    prefill_order: str = "fcfs"
 
     def __post_init__(self):
         for name in ("max_batch_tokens", "max_running", "max_wait_steps", "lpm_queue_limit"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(
+                f"SchedulerConfig.prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
+                f"got {self.prefill_order!r}"
+            )
 
 
 class ScheduledItem(NamedTuple):
@@ -160,22 +173,84 @@ class Scheduler:
         items: list[ScheduledItem] = []
         scheduled: set[int] = set()
         preemptions_before = self.num_preemptions
+        shortest = self.config.prefill_order == "shortest"
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
+            if shortest and req.in_prefill:
+                break  # prefills are ordered with the waiting requests below
             if req.status is not RequestStatus.RUNNING or budget <= 0:
                 continue
-            n = min(req.num_tokens - req.num_computed, budget)
-            if not self._ensure_pages(req, req.num_computed + n, scheduled):
-                continue  # it was preempted itself
-            items.append(
-                ScheduledItem(req, req.num_computed, n, req.num_computed + n == req.num_tokens)
-            )
-            scheduled.add(id(req))
-            budget -= n
+            budget -= self._continue(req, budget, items, scheduled)
+        if shortest:
+            self._prefill_shortest(items, budget, scheduled, preemptions_before)
         # No admissions in a step that had to preempt: memory is short, and admitting now would
         # only evict what the preempted request just left in the cache.
-        if budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
+        elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
             self._admit(items, budget)
         return Batch(items)
+
+    def _continue(self, req: Request, budget: int, items: list, scheduled: set[int]) -> int:
+        """Schedule a running request's next token or chunk; the tokens it takes (0 if it was
+        preempted itself)."""
+        n = min(req.num_tokens - req.num_computed, budget)
+        if not self._ensure_pages(req, req.num_computed + n, scheduled):
+            return 0
+        items.append(
+            ScheduledItem(req, req.num_computed, n, req.num_computed + n == req.num_tokens)
+        )
+        scheduled.add(id(req))
+        return n
+
+    def _prefill_shortest(
+        self, items: list, budget: int, scheduled: set[int], preemptions_before: int
+    ) -> None:
+        """The prefill part of a step under ``prefill_order="shortest"``."""
+        cfg, steps = self.config, self.steps
+        running = [r for r in self.running if r.in_prefill and id(r) not in scheduled]
+        remaining = {id(r): r.num_tokens - r.num_computed for r in running}
+        remaining.update(self._uncached(self.waiting))
+        order = sorted(
+            running + self.waiting,
+            key=lambda r: (
+                steps - r.arrival_step < cfg.max_wait_steps,  # the old first, by arrival
+                0 if steps - r.arrival_step >= cfg.max_wait_steps else remaining[id(r)],
+                r.arrival_step,
+            ),
+        )
+        was_running = {id(r) for r in running}
+        in_flight = self._in_flight_hashes()
+        admitting = True
+        for req in order:
+            if budget <= 0:
+                break
+            if id(req) in was_running:
+                if req.status is RequestStatus.RUNNING:  # not preempted earlier in this step
+                    budget -= self._continue(req, budget, items, scheduled)
+                    if self.num_preemptions != preemptions_before:
+                        admitting = False  # memory is short: see schedule()
+                continue
+            if not admitting or self.num_preemptions != preemptions_before:
+                continue
+            if len(self.running) >= cfg.max_running:
+                continue
+            took = self._try_admit(req, budget, in_flight, items)
+            if took is None:
+                admitting = False  # no memory for it: keep the queue order, wait
+            else:
+                budget -= took
+                if took:
+                    scheduled.add(id(req))
+
+    def _uncached(self, waiting: list[Request]) -> dict[int, int]:
+        """Each waiting request's tokens left to compute, net of the cached prefix (estimated
+        read-only, as the admission order does; past ``lpm_queue_limit`` without the cache)."""
+        if len(waiting) > self.config.lpm_queue_limit or not self.reuse:
+            return {id(r): r.num_tokens - r.num_computed for r in waiting}
+        P, peek = self.P, self.cache.peek_prefix
+        return {
+            id(r): r.num_tokens
+            - peek(r.prompt_ids, r.block_hashes[: (r.num_tokens - 1) // P], r.extra_key)
+            for r in waiting
+        }
 
     def _ensure_pages(self, req: Request, upto: int, scheduled: set[int]) -> bool:
         """Give ``req`` pages for positions < ``upto`` (free or evicted ones), else preempt the
@@ -220,33 +295,45 @@ class Scheduler:
         return out
 
     def _admit(self, items: list[ScheduledItem], budget: int) -> None:
-        P, cfg = self.P, self.config
+        cfg = self.config
         in_flight = self._in_flight_hashes()
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_running:
                 break
-            m = self.pages.match(req)
-            nxt = len(m.pages)
-            if (
-                cfg.dedupe_in_flight
-                and self.reuse
-                and nxt < len(req.block_hashes)
-                and req.block_hashes[nxt] in in_flight
-                and req.deferred_steps < cfg.max_wait_steps
-            ):
-                req.deferred_steps += 1  # wait for the running request to cache it
-                continue
-            n = min(req.num_tokens - m.num_tokens, budget)
-            if not self.pages.admit(req, m, m.num_tokens + n):
+            took = self._try_admit(req, budget, in_flight, items)
+            if took is None:
                 break  # not enough memory for this one: keep the queue order, wait
-            if req.miss is None:
-                req.miss = self._attribute(req, m.num_tokens, in_flight)
-            req.status = RequestStatus.RUNNING
-            self.waiting.remove(req)
-            self.running.append(req)
-            in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
-            items.append(ScheduledItem(req, m.num_tokens, n, m.num_tokens + n == req.num_tokens))
-            budget -= n
+            budget -= took
+
+    def _try_admit(
+        self, req: Request, budget: int, in_flight: set[int], items: list[ScheduledItem]
+    ) -> int | None:
+        """Admit ``req`` with its first chunk of up to ``budget`` tokens: the tokens scheduled,
+        0 if it defers to a running request that is computing its next page, None if its pages
+        do not fit (nothing changed)."""
+        P, cfg = self.P, self.config
+        m = self.pages.match(req)
+        nxt = len(m.pages)
+        if (
+            cfg.dedupe_in_flight
+            and self.reuse
+            and nxt < len(req.block_hashes)
+            and req.block_hashes[nxt] in in_flight
+            and req.deferred_steps < cfg.max_wait_steps
+        ):
+            req.deferred_steps += 1  # wait for the running request to cache it
+            return 0
+        n = min(req.num_tokens - m.num_tokens, budget)
+        if not self.pages.admit(req, m, m.num_tokens + n):
+            return None
+        if req.miss is None:
+            req.miss = self._attribute(req, m.num_tokens, in_flight)
+        req.status = RequestStatus.RUNNING
+        self.waiting.remove(req)
+        self.running.append(req)
+        in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
+        items.append(ScheduledItem(req, m.num_tokens, n, m.num_tokens + n == req.num_tokens))
+        return n
 
     def _attribute(self, req: Request, cached: int, in_flight: set[int]) -> dict[str, int]:
         """Split the prompt's tokens by why they were (not) reused; the values sum to the

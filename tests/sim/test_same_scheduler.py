@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from radixray.protocol import SamplingParams
 from radixray.sim.timing import TimingModel
 from radixray.sim.worker import SimWorker
@@ -38,12 +40,13 @@ def script(seed: int = 0) -> tuple[Workload, dict[int, list[SimRequest]]]:
     return Workload("script", reqs, 20), arrivals
 
 
-def test_the_simulator_and_the_engine_run_the_same_steps():
+@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+def test_the_simulator_and_the_engine_run_the_same_steps(order):
     wl, arrivals = script()
     hashes = dict(zip((r.rid for r in wl.requests), wl.block_hashes(P), strict=True))
     engine = Engine(
         EngineConfig(model="tiny", page_size=P, num_pages=PAGES, max_batch_tokens=BATCH,
-                     max_running=RUNNING, enable_events=False)
+                     max_running=RUNNING, enable_events=False, prefill_order=order)
     )  # fmt: skip
     timing = TimingModel(0.01, 0.001, 0.0, 0.0001, 0.0, BATCH, RUNNING)
     cached = {"engine": {}, "sim": {}}
@@ -57,7 +60,9 @@ def test_the_simulator_and_the_engine_run_the_same_steps():
     def sim_done(req, n, now):
         done["sim"][req.rid] = int(now) - 1
 
-    sim = SimWorker(0, PAGES, P, timing, wl, on_first_token=sim_first, on_finish=sim_done)
+    sim = SimWorker(
+        0, PAGES, P, timing, wl, on_first_token=sim_first, on_finish=sim_done, prefill_order=order
+    )
     now = [0]  # the engine's step
 
     def sink(rid: int):

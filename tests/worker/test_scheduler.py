@@ -234,9 +234,64 @@ def test_abort_waiting_and_running_frees_everything():
     assert s.cache.protected_tokens == 0
 
 
+def _tokens_per_step(s: Scheduler, reqs_by_step: dict[int, list[Request]], steps: int):
+    """Drive ``s`` for ``steps`` steps, adding ``reqs_by_step[k]`` before step k; returns each
+    step's {request id: tokens computed}."""
+    log = []
+    for k in range(steps):
+        for r in reqs_by_step.get(k, []):
+            s.add(r)
+        batch = s.schedule()
+        log.append({it.req.request_id: it.num_tokens for it in batch.items})
+        s.postprocess(batch)
+        for it in batch.items:
+            if it.sample:
+                it.req.output_ids.append(next_token(it.req.all_ids))
+                if len(it.req.output_ids) >= it.req.params.max_tokens:
+                    s.finish(it.req, "length")
+        s.check_integrity()
+    return log
+
+
+@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+def test_a_short_prompt_behind_a_long_prefill(order):
+    # A 64-token prompt prefills 8 tokens a step; a 5-token prompt arrives at its third step.
+    s = make_sched(num_pages=64, P=4, max_batch_tokens=8, prefill_order=order)
+    long_ = make_req("long", list(range(64)), 4)
+    short = make_req("short", list(range(100, 105)), 4)
+    log = _tokens_per_step(s, {0: [long_], 2: [short]}, 4)
+    assert log[:2] == [{"long": 8}, {"long": 8}]
+    if order == "fcfs":  # the running prefill keeps the whole budget
+        assert log[2:] == [{"long": 8}, {"long": 8}]
+    else:  # the short prompt goes first, the long one takes what is left, then it decodes
+        assert log[2:] == [{"short": 5, "long": 3}, {"short": 1, "long": 7}]
+    assert long_.num_computed == (32 if order == "fcfs" else 26)  # the budget is used either way
+
+
+def test_shortest_first_lets_a_request_that_waited_long_enough_go_first():
+    s = make_sched(num_pages=128, P=4, max_batch_tokens=8, max_wait_steps=4,
+                   prefill_order="shortest")  # fmt: skip
+    long_ = make_req("long", list(range(40)), 1)
+    shorts = {k: [make_req(f"s{k}", list(range(200 + 10 * k, 208 + 10 * k)), 1)]
+              for k in range(1, 8)}  # fmt: skip
+    log = _tokens_per_step(s, {0: [long_]} | shorts, 8)
+    # Step 0 starts the long prefill; from step 1 an 8-token prompt arrives every step and takes
+    # the budget, until the long one has waited 4 steps (step 3 on): then it goes first.
+    assert log[0] == {"long": 8}
+    assert log[1] == {"s1": 8} and log[2] == {"s2": 8}
+    assert log[3:7] == [{"long": 8}] * 4, log
+    assert log[7] == {"s3": 8}  # the queue behind it: the oldest first
+
+
+def test_prefill_order_is_checked():
+    with pytest.raises(ValueError, match="prefill_order must be one of fcfs, shortest, got 'lifo'"):
+        SchedulerConfig(prefill_order="lifo")
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("cache", ["radix", "chunk"])
-def test_random_workload_exact_outputs_and_no_leak(seed, cache):
+@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+def test_random_workload_exact_outputs_and_no_leak(seed, cache, order):
     rng = random.Random(seed)
     P = rng.choice([1, 2, 4, 8])
     num_pages = rng.randint(40, 120) // P + 8
@@ -246,6 +301,7 @@ def test_random_workload_exact_outputs_and_no_leak(seed, cache):
         cache=cache,
         max_batch_tokens=rng.choice([4, 16, 64]),
         max_running=rng.choice([2, 8, 64]),
+        prefill_order=order,
     )
     systems = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, 20))] for _ in range(3)]
     reqs = []
