@@ -42,6 +42,7 @@ def run_cell(workers: int, pages: int, speedup: float, args) -> dict:
         page_size=args.page_size,
         timing=timing_preset(args.timing),
         event_delay_s=args.event_delay,
+        prefill_order=args.prefill_order,
         seed=0,
     )
     results = {}
@@ -104,7 +105,13 @@ def hot_prefix_row(args) -> dict:
     import collections
 
     wl = hot_prefix(num_requests=args.hot_requests, rate=10.0, seed=0)
-    cfg = SimConfig(num_workers=8, num_pages=4096, page_size=args.page_size, seed=0)
+    cfg = SimConfig(
+        num_workers=8,
+        num_pages=4096,
+        page_size=args.page_size,
+        prefill_order=args.prefill_order,
+        seed=0,
+    )
     s, hot_share = {}, {}
     for name in [*BASELINES, OURS]:
         r = simulate(wl, name, cfg, progress=f"hot_prefix {name}")
@@ -149,6 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--timing", default="cpu")
     p.add_argument("--event-delay", type=float, default=0.05)
+    p.add_argument(
+        "--prefill-order", choices=("fcfs", "shortest"), default="fcfs", help="workers' scheduler"
+    )
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--out", default="/tmp/bench_sim.json", help="JSON of every cell")
     p.add_argument("--plot", default="benchmarks/bench_sim.png")
@@ -163,6 +173,7 @@ def main(argv=None) -> int:
             f"{platform.python_version()}",
             "argv": sys.argv,
             "block_tokens": args.block_tokens,
+            "prefill_order": args.prefill_order,
             "scale": 512 / args.block_tokens,
         },
         "cells": {},

@@ -31,7 +31,9 @@ from radixray.bench.loadgen import LoadConfig
 from radixray.bench.workloads import build_workload
 from radixray.model_meta import load_model_meta
 from radixray.sim import SimConfig, SimRequest, Workload, simulate
-from radixray.sim.timing import load_timing
+from radixray.sim.calibrate import fit_timing
+from radixray.sim.timing import TimingModel, load_timing
+from radixray.worker.stats import STEP_FIELDS
 
 POLICIES = ("ttft", "cache_aware", "round_robin")
 
@@ -56,6 +58,23 @@ def sim_workload(wl, rate: float, seed: int, page_size: int, model: str) -> Work
             parent = seg
         reqs.append(SimRequest(i, t, tuple(segs), turn.max_tokens, s.session_id))
     return Workload("mooncake_live", reqs, wl.sessions[0].shared_prefix_tokens, dict(wl.meta))
+
+
+def fit_live_steps(report: dict, spec: WorkerSpec) -> tuple[TimingModel | None, dict]:
+    """A timing model fitted to the steps the live workers ran in the benchmark itself (their
+    ``/debug/steps`` logs, every policy's run pooled), each step costed by its whole share of
+    the worker's time (``period_s``: scheduling, streaming out and waiting for a shared core
+    included, not only the forward pass). None if the report has no step logs."""
+    samples = []
+    for runs in report.get("step_logs", {}).values():
+        for run in runs:
+            for body in (run or {}).values():
+                col = {f: i for i, f in enumerate(body["fields"])}
+                keep = [col[f] for f in STEP_FIELDS[:4]] + [col["period_s"]]
+                samples += [tuple(x[i] for i in keep) for x in body["log"]]
+    if not samples:
+        return None, {}
+    return fit_timing(samples, spec.max_batch_tokens, 64)  # 64: the worker's --max-running
 
 
 def main(argv=None) -> int:
@@ -88,9 +107,12 @@ def main(argv=None) -> int:
             worker=WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages),
             probe_requests=3,
             command=" ".join(sys.argv),
+            step_logs=True,
         )
         report = run_compare(cfg)
     live = {r["policy"]: r for r in report["workloads"]["mooncake"]["rows"]}
+    spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
+    live_fit, live_fit_report = fit_live_steps(report["workloads"]["mooncake"], spec)
 
     swl = sim_workload(wl, args.rate, args.seed, page_size, model)
     solo = load_timing(args.timing)
@@ -101,7 +123,14 @@ def main(argv=None) -> int:
                                              "prefill_token_s", "prefill_attn_s")},
     )  # fmt: skip
     sims = {}
-    for label, timing in (("sim", solo), (f"sim x{k:g}", contended)):
+    timings = [("sim", solo), (f"sim x{k:g}", contended)]
+    if live_fit is not None:
+        timings.append(("sim live-fit", live_fit))
+        print(
+            f"live-fit timing (the live workers' own steps, all policies): "
+            f"{json.dumps(live_fit.to_dict())}; {json.dumps(live_fit_report)}"
+        )
+    for label, timing in timings:
         sc = SimConfig(
             num_workers=args.workers,
             num_pages=args.num_pages,
@@ -129,7 +158,18 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     out = Path(args.out_dir) / "sim_vs_live.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"live": live, "sim": sims}, indent=1, default=str))
+    out.write_text(
+        json.dumps(
+            {
+                "live": live,
+                "sim": sims,
+                "timing": {label: t.to_dict() for label, t in timings},
+                "live_fit": live_fit_report,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0
 
 

@@ -37,7 +37,7 @@ from .cluster import (
     start_sglang_router,
     start_workers,
 )
-from .counters import SETTLE_S, counter_delta, merge_deltas, worker_counters
+from .counters import SETTLE_S, counter_delta, merge_deltas, worker_counters, worker_steps
 from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_request
 from .report import breakdown_table, markdown_table, plot, summarize, write_json
 from .workloads import BenchWorkload, build_workload
@@ -65,6 +65,9 @@ class CompareConfig:
     probe_requests: int = 100
     repeats: int = 1
     command: str = ""
+    # keep every worker's step log of each run (``/debug/steps``): what bench_sim_vs_live.py fits
+    # the simulator's timing to
+    step_logs: bool = False
 
     def __post_init__(self):
         for t in self.targets:
@@ -197,11 +200,15 @@ def _run_one(
         router = _start_router(target, i, urls, cfg, log_dir / target)
         time.sleep(1.0)  # the radixray router's first polls; SGLang's health checks
         before = asyncio.run(worker_counters(urls))
+        if cfg.step_logs:
+            seen = asyncio.run(worker_steps(dict.fromkeys(urls, 10**18)))
         label = f"{wl.name} {target}"
         run = asyncio.run(run_load(router.url, wl, replace(load), model=model, target=label))
         time.sleep(SETTLE_S)
         after = asyncio.run(worker_counters(urls))
         delta = counter_delta(before, after)
+        if cfg.step_logs:
+            delta["steps"] = asyncio.run(worker_steps({u: seen[u]["steps"] for u in urls}))
         if target.startswith("radixray:"):
             delta["decisions"] = _decisions(router.url)
         return run, delta
@@ -297,8 +304,10 @@ def run_compare(cfg: CompareConfig) -> dict:
                     f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
                     flush=True,
                 )
-        rows, requests = [], {}
+        rows, requests, step_logs = [], {}, {}
         for target in targets:
+            if cfg.step_logs:
+                step_logs[target] = [d.get("steps") for _, d in runs[target]]
             run, delta = _pool(runs[target])
             row = summarize(run, delta)
             router, _, policy = target.partition(":")
@@ -313,7 +322,7 @@ def run_compare(cfg: CompareConfig) -> dict:
             "rows": rows,
             "added_latency": added,
             "requests": requests,
-        }
+        } | ({"step_logs": step_logs} if cfg.step_logs else {})
         curves[name] = [
             (
                 f"{r['router']}:{r['policy']}",

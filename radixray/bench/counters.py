@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import httpx
 
-__all__ = ["worker_counters", "counter_delta", "merge_deltas", "COUNTER_KEYS"]
+__all__ = ["worker_counters", "worker_steps", "counter_delta", "merge_deltas", "COUNTER_KEYS"]
 
 COUNTER_KEYS = ("prompt_tokens", "cached_tokens", "evicted_pages", "preemptions")
 # The worker app's poll interval (RouterSettings.poll_interval_s) plus margin: wait this long
@@ -39,6 +39,22 @@ async def worker_counters(urls: Sequence[str]) -> dict[str, dict]:
     async with httpx.AsyncClient() as client:
         got = await asyncio.gather(*(_one(client, u) for u in urls))
     return dict(zip(urls, got, strict=True))
+
+
+async def worker_steps(since: dict[str, int]) -> dict[str, dict]:
+    """Each worker's step log (``/debug/steps``) after ``since[url]`` steps: ``{url: {steps,
+    fields, log}}``. Read ``{url: 10**18}`` first for the counts alone."""
+
+    async def one(client: httpx.AsyncClient, url: str) -> dict:
+        r = await client.get(
+            url.rstrip("/") + "/debug/steps", params={"since": since[url]}, timeout=30
+        )
+        r.raise_for_status()
+        return r.json()
+
+    async with httpx.AsyncClient() as client:
+        got = await asyncio.gather(*(one(client, u) for u in since))
+    return dict(zip(since, got, strict=True))
 
 
 def counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict:

@@ -105,6 +105,7 @@ class Engine:
             tokenizer, mcfg.vocab_size, self.max_model_len, self.page_size
         )
         self.meter = EngineStats()  # counters, step cost fit, rates
+        self._busy_since: float | None = None  # the last step's end, if work was left
         self.lock = threading.RLock()
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
@@ -153,18 +154,20 @@ class Engine:
         """Run one scheduled step; return the chunks it produced. If the step fails, every
         request is ended with an error (its pages freed) before the exception propagates: a
         broken batch must not stay in the queue and fail every later step too."""
+        start = time.perf_counter()
         with self.lock:
             self.loop.apply_commands()  # what other threads sent lands at this step boundary
             batch = self.scheduler.schedule()
             if not batch.items:
+                self._busy_since = None
                 return []
             try:
-                return self._run(batch)
+                return self._run(batch, start)
             except Exception as e:
                 self.fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 raise
 
-    def _run(self, batch: Batch) -> list[StreamChunk]:
+    def _run(self, batch: Batch, start: float) -> list[StreamChunk]:
         for it in batch.items:
             live = self._live[it.req.request_id]
             if not live.admitted:
@@ -176,7 +179,13 @@ class Engine:
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
         out = self._emit(batch, logits)
-        self.meter.record_step(shape, dt)
+        end = time.perf_counter()
+        # the step's share of the engine's time: from the last step's end if the engine had
+        # work since (the loop's own time and any wait for the cores are this step's), else
+        # from when this one began
+        begin = self._busy_since if self._busy_since is not None else start
+        self._busy_since = end if self.scheduler.has_work() else None
+        self.meter.record_step(shape, dt, end - begin)
         if self.config.debug_checks:
             self.scheduler.check_integrity()
         return out

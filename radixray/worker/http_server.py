@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from urllib.parse import parse_qs
 
 from radixray.api import BodyLimit, OpenAIApp, install_openai
 from radixray.api.auth import bearer_matches
@@ -30,6 +31,7 @@ from radixray.protocol.rpc import serve_frames
 
 from . import sglang_compat
 from .host import WorkerHost
+from .stats import STEP_FIELDS
 
 __all__ = ["WorkerServer", "EngineBackend"]
 
@@ -111,7 +113,7 @@ class WorkerServer:
                 await self._internal(scope, receive, send, path[len(INTERNAL_PREFIX) :])
                 return
             if method == "GET":
-                probe = self._probe(path)
+                probe = self._probe(path, scope.get("query_string", b""))
                 if probe is not None:
                     status, body = probe
                     await _send(send, status, json.dumps(body).encode(), _JSON)
@@ -122,8 +124,10 @@ class WorkerServer:
 
     # ------------------------------------------------------------------ probes
 
-    def _probe(self, path: str) -> tuple[int, object] | None:
+    def _probe(self, path: str, query: bytes = b"") -> tuple[int, object] | None:
         """The JSON GET routes, or None when ``path`` is not one of them."""
+        if path == "/debug/steps":
+            return self._steps(query)
         if path == "/health":
             ok = self.host.engine.alive
             return (200 if ok else 503), {"status": "ok" if ok else "unavailable"}
@@ -131,6 +135,29 @@ class WorkerServer:
             load, counters = self.host.engine.report()
             return 200, sglang_compat.cache_page(self.host.worker_id, load, counters)
         return sglang_compat.probe(path, self)
+
+    def _steps(self, query: bytes) -> tuple[int, object]:
+        """The engine's step log after the first ``since`` steps (``?since=N``, default 0):
+        ``{worker_id, steps, fields, log}``, what ``radixray.sim.calibrate`` fits a timing
+        model to (``bench_sim_vs_live.py`` reads it after a live run)."""
+        args = parse_qs(query.decode("latin-1"))
+        raw = args.get("since", ["0"])[-1]
+        try:
+            since = int(raw)
+            if since < 0:
+                raise ValueError
+        except ValueError:
+            msg = f"since must be an int >= 0, got {raw!r}"
+            return 400, error_body(msg, "invalid_request_error", "since")
+        meter = self.host.engine.meter
+        steps = meter.steps  # read first: a step that lands meanwhile is in the next read
+        log = meter.steps_since(since)[: max(steps - since, 0)]
+        return 200, {
+            "worker_id": self.host.worker_id,
+            "steps": steps,
+            "fields": list(STEP_FIELDS),
+            "log": [list(x) for x in log],
+        }
 
     # ------------------------------------------------------------------ the worker protocol
 

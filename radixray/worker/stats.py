@@ -9,7 +9,12 @@ from radixray.numbers import Ewma
 from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel
 
-__all__ = ["EngineStats"]
+__all__ = ["EngineStats", "STEP_FIELDS"]
+
+# One entry of EngineStats.step_log.
+STEP_FIELDS = (
+    "decode_batch", "decode_ctx", "prefill_tokens", "prefill_ctx_sum", "seconds", "period_s",
+)  # fmt: skip
 
 
 class EngineStats:
@@ -27,19 +32,23 @@ class EngineStats:
         self.decode_step_time = Ewma()  # seconds per step for steps that are decode only
         self.decode_rate = Ewma()  # tokens/s of decode-only steps
         self.step_time = Ewma()
-        # the last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds):
-        # what a timing model for the simulator is fitted to (radixray.sim.calibrate)
-        self.step_log: deque[tuple[int, int, int, int, float]] = deque(maxlen=4096)
+        # The last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds,
+        # period_s): what a timing model for the simulator is fitted to (radixray.sim.calibrate).
+        # ``seconds`` is the forward pass; ``period_s`` the step's whole share of the engine's
+        # time (scheduling, sampling, streaming out, and the wait for the cores when the host is
+        # shared: from the previous step's end while the engine had work, else from its start).
+        self.step_log: deque[tuple[int, int, int, int, float, float]] = deque(maxlen=16384)
 
     def record_admission(self, prompt_tokens: int, miss: dict[str, int]) -> None:
         self.prompt_tokens += prompt_tokens
         for k, v in miss.items():
             self.miss_tokens[k] += v
 
-    def record_step(self, shape, seconds: float) -> None:
-        """One step of ``shape`` (a scheduler ``StepShape``) took ``seconds``."""
+    def record_step(self, shape, seconds: float, period_s: float | None = None) -> None:
+        """One step of ``shape`` (a scheduler ``StepShape``) took ``seconds`` of forward pass
+        and ``period_s`` of the engine's time (default: ``seconds``)."""
         decode_tokens, _, prefill_tokens, _ = shape
-        self.step_log.append((*shape, seconds))
+        self.step_log.append((*shape, seconds, seconds if period_s is None else period_s))
         self.steps += 1
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
@@ -49,6 +58,11 @@ class EngineStats:
         elif decode_tokens and seconds > 0:
             self.decode_step_time.update(seconds)
             self.decode_rate.update(decode_tokens / seconds)
+
+    def steps_since(self, seen: int) -> list[tuple]:
+        """The logged steps after the first ``seen`` (as many as the log still holds)."""
+        k = min(self.steps - seen, len(self.step_log))
+        return list(self.step_log)[-k:] if k > 0 else []
 
     @property
     def hit_rate(self) -> float:

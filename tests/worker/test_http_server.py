@@ -215,3 +215,32 @@ def test_connections_are_kept_alive_and_reused(worker_app):
     assert sequential == 1  # every call reused the one connection
     assert concurrent == 4  # one per request in flight, then kept
     assert after_early_close == 3  # the stream left early took one and closed it
+
+
+def test_the_step_log_is_served_since_a_count(worker_app):
+    url, host = worker_app
+
+    async def go():
+        client = await WorkerClient.connect(HttpTransport(url))
+        try:
+            before = httpx.get(f"{url}/debug/steps", params={"since": 10**9}).json()
+            assert before["log"] == [] and before["worker_id"] == "w0"
+            ids = list(range(60, 60 + 40))
+            await _generate(client, ids, "steps-1", SamplingParams(max_tokens=4, temperature=0.0))
+            return before["steps"]
+        finally:
+            await client.close()
+
+    seen = asyncio.run(go())
+    body = httpx.get(f"{url}/debug/steps", params={"since": seen}).json()
+    assert body["fields"][:4] == ["decode_batch", "decode_ctx", "prefill_tokens", "prefill_ctx_sum"]
+    assert body["steps"] == seen + 4 == host.engine.meter.steps
+    rows = [dict(zip(body["fields"], x, strict=True)) for x in body["log"]]
+    # one 40-token prefill step, then three one-sequence decode steps at contexts 41..43
+    assert [(r["prefill_tokens"], r["decode_batch"], r["decode_ctx"]) for r in rows] == [
+        (40, 0, 0), (0, 1, 41), (0, 1, 42), (0, 1, 43)
+    ]  # fmt: skip
+    assert all(0 < r["seconds"] <= r["period_s"] for r in rows)
+    bad = httpx.get(f"{url}/debug/steps", params={"since": "-1"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "since" and "int >= 0" in bad.json()["error"]["message"]
