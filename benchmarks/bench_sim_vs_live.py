@@ -30,6 +30,7 @@ from radixray.bench.compare import CompareConfig, run_compare
 from radixray.bench.loadgen import LoadConfig
 from radixray.bench.workloads import build_workload
 from radixray.model_meta import load_model_meta
+from radixray.numbers import percentile
 from radixray.sim import SimConfig, SimRequest, Workload, simulate
 from radixray.sim.calibrate import fit_timing
 from radixray.sim.timing import TimingModel, load_timing
@@ -75,6 +76,16 @@ def fit_live_steps(report: dict, spec: WorkerSpec) -> tuple[TimingModel | None, 
     if not samples:
         return None, {}
     return fit_timing(samples, spec.max_batch_tokens, 64)  # 64: the worker's --max-running
+
+
+def engine_ttfts(report: dict, target: str) -> list[float]:
+    """The live run's TTFTs as the workers measured them: from the engine taking each request to
+    its first token (no load generator, router, HTTP or streaming), what the simulator models."""
+    out = []
+    for run in report.get("step_logs", {}).get(target, []):
+        for body in (run or {}).values():
+            out += [x[2] for x in body.get("ttft", [])]
+    return out
 
 
 def main(argv=None) -> int:
@@ -149,6 +160,12 @@ def main(argv=None) -> int:
             f"| {pol} | live | {r['hit_rate']:.3f} | {r['ttft_p50_s'] * 1e3:.0f} | "
             f"{r['ttft_p90_s'] * 1e3:.0f} | {r['ttft_p99_s'] * 1e3:.0f} |"
         )
+        inside = engine_ttfts(report["workloads"]["mooncake"], f"radixray:{pol}")
+        if inside:
+            q = [percentile(inside, p) * 1e3 for p in (50, 90, 99)]
+            lines.append(
+                f"| {pol} | live, inside the engines | | {q[0]:.0f} | {q[1]:.0f} | {q[2]:.0f} |"
+            )
         for label, res in sims.items():
             s = res[pol]
             lines.append(

@@ -201,14 +201,15 @@ def _run_one(
         time.sleep(1.0)  # the radixray router's first polls; SGLang's health checks
         before = asyncio.run(worker_counters(urls))
         if cfg.step_logs:
-            seen = asyncio.run(worker_steps(dict.fromkeys(urls, 10**18)))
+            seen = asyncio.run(worker_steps(None, urls))
         label = f"{wl.name} {target}"
         run = asyncio.run(run_load(router.url, wl, replace(load), model=model, target=label))
         time.sleep(SETTLE_S)
         after = asyncio.run(worker_counters(urls))
         delta = counter_delta(before, after)
         if cfg.step_logs:
-            delta["steps"] = asyncio.run(worker_steps({u: seen[u]["steps"] for u in urls}))
+            counts = {u: (seen[u]["steps"], seen[u]["first_tokens"]) for u in urls}
+            delta["steps"] = asyncio.run(worker_steps(counts))
         if target.startswith("radixray:"):
             delta["decisions"] = _decisions(router.url)
         return run, delta

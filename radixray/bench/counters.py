@@ -41,13 +41,18 @@ async def worker_counters(urls: Sequence[str]) -> dict[str, dict]:
     return dict(zip(urls, got, strict=True))
 
 
-async def worker_steps(since: dict[str, int]) -> dict[str, dict]:
-    """Each worker's step log (``/debug/steps``) after ``since[url]`` steps: ``{url: {steps,
-    fields, log}}``. Read ``{url: 10**18}`` first for the counts alone."""
+async def worker_steps(since: dict[str, tuple[int, int]] | None, urls=()) -> dict[str, dict]:
+    """Each worker's step log and engine-side TTFTs (``/debug/steps``) after ``since[url] =
+    (steps, first_tokens)``: ``{url: {steps, fields, log, first_tokens, ttft}}``. With ``since``
+    None, the counts alone (of ``urls``)."""
+    since = since or dict.fromkeys(urls, (10**18, 10**18))
 
     async def one(client: httpx.AsyncClient, url: str) -> dict:
+        steps, firsts = since[url]
         r = await client.get(
-            url.rstrip("/") + "/debug/steps", params={"since": since[url]}, timeout=30
+            url.rstrip("/") + "/debug/steps",
+            params={"since": steps, "ttft_since": firsts},
+            timeout=30,
         )
         r.raise_for_status()
         return r.json()

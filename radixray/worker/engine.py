@@ -66,6 +66,7 @@ class _Live:
     admitted: bool = False
     completion: Completion | None = None
     chunks: list[StreamChunk] = field(default_factory=list)
+    queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
 
 
 class Engine:
@@ -203,6 +204,9 @@ class Engine:
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now
+                self.meter.record_first_token(
+                    req.num_prompt, req.cached_tokens, now - live.queued_at
+                )
             delta = live.detok.update(req.output_ids)
             reason = self._finish_reason(req, tok, live.detok.stopped)
             if reason:

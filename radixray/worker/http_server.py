@@ -139,24 +139,31 @@ class WorkerServer:
     def _steps(self, query: bytes) -> tuple[int, object]:
         """The engine's step log after the first ``since`` steps (``?since=N``, default 0):
         ``{worker_id, steps, fields, log}``, what ``radixray.sim.calibrate`` fits a timing
-        model to (``bench_sim_vs_live.py`` reads it after a live run)."""
+        model to, and its engine-side TTFTs after the first ``ttft_since`` (``first_tokens``,
+        ``ttft``); ``bench_sim_vs_live.py`` reads both after a live run."""
         args = parse_qs(query.decode("latin-1"))
-        raw = args.get("since", ["0"])[-1]
-        try:
-            since = int(raw)
-            if since < 0:
-                raise ValueError
-        except ValueError:
-            msg = f"since must be an int >= 0, got {raw!r}"
+        since = _int_arg(args, "since")
+        if since is None:
+            msg = f"since must be an int >= 0, got {args.get('since', [''])[-1]!r}"
             return 400, error_body(msg, "invalid_request_error", "since")
         meter = self.host.engine.meter
         steps = meter.steps  # read first: a step that lands meanwhile is in the next read
         log = meter.steps_since(since)[: max(steps - since, 0)]
+        firsts = meter.first_tokens
+        ttft_since = _int_arg(args, "ttft_since")
+        if ttft_since is None:
+            msg = f"ttft_since must be an int >= 0, got {args.get('ttft_since', [''])[-1]!r}"
+            return 400, error_body(msg, "invalid_request_error", "ttft_since")
+        ttfts = meter.first_tokens_since(ttft_since)[: max(firsts - ttft_since, 0)]
         return 200, {
             "worker_id": self.host.worker_id,
             "steps": steps,
             "fields": list(STEP_FIELDS),
             "log": [list(x) for x in log],
+            # (prompt_tokens, cached_tokens, seconds from the engine taking a request to its
+            # first token), for requests whose first token came after the first ``ttft_since``
+            "first_tokens": firsts,
+            "ttft": [list(x) for x in ttfts],
         }
 
     # ------------------------------------------------------------------ the worker protocol
@@ -247,3 +254,13 @@ async def _send(send, status: int, body: bytes, media_type: bytes) -> None:
 async def _send_error(send, status: int, message: str, kind: str, code: str | None = None):
     body = json.dumps(error_body(message, kind, None, code)).encode()
     await _send(send, status, body, _JSON)
+
+
+def _int_arg(args: dict[str, list[str]], name: str) -> int | None:
+    """A query argument that must be an int >= 0 (0 when absent); None if it is not."""
+    raw = args.get(name, ["0"])[-1]
+    try:
+        v = int(raw)
+    except ValueError:
+        return None
+    return v if v >= 0 else None

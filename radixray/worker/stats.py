@@ -38,6 +38,11 @@ class EngineStats:
         # time (scheduling, sampling, streaming out, and the wait for the cores when the host is
         # shared: from the previous step's end while the engine had work, else from its start).
         self.step_log: deque[tuple[int, int, int, int, float, float]] = deque(maxlen=16384)
+        # The last requests' (prompt_tokens, cached_tokens, seconds from the engine taking the
+        # request to its first token): TTFT inside the engine, without the router, the network
+        # or the HTTP layers (what the simulator models; bench_sim_vs_live.py compares them).
+        self.first_tokens = 0
+        self.first_token_log: deque[tuple[int, int, float]] = deque(maxlen=16384)
 
     def record_admission(self, prompt_tokens: int, miss: dict[str, int]) -> None:
         self.prompt_tokens += prompt_tokens
@@ -59,10 +64,17 @@ class EngineStats:
             self.decode_step_time.update(seconds)
             self.decode_rate.update(decode_tokens / seconds)
 
+    def record_first_token(self, prompt_tokens: int, cached_tokens: int, seconds: float) -> None:
+        self.first_tokens += 1
+        self.first_token_log.append((prompt_tokens, cached_tokens, seconds))
+
     def steps_since(self, seen: int) -> list[tuple]:
         """The logged steps after the first ``seen`` (as many as the log still holds)."""
-        k = min(self.steps - seen, len(self.step_log))
-        return list(self.step_log)[-k:] if k > 0 else []
+        return _since(self.step_log, self.steps, seen)
+
+    def first_tokens_since(self, seen: int) -> list[tuple]:
+        """The logged first tokens after the first ``seen``."""
+        return _since(self.first_token_log, self.first_tokens, seen)
 
     @property
     def hit_rate(self) -> float:
@@ -87,3 +99,9 @@ class EngineStats:
             "decode_step_s": self.decode_step_time.value,
             "decode_tokens_per_s": self.decode_rate.value,
         }
+
+
+def _since(log: deque, total: int, seen: int) -> list[tuple]:
+    """The entries of ``log`` (the last of ``total`` appended) after the first ``seen``."""
+    k = min(total - seen, len(log))
+    return list(log)[-k:] if k > 0 else []

@@ -223,16 +223,21 @@ def test_the_step_log_is_served_since_a_count(worker_app):
     async def go():
         client = await WorkerClient.connect(HttpTransport(url))
         try:
-            before = httpx.get(f"{url}/debug/steps", params={"since": 10**9}).json()
-            assert before["log"] == [] and before["worker_id"] == "w0"
+            big = {"since": 10**9, "ttft_since": 10**9}
+            before = httpx.get(f"{url}/debug/steps", params=big).json()
+            assert before["log"] == [] == before["ttft"] and before["worker_id"] == "w0"
             ids = list(range(60, 60 + 40))
             await _generate(client, ids, "steps-1", SamplingParams(max_tokens=4, temperature=0.0))
-            return before["steps"]
+            return before["steps"], before["first_tokens"]
         finally:
             await client.close()
 
-    seen = asyncio.run(go())
-    body = httpx.get(f"{url}/debug/steps", params={"since": seen}).json()
+    seen, firsts = asyncio.run(go())
+    body = httpx.get(f"{url}/debug/steps", params={"since": seen, "ttft_since": firsts}).json()
+    # the one request's first token, timed inside the engine: its prompt, nothing cached
+    assert body["first_tokens"] == firsts + 1 and len(body["ttft"]) == 1
+    prompt, cached, ttft = body["ttft"][0]
+    assert (prompt, cached) == (40, 0) and 0 < ttft < 60
     assert body["fields"][:4] == ["decode_batch", "decode_ctx", "prefill_tokens", "prefill_ctx_sum"]
     assert body["steps"] == seen + 4 == host.engine.meter.steps
     rows = [dict(zip(body["fields"], x, strict=True)) for x in body["log"]]
@@ -241,6 +246,8 @@ def test_the_step_log_is_served_since_a_count(worker_app):
         (40, 0, 0), (0, 1, 41), (0, 1, 42), (0, 1, 43)
     ]  # fmt: skip
     assert all(0 < r["seconds"] <= r["period_s"] for r in rows)
-    bad = httpx.get(f"{url}/debug/steps", params={"since": "-1"})
-    assert bad.status_code == 400
-    assert bad.json()["error"]["param"] == "since" and "int >= 0" in bad.json()["error"]["message"]
+    for name in ("since", "ttft_since"):
+        bad = httpx.get(f"{url}/debug/steps", params={name: "-1"})
+        assert bad.status_code == 400
+        err = bad.json()["error"]
+        assert err["param"] == name and err["message"] == f"{name} must be an int >= 0, got '-1'"
