@@ -8,8 +8,11 @@ identical segments, so the sharing is the live one page for page), the same Pois
 times (the load generator's seeded draw), the same cluster, and a timing model fitted to one such
 worker by ``radixray sim calibrate --model tiny --cpu-threads 1``. Four workers share this
 machine's cores, which one worker's fit does not know, so the simulator also runs with the fit
-scaled by ``--contention`` (workers per core when all are busy): the live figures should fall
-between the two.
+scaled by ``--contention`` (workers per core when all are busy), and with a third timing fitted
+to the steps the live workers ran in this very benchmark (their ``/debug/steps`` logs, each step
+costed by its whole share of the worker's time). Beside the client's TTFT the live rows show the
+TTFT the workers measured inside their engines (from taking a request to its first token): what
+the simulator models, without the host time of the load generator, router and HTTP around it.
 
     .venv/bin/radixray sim calibrate --model tiny --cpu-threads 1 --out /tmp/tiny_1t.json
     .venv/bin/python benchmarks/bench_sim_vs_live.py --timing /tmp/tiny_1t.json

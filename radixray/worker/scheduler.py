@@ -9,6 +9,10 @@ One ``schedule()`` call plans one model step under a token budget:
    waited ``max_wait_steps`` go first (no starvation), the rest by longest cached prefix. Admission
    matches the prefix, locks it and allocates pages for the first chunk.
 
+With ``prefill_order="shortest"`` steps 1 and 2 share the budget after the decodes: running
+prefills and waiting requests in one order, fewest uncomputed tokens first (requests that waited
+``max_wait_steps`` first, by arrival), so a short prompt is not held behind a long one's chunks.
+
 Same-prefix arrivals: if the next page a waiting request needs is being prefilled by a running
 request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Prefill progress is
 handed to the cache after every chunk, so a long shared prompt is shared as soon as a chunk of it
@@ -228,9 +232,7 @@ class Scheduler:
                     if self.num_preemptions != preemptions_before:
                         admitting = False  # memory is short: see schedule()
                 continue
-            if not admitting or self.num_preemptions != preemptions_before:
-                continue
-            if len(self.running) >= cfg.max_running:
+            if not admitting or len(self.running) >= cfg.max_running:
                 continue
             took = self._try_admit(req, budget, in_flight, items)
             if took is None:
