@@ -212,7 +212,8 @@ class Router:
                 raise NoWorkerAvailable(f"No worker is available: {last_error}") from None
             wid = decision.worker_id
             entry = self.pool.workers[wid]
-            predicted = min(decision.predicted_cached_tokens, max(len(prompt_ids) - 1, 0))
+            # what the worker can reuse: page-aligned, at most n - 1 tokens (the record's cap)
+            predicted = record.predicted_cached_tokens
             self.pool.track_dispatch(wid, request_id, len(prompt_ids) - predicted, len(prompt_ids))
             agen = entry.client.generate(req)
             try:
