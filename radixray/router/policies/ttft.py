@@ -28,10 +28,11 @@ class PredictedTTFT(Policy):
         seed: int | None = 0,
         reuse_weight: float | None = None,
         ewma_requests: int = 64,
-        rho_max: float = 0.95,
+        rho_max: float = 0.8,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
-        ``ewma_requests`` is the memory of the utilisation estimate, in arrivals."""
+        ``ewma_requests`` is the memory of the utilisation estimate, in arrivals; ``rho_max``
+        caps it, so ``L <= rho_max / (1 - rho_max)`` (4: why, docs/ttft_policy.md)."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
