@@ -175,7 +175,8 @@ def test_router_over_http_workers_routes_by_cache(worker_app, guarded_worker_app
     with server as url:
         server.call(add_all())
         assert sorted(service.pool.workers) == ["w0", "w1"]
-        prompt = "radixray over http " * 8
+        # ~600 tokens: their recomputation outweighs what a stale load report can in ttft's cost
+        prompt = "radixray over http " * 32
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
         with httpx.Client(timeout=30) as http:
             r1 = http.post(url + "/v1/completions", json=body)
@@ -183,7 +184,8 @@ def test_router_over_http_workers_routes_by_cache(worker_app, guarded_worker_app
             server.call(asyncio.sleep(0.3))  # the KV events of the first request arrive
             r2 = http.post(url + "/v1/completions", json=body)
         assert r2.headers["x-radixray-worker"] == r1.headers["x-radixray-worker"]
-        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 144
+        cached = r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= len(prompt) // 16 * 16 - 16
         blocks = service.index.num_blocks(r1.headers["x-radixray-worker"])
         assert blocks >= len(prompt) // 16
 
