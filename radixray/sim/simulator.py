@@ -24,7 +24,7 @@ from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
-from radixray.worker.scheduler import PREFILL_ORDERS
+from radixray.worker.scheduler import check_prefill_order
 
 from .metrics import RequestRecord, RunResult, ceiling, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
@@ -60,11 +60,7 @@ class SimConfig:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.event_delay_s is not None and self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0 or None, got {self.event_delay_s}")
-        if self.prefill_order not in PREFILL_ORDERS:
-            raise ValueError(
-                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
-                f"got {self.prefill_order!r}"
-            )
+        check_prefill_order(self.prefill_order)
         if self.event_delay_s is None and not self.optimistic_index:
             raise ValueError("with no KV events and no optimistic index the router sees nothing")
 

@@ -8,7 +8,7 @@ from radixray.cache_index.block_hash import check_page_size
 from radixray.cache_index.prefix_cache import CACHE_TYPES
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 
-from .scheduler import PREFILL_ORDERS
+from .scheduler import check_prefill_order
 
 __all__ = ["EngineConfig"]
 
@@ -62,11 +62,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if self.prefill_order not in PREFILL_ORDERS:
-            raise ValueError(
-                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
-                f"got {self.prefill_order!r}"
-            )
+        check_prefill_order(self.prefill_order)
         if self.cpu_threads is not None and (
             not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
         ):

@@ -142,18 +142,21 @@ class WorkerServer:
         model to, and its engine-side TTFTs after the first ``ttft_since`` (``first_tokens``,
         ``ttft``); ``bench_sim_vs_live.py`` reads both after a live run."""
         args = parse_qs(query.decode("latin-1"))
-        since = _int_arg(args, "since")
-        if since is None:
-            msg = f"since must be an int >= 0, got {args.get('since', [''])[-1]!r}"
-            return 400, error_body(msg, "invalid_request_error", "since")
+        seen = {}
+        for name in ("since", "ttft_since"):
+            raw = args.get(name, ["0"])[-1]
+            try:
+                seen[name] = int(raw)
+            except ValueError:
+                seen[name] = -1  # not an int: refused below, as a negative one is
+            if seen[name] < 0:
+                msg = f"{name} must be an int >= 0, got {raw!r}"
+                return 400, error_body(msg, "invalid_request_error", name)
+        since, ttft_since = seen["since"], seen["ttft_since"]
         meter = self.host.engine.meter
-        steps = meter.steps  # read first: a step that lands meanwhile is in the next read
+        # counts read first: an entry that lands meanwhile is in the next read
+        steps, firsts = meter.steps, meter.first_tokens
         log = meter.steps_since(since)[: max(steps - since, 0)]
-        firsts = meter.first_tokens
-        ttft_since = _int_arg(args, "ttft_since")
-        if ttft_since is None:
-            msg = f"ttft_since must be an int >= 0, got {args.get('ttft_since', [''])[-1]!r}"
-            return 400, error_body(msg, "invalid_request_error", "ttft_since")
         ttfts = meter.first_tokens_since(ttft_since)[: max(firsts - ttft_since, 0)]
         return 200, {
             "worker_id": self.host.worker_id,
@@ -254,13 +257,3 @@ async def _send(send, status: int, body: bytes, media_type: bytes) -> None:
 async def _send_error(send, status: int, message: str, kind: str, code: str | None = None):
     body = json.dumps(error_body(message, kind, None, code)).encode()
     await _send(send, status, body, _JSON)
-
-
-def _int_arg(args: dict[str, list[str]], name: str) -> int | None:
-    """A query argument that must be an int >= 0 (0 when absent); None if it is not."""
-    raw = args.get(name, ["0"])[-1]
-    try:
-        v = int(raw)
-    except ValueError:
-        return None
-    return v if v >= 0 else None

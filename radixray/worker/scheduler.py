@@ -27,15 +27,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from radixray.cache_index import ChunkCache, PrefixCache
+from radixray.cache_index import PrefixCache
 from radixray.protocol import MISS_CAUSES
 
 from .page_manager import PageManager
 from .request import Request, RequestStatus
 
-__all__ = ["SchedulerConfig", "Scheduler", "ScheduledItem", "Batch", "PREFILL_ORDERS"]
+__all__ = [
+    "SchedulerConfig",
+    "Scheduler",
+    "ScheduledItem",
+    "Batch",
+    "PREFILL_ORDERS",
+    "check_prefill_order",
+]
 
 PREFILL_ORDERS = ("fcfs", "shortest")
+
+
+def check_prefill_order(order: str) -> None:
+    """The one check of a prefill order (SchedulerConfig, EngineConfig, SimConfig)."""
+    if order not in PREFILL_ORDERS:
+        raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {order!r}")
 
 
 @dataclass(frozen=True)
@@ -59,11 +72,7 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")
-        if self.prefill_order not in PREFILL_ORDERS:
-            raise ValueError(
-                f"SchedulerConfig.prefill_order must be one of {', '.join(PREFILL_ORDERS)}, "
-                f"got {self.prefill_order!r}"
-            )
+        check_prefill_order(self.prefill_order)
 
 
 class ScheduledItem(NamedTuple):
@@ -110,11 +119,15 @@ class Scheduler:
         self.alloc = cache.allocator
         self.P = cache.page_size
         self.config = config or SchedulerConfig()
-        self.reuse = not isinstance(cache, ChunkCache)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.steps = 0
         self.num_preemptions = 0
+
+    @property
+    def reuse(self) -> bool:
+        """Whether the cache shares prefixes (not a ChunkCache): the page manager's flag."""
+        return self.pages.reuse
 
     @property
     def num_evicted_pages(self) -> int:
@@ -247,12 +260,7 @@ class Scheduler:
         read-only, as the admission order does; past ``lpm_queue_limit`` without the cache)."""
         if len(waiting) > self.config.lpm_queue_limit or not self.reuse:
             return {id(r): r.num_tokens - r.num_computed for r in waiting}
-        P, peek = self.P, self.cache.peek_prefix
-        return {
-            id(r): r.num_tokens
-            - peek(r.prompt_ids, r.block_hashes[: (r.num_tokens - 1) // P], r.extra_key)
-            for r in waiting
-        }
+        return {id(r): r.num_tokens - self._peek_cached(r) for r in waiting}
 
     def _ensure_pages(self, req: Request, upto: int, scheduled: set[int]) -> bool:
         """Give ``req`` pages for positions < ``upto`` (free or evicted ones), else preempt the
@@ -280,13 +288,14 @@ class Scheduler:
         # the cache's access times and hit counts alone (a real match would count every step a
         # request waits as a hit for LFU). The last token is always computed, so a prompt's
         # last page only counts when more tokens follow it.
-        P, peek = self.P, self.cache.peek_prefix
-        match_len = {
-            id(r): peek(r.prompt_ids, r.block_hashes[: (r.num_tokens - 1) // P], r.extra_key)
-            for r in young
-        }
+        match_len = {id(r): self._peek_cached(r) for r in young}
         young.sort(key=lambda r: -match_len[id(r)])  # stable: FCFS among equals
         return old + young
+
+    def _peek_cached(self, req: Request) -> int:
+        """Tokens of ``req``'s prompt the cache holds, read-only (see ``_admission_order``)."""
+        hashes = req.block_hashes[: (req.num_tokens - 1) // self.P]
+        return self.cache.peek_prefix(req.prompt_ids, hashes, req.extra_key)
 
     def _in_flight_hashes(self) -> set[int]:
         """Block hashes of prompt pages that running requests are computing right now."""
