@@ -154,7 +154,7 @@ async def _serve(
         stop=tuple(body.stop or ()),
         ignore_eos=body.ignore_eos,
     )
-    answer = answer_cls(backend.meta.name)
+    answer = answer_cls(backend.meta.name, prompt_ids if body.return_token_ids else None)
     req = GenerateRequest(answer.id, prompt_ids, params, body.cache_salt)
     try:
         stream = await backend.open(req, body.user)
@@ -166,9 +166,10 @@ async def _serve(
     }
     if body.stream:
         return SSEResponse(_sse(stream, answer, body.include_usage), headers)
-    text, final = await _collect(request, stream)
+    text, token_ids, final = await _collect(request, stream)
     headers["x-radixray-cached-tokens"] = str(final.cached_tokens)
-    return JSONResponse(answer.response(text, final.finish_reason, _usage(final)), headers=headers)
+    body = answer.response(text, token_ids, final.finish_reason, _usage(final))
+    return JSONResponse(body, headers=headers)
 
 
 def _check_model(backend: Backend, model: str) -> None:
@@ -220,27 +221,31 @@ def _usage(final: StreamChunk) -> dict:
     return oa.usage(final.prompt_tokens, final.completion_tokens, final.cached_tokens)
 
 
-async def _collect(request: Request, stream: TokenStream) -> tuple[str, StreamChunk]:
-    """Run a stream to its end; abort it if the client goes away meanwhile."""
+async def _collect(request: Request, stream: TokenStream) -> tuple[str, list[int], StreamChunk]:
+    """Run a stream to its end (its text, its token ids, its final chunk); abort it if the
+    client goes away meanwhile."""
     parts: list[str] = []
+    token_ids: list[int] = []
 
     async def drain() -> StreamChunk:
         async for c in stream:
             parts.append(c.text)
+            token_ids.extend(c.token_ids)
             if c.final:
                 return c
         raise ApiError(502, "the worker ended the stream without a final chunk")
 
     try:
         if stream.first.final:  # the whole answer is already here: nothing to wait for
-            return "".join(parts), await drain()
+            final = await drain()
+            return "".join(parts), token_ids, final
         task = asyncio.ensure_future(drain())
         try:
             while not task.done():
                 done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
                 if not done and await request.is_disconnected():
                     raise ApiError(499, "client disconnected")
-            return "".join(parts), task.result()
+            return "".join(parts), token_ids, task.result()
         finally:
             if not task.done():
                 task.cancel()
@@ -257,10 +262,12 @@ async def _sse(stream: TokenStream, answer, include_usage: bool) -> AsyncIterato
         try:
             async for c in stream:
                 if not c.final:
-                    if c.text:
+                    if answer.with_ids:  # every token's id, even one that ends no character
+                        yield _event(answer.chunk(c.text, None, c.token_ids))
+                    elif c.text:
                         yield answer.text_event(c.text)
                     continue
-                yield _event(answer.chunk(c.text, c.finish_reason))
+                yield _event(answer.chunk(c.text, c.finish_reason, c.token_ids))
                 if include_usage:
                     yield _event(answer.usage_chunk(_usage(c)))
                 break
@@ -282,59 +289,91 @@ _SLOT = "\x01radixray-text\x01"
 class _Answer:
     """The shape of one answer. A mid-stream text chunk is the one event sent per token: it is
     rendered once with a placeholder (the same builder as every other chunk), and each token's
-    text is escaped into it (``text_event``), instead of building and serializing a dict."""
+    text is escaped into it (``text_event``), instead of building and serializing a dict.
+
+    ``prompt_ids`` (``return_token_ids``): the answer carries the prompt's token ids once (in
+    its first chunk when streaming) and every chunk its tokens' ids; such chunks are built as
+    dicts."""
 
     first: dict | None = None
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, prompt_ids: list[int] | None = None):
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.model = model
         self.created = int(time.time())
+        self.with_ids = False
+        self.prompt_ids: list[int] | None = None
         head, tail = _event(self.chunk(_SLOT, None)).split(json.dumps(_SLOT).encode())
         self._head, self._tail = head, tail
+        self.with_ids = prompt_ids is not None
+        self.prompt_ids = prompt_ids
+        self._prompt_sent = False
 
     def text_event(self, text: str) -> bytes:
         return self._head + encode_basestring_ascii(text).encode() + self._tail
 
-    def chunk(self, text: str, reason: str | None) -> dict:
+    def _stream_ids(self, token_ids: list[int] | None) -> tuple[list[int] | None, list[int] | None]:
+        """A streamed chunk's (prompt ids, token ids): the prompt's only on the first."""
+        if not self.with_ids:
+            return None, None
+        prompt = None if self._prompt_sent else self.prompt_ids
+        self._prompt_sent = True
+        return prompt, list(token_ids or ())
+
+    def chunk(self, text: str, reason: str | None, token_ids: list[int] | None = None) -> dict:
         raise NotImplementedError
 
 
 class _TextAnswer(_Answer):
     """The shape of a /v1/completions answer."""
 
-    def __init__(self, model: str):
-        super().__init__("cmpl", model)
+    def __init__(self, model: str, prompt_ids: list[int] | None = None):
+        super().__init__("cmpl", model, prompt_ids)
 
-    def chunk(self, text: str, reason: str | None) -> dict:
-        return oa.completion_chunk(self.id, self.model, text, reason, created=self.created)
+    def chunk(self, text: str, reason: str | None, token_ids: list[int] | None = None) -> dict:
+        prompt, ids = self._stream_ids(token_ids)
+        return oa.completion_chunk(
+            self.id, self.model, text, reason, None, self.created, prompt, ids
+        )
 
     def usage_chunk(self, use: dict) -> dict:
         c = oa.completion_chunk(self.id, self.model, "", None, use, created=self.created)
         c["choices"] = []
         return c
 
-    def response(self, text: str, reason: str, use: dict) -> dict:
-        return oa.completion_response(self.id, self.model, text, reason, use)
+    def response(self, text: str, token_ids: list[int], reason: str, use: dict) -> dict:
+        ids = token_ids if self.with_ids else None
+        return oa.completion_response(self.id, self.model, text, reason, use, self.prompt_ids, ids)
 
 
 class _ChatAnswer(_Answer):
     """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
 
-    def __init__(self, model: str):
-        super().__init__("chatcmpl", model)
+    def __init__(self, model: str, prompt_ids: list[int] | None = None):
+        super().__init__("chatcmpl", model, prompt_ids)
+        prompt, ids = self._stream_ids(None)  # the role chunk carries the prompt's ids
         self.first = oa.chat_chunk(
-            self.id, model, {"role": "assistant", "content": ""}, None, created=self.created
+            self.id,
+            model,
+            {"role": "assistant", "content": ""},
+            None,
+            created=self.created,
+            prompt_token_ids=prompt,
+            token_ids=ids,
         )
 
-    def chunk(self, text: str, reason: str | None) -> dict:
+    def chunk(self, text: str, reason: str | None, token_ids: list[int] | None = None) -> dict:
         delta = {"content": text} if text else {}
-        return oa.chat_chunk(self.id, self.model, delta, reason, created=self.created)
+        _, ids = self._stream_ids(token_ids)
+        return oa.chat_chunk(
+            self.id, self.model, delta, reason, created=self.created, token_ids=ids
+        )
 
     def usage_chunk(self, use: dict) -> dict:
         return oa.chat_chunk(
             self.id, self.model, {}, None, use, with_choice=False, created=self.created
         )
 
-    def response(self, text: str, reason: str, use: dict) -> dict:
-        return oa.chat_response(self.id, self.model, text, reason, use)
+    def response(self, text: str, token_ids: list[int], reason: str, use: dict) -> dict:
+        ids = token_ids if self.with_ids else None
+        return oa.chat_response(self.id, self.model, text, reason, use, self.prompt_ids, ids)

@@ -46,6 +46,11 @@ class _Sampling(BaseModel):
     # vLLM's tenant isolation field: requests with different salts never share cached pages
     # (on the worker and in the router's index), so one tenant cannot time another's prefixes.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # vLLM's extension: the answer carries the prompt's token ids (``prompt_token_ids``) and the
+    # generated ones (``token_ids``, per chunk when streaming), exactly what the engine saw and
+    # sampled: a client can resend them without re-tokenizing (RL rollouts), a replay can
+    # rebuild the cache the engine had.
+    return_token_ids: StrictBool = False
 
     @field_validator("stop")
     @classmethod
@@ -146,13 +151,31 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def completion_response(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
+def _ids(choice: dict, prompt_token_ids: list[int] | None, token_ids: list[int] | None) -> dict:
+    """``return_token_ids``' fields on a completion choice (vLLM's names and places)."""
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def completion_response(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
+) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [_ids(choice, prompt_token_ids, token_ids)],
         "usage": use,
     }
 
@@ -164,35 +187,48 @@ def completion_chunk(
     finish: str | None,
     use: dict | None = None,
     created: int | None = None,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
     out = {
         "id": rid,
         "object": "text_completion",
         "created": created or int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [_ids(choice, prompt_token_ids, token_ids)],
     }
     if use is not None:
         out["usage"] = use
     return out
 
 
-def chat_response(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
-    return {
+def chat_response(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
+) -> dict:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish,
+        "logprobs": None,
+    }
+    out = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-        ],
+        "choices": [_ids(choice, None, token_ids)],
         "usage": use,
     }
+    if prompt_token_ids is not None:  # a chat answer has it beside its choices (as vLLM)
+        out["prompt_token_ids"] = prompt_token_ids
+    return out
 
 
 def chat_chunk(
@@ -203,16 +239,19 @@ def chat_chunk(
     use: dict | None = None,
     with_choice: bool = True,
     created: int | None = None,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
     out = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created or int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-        if with_choice
-        else [],
+        "choices": [_ids(choice, None, token_ids)] if with_choice else [],
     }
+    if prompt_token_ids is not None:
+        out["prompt_token_ids"] = prompt_token_ids
     if use is not None:
         out["usage"] = use
     return out
