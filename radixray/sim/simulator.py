@@ -2,7 +2,8 @@
 
 Events, in time order (ties: step ends and KV-event deliveries before arrivals, then FIFO)::
 
-    arrival      build WorkerState for every worker and route with the live router's
+    arrival      (at its time; a request with ``after``: when that request finishes)
+                 build WorkerState for every worker and route with the live router's
                  ``Dispatcher`` (policy.choose, the record, the optimistic index entry,
                  on_dispatch), enqueue it on the chosen worker
     step end     a worker (the engine's Scheduler, sim/worker.py) finishes a forward step:
@@ -33,7 +34,7 @@ from .workload import SimRequest, Workload
 
 __all__ = ["SimConfig", "Simulator", "simulate"]
 
-_STEP, _EVENTS = 0, 1
+_STEP, _EVENTS, _ARRIVE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class _Run:
         self.decisions: list[DecisionRecord | None] = [None] * n
         self.pos_of = {r.rid: i for i, r in enumerate(workload.requests)}
         self.finished = [0] * n
+        # closed-loop turns: rid -> the positions of the requests its finish releases
+        self.released_by: dict[int, list[int]] = {}
+        for k, r in enumerate(workload.requests):
+            if r.after is not None:
+                self.released_by.setdefault(r.after, []).append(k)
         self.emit = cfg.event_delay_s is not None
         self.workers = [
             SimWorker(
@@ -136,6 +142,10 @@ class _Run:
         self.records[i].finish = now
         self.dispatch.complete(self.decisions[i], req.rid, cached)
         self.decisions[i] = None  # its record is kept; the decision is no longer needed
+        for k in self.released_by.get(req.rid, ()):
+            self.seq += 1
+            at = max(now, self.wl.requests[k].arrival)
+            heapq.heappush(self.heap, (at, 0, self.seq, _ARRIVE, None, k))
 
     # ------------------------------------------------------------------ events
 
@@ -164,13 +174,14 @@ class _Run:
         if kind == _STEP:
             w = self.workers[wid]
             self._after_step(w, w.step_end(now), now)
-        else:
+        elif kind == _EVENTS:
             self.index.apply(wid, payload)
+        else:
+            self._arrive(payload, now)
 
-    def _arrive(self, i: int) -> None:
+    def _arrive(self, i: int, now: float) -> None:
         """Route request ``i`` as the live router would and enqueue it on its worker."""
         req, hs = self.wl.requests[i], self.hashes[i]
-        now = req.arrival
         rreq = RoutingRequest(req.rid, req.num_tokens, hs, req.session, now)
         # One timing model, one performance class: the router pools the workers' fits.
         fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
@@ -194,6 +205,8 @@ class _Run:
     def execute(self, progress: str | None) -> RunResult:
         reqs = self.wl.requests
         n = len(reqs)
+        opened = [k for k, r in enumerate(reqs) if r.after is None]  # open-loop arrivals
+        m = len(opened)
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -201,11 +214,12 @@ class _Run:
             bar = tqdm(total=n, desc=progress, unit="req", leave=False)
         t0 = time.perf_counter()
         i = 0
-        while i < n or self.heap:
-            if self.heap and (i >= n or self.heap[0][0] <= reqs[i].arrival):
+        while i < m or self.heap:
+            if self.heap and (i >= m or self.heap[0][0] <= reqs[opened[i]].arrival):
                 self._next_event()
                 continue
-            self._arrive(i)
+            k = opened[i]
+            self._arrive(k, reqs[k].arrival)
             i += 1
             if i % 1024 == 0:
                 self.mem_peak = max(self.mem_peak, self.index.memory_bytes())

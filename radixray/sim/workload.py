@@ -9,7 +9,13 @@ every segment its own range of token ids::
     segment 7, length 16  ->  tokens [base(7), base(7) + 1, ..., base(7) + 15]
 
 A segment used with different lengths (Mooncake's partial last block) uses a prefix of its range,
-so a partial block is a prefix of the full one, as it would be in text.
+so a partial block is a prefix of the full one, as it would be in text. A *literal* segment has
+its tokens given instead (``Workload.literal``: a live run's exact token ids, replayed); made-up
+ranges then start above every literal id, so the two never collide.
+
+A request with ``after`` set is one turn of a conversation: it arrives when the request ``after``
+(its previous turn) finishes, or at ``arrival`` if that is later, as a client that waits for an
+answer before it sends the next turn.
 """
 
 from __future__ import annotations
@@ -36,7 +42,16 @@ __all__ = [
 class SimRequest:
     """One request of a workload (immutable by convention; per-run state lives in the worker)."""
 
-    __slots__ = ("rid", "arrival", "segments", "num_tokens", "output_len", "session", "output_seg")
+    __slots__ = (
+        "rid",
+        "arrival",
+        "segments",
+        "num_tokens",
+        "output_len",
+        "session",
+        "output_seg",
+        "after",
+    )
 
     def __init__(
         self,
@@ -46,6 +61,7 @@ class SimRequest:
         output_len: int,
         session: str | None = None,
         output_seg: int | None = None,
+        after: int | None = None,
     ):
         self.rid = rid
         self.arrival = arrival
@@ -56,6 +72,8 @@ class SimRequest:
         # When set, the generated tokens are this segment (a chat answer that the next turn's
         # prompt repeats) and the worker caches them at the end, as a real engine does.
         self.output_seg = output_seg
+        # When set, the rid of the request whose finish releases this one (closed loop).
+        self.after = after
 
     def __repr__(self) -> str:
         return (
@@ -76,6 +94,7 @@ class Workload:
     requests: list[SimRequest]
     first_block_tokens: int
     description: dict = field(default_factory=dict)
+    literal: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _base: dict[int, int] = field(default_factory=dict, repr=False)
     _seg_len: dict[int, int] = field(default_factory=dict, repr=False)
     _next: int = field(default=1, repr=False)
@@ -83,13 +102,27 @@ class Workload:
 
     def __post_init__(self):
         self.requests.sort(key=lambda r: (r.arrival, r.rid))
+        if self.literal:
+            self._next = max(self._next, 1 + max(max(v, default=0) for v in self.literal.values()))
+        seen: set[int] = set()
         for r in self.requests:
+            if r.after is not None and r.after not in seen:
+                raise ValueError(
+                    f"request {r.rid}: after={r.after} must name a request earlier in the "
+                    "workload (by arrival, then rid)"
+                )
+            seen.add(r.rid)
             for seg, n in r.segments:
                 self._reserve(seg, n)
             if r.output_seg is not None:
                 self._reserve(r.output_seg, r.output_len)
 
     def _reserve(self, seg: int, n: int) -> None:
+        lit = self.literal.get(seg)
+        if lit is not None:
+            if n > len(lit):
+                raise ValueError(f"segment {seg} is used with {n} tokens but has {len(lit)}")
+            return
         have = self._seg_len.get(seg)
         if have is None:
             self._base[seg] = self._next
@@ -107,16 +140,23 @@ class Workload:
         return len(self.requests)
 
     def tokens(self, req: SimRequest) -> list[int]:
-        base = self._base
+        base, literal = self._base, self.literal
         out: list[int] = []
         for seg, n in req.segments:
-            b = base[seg]
-            out.extend(range(b, b + n))
+            lit = literal.get(seg)
+            if lit is not None:
+                out.extend(lit[:n])
+            else:
+                b = base[seg]
+                out.extend(range(b, b + n))
         return out
 
     def output_tokens(self, req: SimRequest) -> list[int]:
         if req.output_seg is None:
             return []
+        lit = self.literal.get(req.output_seg)
+        if lit is not None:
+            return list(lit[: req.output_len])
         b = self._base[req.output_seg]
         return list(range(b, b + req.output_len))
 
@@ -132,7 +172,11 @@ class Workload:
         """The first ``n`` requests (a short slice for tests and notebooks)."""
         reqs = self.requests[:n]
         return Workload(
-            self.name, list(reqs), self.first_block_tokens, {**self.description, "limit": n}
+            self.name,
+            list(reqs),
+            self.first_block_tokens,
+            {**self.description, "limit": n},
+            self.literal,
         )
 
     def total_tokens(self) -> int:
