@@ -8,9 +8,10 @@ Two ways to apply load:
 
 Per request it measures TTFT (the first chunk that carries text), the gaps between later text
 chunks (inter-token latency), end-to-end time, and from the final usage chunk the prompt, cached
-and completion tokens. Both limits are hard: at most ``max_requests`` requests are sent, nothing
-new starts after ``max_duration_s`` and whatever is still running ``drain_s`` later is cancelled
-(counted as an error).
+and completion tokens; with ``return_token_ids`` also the prompt's token ids as the engine saw
+them and the ids it sampled (radixray and vLLM). Both limits are hard: at most
+``max_requests`` requests are sent, nothing new starts after ``max_duration_s`` and whatever is
+still running ``drain_s`` later is cancelled (counted as an error).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class LoadConfig:
     temperature: float = 0.0
     seed: int = 0
     progress: bool = True
+    return_token_ids: bool = False  # ask for and keep every request's token ids
 
     def __post_init__(self):
         if self.mode not in ("rate", "concurrency"):
@@ -72,11 +74,15 @@ class RequestResult:
     worker: str | None = None  # x-radixray-worker, when the endpoint is radixray
     endpoint: str | None = None  # which URL served it (several routers: see run_load)
     text: str = ""
+    prompt_ids: list[int] | None = None  # with return_token_ids
+    output_ids: list[int] | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["itl_s"] = [round(x, 6) for x in self.itl_s]
         d.pop("text")
+        if self.prompt_ids is None:
+            del d["prompt_ids"], d["output_ids"]
         return d
 
 
@@ -131,6 +137,8 @@ async def stream_request(
                     return result
                 text = _text_of(chunk)
                 now = time.perf_counter()
+                if body.get("return_token_ids"):
+                    _take_ids(chunk, result)
                 if text:
                     if result.ttft_s is None:
                         result.ttft_s = now - t0
@@ -152,6 +160,21 @@ async def stream_request(
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         result.error = f"{type(e).__name__}: {e}"[:300]
     return result
+
+
+def _take_ids(chunk: dict, result: RequestResult) -> None:
+    """A chunk's ``return_token_ids`` fields: the prompt's ids (on a completion choice or
+    beside a chat chunk's choices, once) and the sampled ids."""
+    choices = chunk.get("choices") or []
+    prompt = chunk.get("prompt_token_ids")
+    if prompt is None and choices:
+        prompt = choices[0].get("prompt_token_ids")
+    if prompt is not None:
+        result.prompt_ids = list(prompt)
+    if choices:
+        if result.output_ids is None:
+            result.output_ids = []
+        result.output_ids.extend(choices[0].get("token_ids") or ())
 
 
 class _Budget:
@@ -198,6 +221,8 @@ async def run_load(
                     return
                 body = s.request_body(model, turn, answers)
                 body["temperature"] = cfg.temperature
+                if cfg.return_token_ids:
+                    body["return_token_ids"] = True
                 res = RequestResult(
                     s.session_id,
                     turn,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -131,3 +132,31 @@ def test_repeats_pool_requests_in_time_and_sum_counters():
     assert pooled.duration_s == 5.0
     assert merged["total"]["hit_rate"] == 0.25
     assert merged["total"]["miss_tokens"] == {"cached": 100, "cold": 300}
+
+
+def test_token_ids_are_kept_and_a_next_turn_hits_what_the_first_left(worker_app):
+    """With ``return_token_ids`` every request keeps the ids the engine saw and sampled; a chat's
+    second turn then reuses exactly the pages its first turn's prompt and answer share with it."""
+    url, _ = worker_app
+    system = "token ids kept by the load generator. " * 5
+    chat = Session("ids", "chat", (Turn("first", 5), Turn("second", 3)), system=system)
+    done = Session("c-ids", "completion", (Turn(SHARED + " ids", 4),))
+    cfg = LoadConfig(mode="concurrency", concurrency=1, progress=False, return_token_ids=True)
+    run = asyncio.run(run_load(url, BenchWorkload("ids", (done, chat)), cfg, model="tiny"))
+    assert all(r.ok for r in run.requests), [r.error for r in run.requests]
+    for r in run.requests:
+        assert len(r.prompt_ids) == r.prompt_tokens and len(r.output_ids) == r.completion_tokens
+        assert r.as_dict()["output_ids"] == r.output_ids
+    assert run.requests[0].prompt_ids == list((SHARED + " ids").encode())
+    t1, t2 = run.requests[1:]
+    left = t1.prompt_ids + t1.output_ids[:-1]  # the last sampled token was never computed
+    common = next(
+        (k for k, (a, b) in enumerate(zip(left, t2.prompt_ids, strict=False)) if a != b),
+        min(len(left), len(t2.prompt_ids)),
+    )
+    assert common > len(t1.prompt_ids)  # the answer is part of what turn 2 can reuse
+    assert t2.cached_tokens == min(common, len(t2.prompt_ids) - 1) // 16 * 16
+    plain = asyncio.run(
+        run_load(url, BenchWorkload("x", (done,)), replace(cfg, return_token_ids=False))
+    )
+    assert plain.requests[0].prompt_ids is None and "prompt_ids" not in plain.requests[0].as_dict()
