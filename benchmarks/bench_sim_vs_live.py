@@ -1,4 +1,4 @@
-"""Is the simulator right? The same Mooncake workload live and simulated, side by side.
+"""Is the simulator right? The same workloads live and simulated, side by side.
 
 Live: ``radixray bench compare``'s machinery (4 fresh ``radixray worker`` processes, tiny model,
 page size 16, 768 pages, 1 torch thread each, radixray's router in front with each policy in
@@ -13,6 +13,14 @@ to the steps the live workers ran in this very benchmark (their ``/debug/steps``
 costed by its whole share of the worker's time). Beside the client's TTFT the live rows show the
 TTFT the workers measured inside their engines (from taking a request to its first token): what
 the simulator models, without the host time of the load generator, router and HTTP around it.
+
+Two workloads: Mooncake (completions, scale 32) and MT-Bench chats (two turns behind shared
+system prompts; sessions start at Poisson arrivals, turn 2 leaves when turn 1's answer is in).
+Turn 2 carries the answer the model gave live, so the chat half is replayed from the live run
+itself: every request asks for ``return_token_ids``, and the simulator gets each prompt's exact
+ids, each answer's exact ids (what the worker cached after turn 1) and each turn 2 as a
+closed-loop request (``after`` turn 1: it arrives when the simulated turn 1 finishes). Each
+policy's live run gives its own replay (answers could differ between runs).
 
     .venv/bin/radixray sim calibrate --model tiny --cpu-threads 1 --out /tmp/tiny_1t.json
     .venv/bin/python benchmarks/bench_sim_vs_live.py --timing /tmp/tiny_1t.json
@@ -40,6 +48,47 @@ from radixray.sim.timing import TimingModel, load_timing
 from radixray.worker.stats import STEP_FIELDS
 
 POLICIES = ("ttft", "cache_aware", "round_robin")
+
+
+def session_starts(n: int, rate: float, seed: int) -> list[float]:
+    """When the load generator starts each session (LoadConfig mode "rate": its seeded draw)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def chat_replay(wl, records: list[dict], rate: float, seed: int) -> Workload:
+    """One live run of the chat workload as a simulator workload: exact token ids (literal
+    segments), each session starting when the load generator started it, turn 2 released by
+    turn 1's finish. A turn that failed live, and what followed it, is left out."""
+    by_turn = {(r["session_id"], r["turn"]): r for r in records if r["ok"]}
+    literal: dict[int, tuple[int, ...]] = {}
+    reqs = []
+    for s, t0 in zip(wl.sessions, session_starts(len(wl.sessions), rate, seed), strict=True):
+        prev = None
+        for turn in range(len(s.turns)):
+            r = by_turn.get((s.session_id, turn))
+            if r is None or r.get("prompt_ids") is None:
+                break
+            rid = len(reqs)
+            prompt, answer = 2 * rid + 1, 2 * rid + 2  # its two literal segments
+            literal[prompt] = tuple(r["prompt_ids"])
+            literal[answer] = tuple(r["output_ids"])
+            reqs.append(
+                SimRequest(
+                    rid,
+                    t0,
+                    ((prompt, len(literal[prompt])),),
+                    len(literal[answer]),
+                    s.session_id,
+                    output_seg=answer,
+                    after=prev,
+                )
+            )
+            prev = rid
+    return Workload("mtbench_live", reqs, 0, dict(wl.meta), literal)
 
 
 def sim_workload(wl, rate: float, seed: int, page_size: int, model: str) -> Workload:
@@ -91,60 +140,11 @@ def engine_ttfts(report: dict, target: str) -> list[float]:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--timing", required=True, help="a timing file from `radixray sim calibrate`")
-    p.add_argument("--contention", type=float, default=None, help="default: workers / cores")
-    p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--rate", type=float, default=4.0)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--num-pages", type=int, default=768)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", default="/tmp/bench_sim_vs_live")
-    p.add_argument("--live-json", default=None, help="reuse a live run's bench_serving.json")
-    args = p.parse_args(argv)
-    page_size, model = 16, "tiny"
-    kwargs = {"limit": args.requests, "block_tokens": 16}
-    wl = build_workload("mooncake", **kwargs)
-    load = LoadConfig(
-        mode="rate", rate=args.rate, max_requests=args.requests, max_duration_s=600, seed=args.seed
-    )
-    if args.live_json:
-        report = json.loads(Path(args.live_json).read_text())
-    else:
-        cfg = CompareConfig(
-            out_dir=Path(args.out_dir),
-            workloads={"mooncake": kwargs},
-            loads={"mooncake": load},
-            targets=tuple(f"radixray:{x}" for x in POLICIES),
-            num_workers=args.workers,
-            worker=WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages),
-            probe_requests=3,
-            command=" ".join(sys.argv),
-            step_logs=True,
-        )
-        report = run_compare(cfg)
-    live = {r["policy"]: r for r in report["workloads"]["mooncake"]["rows"]}
-    spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
-    live_fit, live_fit_report = fit_live_steps(report["workloads"]["mooncake"], spec)
-
-    swl = sim_workload(wl, args.rate, args.seed, page_size, model)
-    solo = load_timing(args.timing)
-    k = args.contention or args.workers / (os.cpu_count() or 1)
-    contended = replace(
-        solo,
-        **{f: getattr(solo, f) * k for f in ("step_overhead_s", "decode_seq_s", "decode_ctx_s",
-                                             "prefill_token_s", "prefill_attn_s")},
-    )  # fmt: skip
-    sims = {}
-    timings = [("sim", solo), (f"sim x{k:g}", contended)]
-    if live_fit is not None:
-        timings.append(("sim live-fit", live_fit))
-        print(
-            f"live-fit timing (the live workers' own steps, all policies): "
-            f"{json.dumps(live_fit.to_dict())}; {json.dumps(live_fit_report)}"
-        )
-    for label, timing in timings:
+def run_sims(label_timings, workloads: dict[str, Workload], args, page_size: int) -> dict:
+    """Each policy in the simulator on its workload, under each timing: label -> policy ->
+    summary."""
+    out = {}
+    for label, timing in label_timings:
         sc = SimConfig(
             num_workers=args.workers,
             num_pages=args.num_pages,
@@ -152,18 +152,20 @@ def main(argv=None) -> int:
             timing=timing,
             event_delay_s=0.25,  # the router polls its workers every 0.25 s
         )
-        sims[label] = {pol: simulate(swl, pol, sc).summary() for pol in POLICIES}
+        out[label] = {pol: simulate(workloads[pol], pol, sc).summary() for pol in POLICIES}
+    return out
 
-    print(f"{len(swl)} requests at {args.rate}/s, {args.workers} workers x {args.num_pages} pages")
+
+def table(live: dict, sims: dict, report: dict) -> str:
     head = "| policy | source | hit rate | TTFT p50 ms | p90 ms | p99 ms |"
     lines = [head, "|---|---|---|---|---|---|"]
     for pol in POLICIES:
         r = live[pol]
         lines.append(
-            f"| {pol} | live | {r['hit_rate']:.3f} | {r['ttft_p50_s'] * 1e3:.0f} | "
+            f"| {pol} | live, at the client | {r['hit_rate']:.3f} | {r['ttft_p50_s'] * 1e3:.0f} | "
             f"{r['ttft_p90_s'] * 1e3:.0f} | {r['ttft_p99_s'] * 1e3:.0f} |"
         )
-        inside = engine_ttfts(report["workloads"]["mooncake"], f"radixray:{pol}")
+        inside = engine_ttfts(report, f"radixray:{pol}")
         if inside:
             q = [percentile(inside, p) * 1e3 for p in (50, 90, 99)]
             lines.append(
@@ -175,21 +177,104 @@ def main(argv=None) -> int:
                 f"| {pol} | {label} | {s['hit_rate']:.3f} | {s['ttft_p50'] * 1e3:.0f} | "
                 f"{s['ttft_p90'] * 1e3:.0f} | {s['ttft_p99'] * 1e3:.0f} |"
             )
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--timing", required=True, help="a timing file from `radixray sim calibrate`")
+    p.add_argument("--contention", type=float, default=None, help="default: workers / cores")
+    p.add_argument("--workloads", nargs="+", default=["mooncake", "mtbench"])
+    p.add_argument("--requests", type=int, default=300, help="Mooncake requests")
+    p.add_argument("--rate", type=float, default=4.0, help="Mooncake requests per second")
+    p.add_argument("--mtbench-sessions", type=int, default=80, help="two turns each")
+    p.add_argument("--mtbench-rate", type=float, default=2.0, help="chat sessions per second")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--num-pages", type=int, default=768)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="/tmp/bench_sim_vs_live")
+    p.add_argument("--live-json", default=None, help="reuse a live run's bench_serving.json")
+    args = p.parse_args(argv)
+    unknown = set(args.workloads) - {"mooncake", "mtbench"}
+    if unknown:
+        p.error(f"--workloads: unknown {sorted(unknown)}; choose from mooncake, mtbench")
+    page_size, model = 16, "tiny"
+    kwargs = {
+        "mooncake": {"limit": args.requests, "block_tokens": 16},
+        "mtbench": {"num_sessions": args.mtbench_sessions},
+    }
+    rates = {"mooncake": args.rate, "mtbench": args.mtbench_rate}
+    loads = {
+        name: LoadConfig(
+            mode="rate",
+            rate=rates[name],
+            max_requests=build_workload(name, **kwargs[name]).num_requests,
+            max_duration_s=600,
+            seed=args.seed,
+            return_token_ids=name == "mtbench",
+        )
+        for name in args.workloads
+    }
+    if args.live_json:
+        report = json.loads(Path(args.live_json).read_text())
+    else:
+        cfg = CompareConfig(
+            out_dir=Path(args.out_dir),
+            workloads={name: kwargs[name] for name in args.workloads},
+            loads=loads,
+            targets=tuple(f"radixray:{x}" for x in POLICIES),
+            num_workers=args.workers,
+            worker=WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages),
+            probe_requests=3,
+            command=" ".join(sys.argv),
+            step_logs=True,
+        )
+        report = run_compare(cfg)
+    spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
+    solo = load_timing(args.timing)
+    k = args.contention or args.workers / (os.cpu_count() or 1)
+    contended = replace(
+        solo,
+        **{f: getattr(solo, f) * k for f in ("step_overhead_s", "decode_seq_s", "decode_ctx_s",
+                                             "prefill_token_s", "prefill_attn_s")},
+    )  # fmt: skip
+    results = {}
+    for name in args.workloads:
+        part = report["workloads"][name]
+        live = {r["policy"]: r for r in part["rows"]}
+        wl = build_workload(name, **kwargs[name])
+        if name == "mooncake":
+            one = sim_workload(wl, args.rate, args.seed, page_size, model)
+            workloads = dict.fromkeys(POLICIES, one)
+        else:
+            workloads = {
+                pol: chat_replay(wl, part["requests"][f"radixray:{pol}"], rates[name], args.seed)
+                for pol in POLICIES
+            }
+        timings = [("sim", solo), (f"sim x{k:g}", contended)]
+        live_fit, live_fit_report = fit_live_steps(part, spec)
+        if live_fit is not None:
+            timings.append(("sim live-fit", live_fit))
+            print(
+                f"{name}: live-fit timing (the live workers' own steps, all policies): "
+                f"{json.dumps(live_fit.to_dict())}; {json.dumps(live_fit_report)}"
+            )
+        sims = run_sims(timings, workloads, args, page_size)
+        n = {pol: len(w) for pol, w in workloads.items()}
+        print(
+            f"\n### {name}: {n} requests in the simulator (per policy), {rates[name]}/s, "
+            f"{args.workers} workers x {args.num_pages} pages\n"
+        )
+        print(table(live, sims, part))
+        results[name] = {
+            "live": live,
+            "sim": sims,
+            "timing": {label: t.to_dict() for label, t in timings},
+            "live_fit": live_fit_report,
+        }
     out = Path(args.out_dir) / "sim_vs_live.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "live": live,
-                "sim": sims,
-                "timing": {label: t.to_dict() for label, t in timings},
-                "live_fit": live_fit_report,
-            },
-            indent=1,
-            default=str,
-        )
-    )
+    out.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 
