@@ -169,15 +169,8 @@ def completion_response(
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict:
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [_ids(choice, prompt_token_ids, token_ids)],
-        "usage": use,
-    }
+    """A whole answer has the shape of one chunk that carries everything."""
+    return completion_chunk(rid, model, text, finish, use, None, prompt_token_ids, token_ids)
 
 
 def completion_chunk(
