@@ -24,6 +24,10 @@ JSON_KEYS = (
     "excess_p50",
     "excess_p90",
     "excess_p99",
+    "pooled_ttft_p90",
+    "pooled_excess_p50",
+    "pooled_excess_p90",
+    "pooled_excess_p99",
     "reuse_available",
     "reuse_captured",
     "reuse_over",
@@ -133,6 +137,13 @@ def format_table(summaries: dict[str, dict]) -> str:
             f"{'bound':<{w}}{'':>36}{s['bound_p50']:>8.2f}{s['bound_p90']:>8.2f}"
             f"{s['bound_p99']:>8.2f}   (whole infinite-cache prefix hit on an idle worker)"
         )
+        if "pooled_ttft_p50" in s:
+            lines.append(
+                f"{'pooled cache':<{w}}{s['pooled_hit_rate']:>7.3f}{'':>29}"
+                f"{s['pooled_ttft_p50']:>8.2f}{s['pooled_ttft_p90']:>8.2f}"
+                f"{s['pooled_ttft_p99']:>8.2f}   (the same with the hits of one LRU cache of "
+                "all the cluster's pages)"
+            )
     return "\n".join(lines)
 
 

@@ -1,11 +1,14 @@
-"""Per-run results of the simulator and the infinite-cache ceiling of a workload."""
+"""Per-run results of the simulator, and two references for them: the infinite-cache ceiling
+of a workload (and the TTFT bound it gives), and the same with the cluster's own cache size (one
+pooled LRU cache of all its pages). The second is a reference, not a strict bound: LRU caches
+kept apart can hold more useful pages than one LRU cache of their total size."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from radixray.cache_index import hash_blocks
+from radixray.cache_index import PageAllocator, RadixCache, hash_blocks
 from radixray.numbers import percentile
 
 from .timing import TimingModel
@@ -18,6 +21,7 @@ __all__ = [
     "ceiling",
     "ceiling_hits",
     "percentile",
+    "pooled_hits",
     "ttft_bound",
 ]
 
@@ -31,6 +35,9 @@ SUMMARY_KEYS = (
     "bound_p50",
     "bound_p90",
     "bound_p99",
+    "pooled_hit_rate",
+    "pooled_ttft_p50",
+    "pooled_ttft_p99",
     "throughput",
     "imbalance",
 )
@@ -55,19 +62,57 @@ def ceiling_hits(workload: Workload, page_size: int) -> list[int]:
     return hits
 
 
+def pooled_hits(workload: Workload, page_size: int, num_pages: int) -> list[int]:
+    """Each request's hit tokens in one LRU radix cache (the worker's own ``RadixCache``) of
+    ``num_pages`` pages, into which every earlier request's full pages (prompt, and a chat
+    answer) went when it arrived: what the whole cluster's cache could reuse if it were one
+    worker's, with nothing in flight. At most the first ``num_tokens - 1`` tokens, page-aligned;
+    never above :func:`ceiling_hits` (equal to it when nothing is evicted). Not an upper bound
+    on what workers' caches kept apart reuse: LRU is not optimal, and separate caches can keep
+    pages that one shared LRU order would evict."""
+    P = page_size
+    alloc = PageAllocator(num_pages)
+    cache = RadixCache(P, alloc, "lru", enable_events=False)
+    hits = []
+    for req in workload.requests:
+        tokens = workload.tokens(req)
+        m = cache.match_prefix(tokens)
+        hits.append(min(m.num_tokens, (len(tokens) - 1) // P * P))
+        seq = tokens + workload.output_tokens(req)
+        k = len(seq) // P
+        need = k - len(m.pages)
+        if need <= 0 or need > num_pages:
+            continue  # nothing new, or more than the whole cache
+        cache.lock(m.node)
+        if alloc.num_free < need:
+            cache.evict(need - alloc.num_free)
+        cache.unlock(m.node)
+        new = alloc.alloc(need)
+        if new is None:  # the rest of the cache is this request's own prefix
+            continue
+        cache.insert(seq[: k * P], m.pages + new, None, hash_blocks(seq[: k * P], P))
+    cache.check_integrity()
+    return hits
+
+
 def ceiling(workload: Workload, page_size: int) -> tuple[int, int]:
     """(hit tokens, prompt tokens) of the infinite cache of :func:`ceiling_hits`."""
     return sum(ceiling_hits(workload, page_size)), sum(r.num_tokens for r in workload.requests)
 
 
-def ttft_bound(workload: Workload, page_size: int, timing: TimingModel) -> list[float]:
-    """Each request's TTFT if it hit its whole infinite-cache prefix (:func:`ceiling_hits`) on
-    an idle worker: its uncached tokens prefilled alone, in chunks of ``max_batch_tokens``, as a
-    simulated worker steps. No routing can do better; what a policy adds above it is queueing
-    and recomputation, the part routing can remove."""
+def ttft_bound(
+    workload: Workload, page_size: int, timing: TimingModel, hits: list[int] | None = None
+) -> list[float]:
+    """Each request's TTFT if it hit its whole infinite-cache prefix (:func:`ceiling_hits`, or
+    the given ``hits``) on an idle worker: its uncached tokens prefilled alone, in chunks of
+    ``max_batch_tokens``, as a simulated worker steps. No routing can do better; what a policy
+    adds above it is queueing and recomputation, the part routing can remove (some of that
+    recomputation may be the cluster's cache size: the same with :func:`pooled_hits`)."""
     out = []
     chunk = timing.max_batch_tokens
-    for req, hit in zip(workload.requests, ceiling_hits(workload, page_size), strict=True):
+    if hits is None:
+        hits = ceiling_hits(workload, page_size)
+    for req, hit in zip(workload.requests, hits, strict=True):
         pos, n, t = hit, req.num_tokens, 0.0
         while pos < n:
             c = min(n - pos, chunk)
@@ -113,6 +158,9 @@ class RunResult:
     config: dict = field(default_factory=dict)
     oversize: int = 0
     bound: list[float] = field(default_factory=list)  # ttft_bound, per request (same order)
+    # the same with the hits of one cache of the cluster's pages (pooled_hits), and those hits
+    pooled_ttft: list[float] = field(default_factory=list)
+    pooled_tokens: int = 0
 
     def summary(self) -> dict:
         recs = self.records
@@ -134,6 +182,13 @@ class RunResult:
             f"excess_p{q}": max(0.0, percentile(ttfts, q) - bound[f"bound_p{q}"])
             for q in (50, 90, 99)
         }
+        pooled: dict[str, float] = {}
+        if self.pooled_ttft:
+            pooled["pooled_hit_rate"] = self.pooled_tokens / prompt if prompt else 0.0
+            for q in (50, 90, 99):
+                b = percentile(self.pooled_ttft, q)
+                pooled[f"pooled_ttft_p{q}"] = b
+                pooled[f"pooled_excess_p{q}"] = max(0.0, percentile(ttfts, q) - b)
         return {
             "requests": len(recs),
             "hit_rate": cached / prompt if prompt else 0.0,
@@ -155,6 +210,7 @@ class RunResult:
             "ttft_p99": percentile(ttfts, 99),
             **bound,
             **excess,
+            **pooled,
             "e2e_p50": percentile([r.e2e for r in recs], 50),
             "throughput": len(recs) / span if span > 0 else 0.0,
             "token_throughput": prompt / span if span > 0 else 0.0,

@@ -27,7 +27,7 @@ from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
 from radixray.worker.scheduler import check_prefill_order
 
-from .metrics import RequestRecord, RunResult, ceiling, ttft_bound
+from .metrics import RequestRecord, RunResult, ceiling, pooled_hits, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
 from .worker import SimWorker
 from .workload import SimRequest, Workload
@@ -238,7 +238,12 @@ class _Run:
         if bad:
             raise AssertionError(f"{len(bad)} requests did not finish exactly once: {bad[:10]}")
         mem = self.index.memory_bytes()
-        ceil_hit, _ = ceiling(self.wl, self.cfg.page_size)
+        P, timing = self.cfg.page_size, self.cfg.timing
+        ceil_hit, _ = ceiling(self.wl, P)
+        pooled = self.wl.memo(
+            ("pooled_hits", P, self.cfg.num_workers * self.cfg.num_pages),
+            lambda: pooled_hits(self.wl, P, self.cfg.num_workers * self.cfg.num_pages),
+        )
         return RunResult(
             policy=self.policy.name,
             records=self.records,
@@ -250,7 +255,9 @@ class _Run:
             wall_s=wall,
             config={**self.cfg.to_dict(), "workload": self.wl.name, **self.wl.description},
             oversize=sum(w.oversize for w in self.workers),
-            bound=ttft_bound(self.wl, self.cfg.page_size, self.cfg.timing),
+            bound=ttft_bound(self.wl, P, timing),
+            pooled_ttft=ttft_bound(self.wl, P, timing, pooled),
+            pooled_tokens=sum(pooled),
         )
 
 

@@ -168,6 +168,13 @@ class Workload:
             self._hash_cache[page_size] = hashes
         return hashes
 
+    def memo(self, key, compute):
+        """``compute()``, once per ``key`` for this workload (what every policy's run of it
+        shares: the pooled-cache hits of one cluster size)."""
+        if key not in self._hash_cache:
+            self._hash_cache[key] = compute()
+        return self._hash_cache[key]
+
     def head(self, n: int) -> Workload:
         """The first ``n`` requests (a short slice for tests and notebooks)."""
         reqs = self.requests[:n]

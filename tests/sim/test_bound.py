@@ -1,5 +1,7 @@
 """The TTFT bound (whole infinite-cache prefix hit, idle worker): exact where nothing queues and
-one cache holds everything, never beaten under load, and in every report."""
+one cache holds everything, never beaten under load, and in every report. The pooled-cache
+reference (one LRU cache of the cluster's pages): the infinite cache's hits when nothing is
+evicted, fewer when the cache is small."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from radixray.sim import SimConfig, load_mooncake, simulate
 from radixray.sim.cli import main
-from radixray.sim.metrics import ceiling_hits, ttft_bound
+from radixray.sim.metrics import ceiling_hits, pooled_hits, ttft_bound
 from tests.sim.test_simulator import BT, write_trace
 
 
@@ -61,6 +63,35 @@ def test_the_bound_is_in_the_table_and_the_json(traces, tmp_path, capsys):
         assert 0 < s["bound_p50"] <= s["bound_p90"] <= s["bound_p99"] <= s["ttft_p99"]
         assert s["excess_p50"] == pytest.approx(max(0.0, s["ttft_p50"] - s["bound_p50"]))
     table = capsys.readouterr().out
-    assert "xs p50" in table and table.splitlines()[-1].startswith("bound ")
+    lines = table.splitlines()
+    assert "xs p50" in table and lines[-2].startswith("bound ")
+    assert lines[-1].startswith("pooled cache ")
+    for s in data.values():
+        assert s["pooled_ttft_p50"] >= s["bound_p50"] and 0 <= s["pooled_hit_rate"] <= 1
     assert main(["--policies", "cache_aware:fallbak=x", "--no-progress"]) == 2
     assert "has no parameter 'fallbak'" in capsys.readouterr().err
+
+
+def test_a_pooled_cache_that_holds_everything_hits_what_the_infinite_one_does(traces):
+    from radixray.sim import multiturn_chat
+
+    for wl in (load_mooncake(traces[0], block_tokens=BT), multiturn_chat(num_requests=200)):
+        assert pooled_hits(wl, BT, 1_000_000) == ceiling_hits(wl, BT)
+
+
+def test_a_small_pooled_cache_hits_less_and_its_ttft_is_above_the_bound(traces):
+    wl = load_mooncake(traces[0], block_tokens=BT, speedup=8.0)
+    small, infinite = pooled_hits(wl, BT, 3 * 64), ceiling_hits(wl, BT)
+    assert all(a <= b for a, b in zip(small, infinite, strict=True))
+    assert sum(small) < sum(infinite)
+    result = simulate(wl, "ttft", SimConfig(num_workers=3, num_pages=64, page_size=BT))
+    assert result.pooled_tokens == sum(small)
+    assert result.pooled_ttft == ttft_bound(wl, BT, result_timing(), small)
+    s = result.summary()
+    assert s["pooled_hit_rate"] == sum(small) / sum(r.num_tokens for r in wl.requests)
+    assert s["pooled_ttft_p50"] >= s["bound_p50"] and s["pooled_ttft_p99"] >= s["bound_p99"]
+    assert s["pooled_excess_p50"] == pytest.approx(max(0.0, s["ttft_p50"] - s["pooled_ttft_p50"]))
+
+
+def result_timing():
+    return SimConfig().timing

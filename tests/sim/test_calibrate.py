@@ -73,7 +73,7 @@ def test_calibrate_writes_a_model_that_sim_reads(tmp_path, capsys):
     capsys.readouterr()
     argv = ["--workload", "hot_prefix", "--limit", "200", "--workers", "2", "--no-progress"]
     assert sim_main([*argv, "--policies", "ttft", "--timing", str(out)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("bound")
+    assert capsys.readouterr().out.splitlines()[-2].startswith("bound")
     assert sim_main([*argv, "--timing", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text('{"step_overhead_s": 0.01}')
