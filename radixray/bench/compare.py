@@ -305,11 +305,13 @@ def run_compare(cfg: CompareConfig) -> dict:
                     f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
                     flush=True,
                 )
-        rows, requests, step_logs = [], {}, {}
+        rows, requests, step_logs, decisions = [], {}, {}, {}
         for target in targets:
             if cfg.step_logs:
                 step_logs[target] = [d.get("steps") for _, d in runs[target]]
             run, delta = _pool(runs[target])
+            if target.startswith("radixray:"):
+                decisions[target] = delta["decisions"]  # one log per repeat
             row = summarize(run, delta)
             router, _, policy = target.partition(":")
             row.update(router=router, policy=policy, workload=name)
@@ -323,6 +325,7 @@ def run_compare(cfg: CompareConfig) -> dict:
             "rows": rows,
             "added_latency": added,
             "requests": requests,
+            "decisions": decisions,
         } | ({"step_logs": step_logs} if cfg.step_logs else {})
         curves[name] = [
             (
