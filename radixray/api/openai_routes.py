@@ -168,8 +168,8 @@ async def _serve(
         return SSEResponse(_sse(stream, answer, body.include_usage), headers)
     text, token_ids, final = await _collect(request, stream)
     headers["x-radixray-cached-tokens"] = str(final.cached_tokens)
-    body = answer.response(text, token_ids, final.finish_reason, _usage(final))
-    return JSONResponse(body, headers=headers)
+    payload = answer.response(text, token_ids, final.finish_reason, _usage(final))
+    return JSONResponse(payload, headers=headers)
 
 
 def _check_model(backend: Backend, model: str) -> None:
