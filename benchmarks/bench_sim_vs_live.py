@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from radixray.bench.cluster import WorkerSpec
 from radixray.bench.compare import CompareConfig, run_compare
-from radixray.bench.loadgen import LoadConfig
+from radixray.bench.loadgen import LoadConfig, session_starts
 from radixray.bench.workloads import build_workload
 from radixray.model_meta import load_model_meta
 from radixray.numbers import percentile
@@ -50,15 +49,6 @@ from radixray.worker.stats import STEP_FIELDS
 POLICIES = ("ttft", "cache_aware", "round_robin")
 
 
-def session_starts(n: int, rate: float, seed: int) -> list[float]:
-    """When the load generator starts each session (LoadConfig mode "rate": its seeded draw)."""
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out
-
-
 def chat_replay(wl, records: list[dict], rate: float, seed: int) -> Workload:
     """One live run of the chat workload as a simulator workload: exact token ids (literal
     segments), each session starting when the load generator started it, turn 2 released by
@@ -66,7 +56,7 @@ def chat_replay(wl, records: list[dict], rate: float, seed: int) -> Workload:
     by_turn = {(r["session_id"], r["turn"]): r for r in records if r["ok"]}
     literal: dict[int, tuple[int, ...]] = {}
     reqs = []
-    for s, t0 in zip(wl.sessions, session_starts(len(wl.sessions), rate, seed), strict=True):
+    for s, t0 in zip(wl.sessions, session_starts(rate, seed), strict=False):
         prev = None
         for turn in range(len(s.turns)):
             r = by_turn.get((s.session_id, turn))
@@ -95,13 +85,11 @@ def sim_workload(wl, rate: float, seed: int, page_size: int, model: str) -> Work
     """The live workload's requests for the simulator (one completion turn per session, as the
     Mooncake workload has), arriving when the load generator sends them."""
     tok = load_model_meta(model).tokenizer
-    rng = random.Random(seed)  # the load generator's draw (LoadConfig mode "rate")
-    t = 0.0
     seg_of: dict[tuple, int] = {}
     reqs = []
-    for i, s in enumerate(wl.sessions):
+    starts = session_starts(rate, seed)  # the load generator's own draw
+    for i, (s, t) in enumerate(zip(wl.sessions, starts, strict=False)):
         (turn,) = s.turns
-        t += rng.expovariate(rate)
         ids = tok.encode(turn.user)
         segs, parent = [], 0
         for k in range(0, len(ids), page_size):

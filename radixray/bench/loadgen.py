@@ -20,7 +20,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -28,7 +28,14 @@ import httpx
 
 from .workloads import BenchWorkload, Session
 
-__all__ = ["LoadConfig", "RequestResult", "RunResult", "run_load", "stream_request"]
+__all__ = [
+    "LoadConfig",
+    "RequestResult",
+    "RunResult",
+    "run_load",
+    "session_starts",
+    "stream_request",
+]
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,16 @@ async def stream_request(
     return result
 
 
+def session_starts(rate: float, seed: int) -> Iterator[float]:
+    """When mode "rate" starts each session, in seconds from the run's start: Poisson arrivals
+    of ``rate`` per second from a generator seeded with ``seed`` (a replay of a run, such as
+    bench_sim_vs_live.py's, draws the same times from here)."""
+    rng, t = random.Random(seed), 0.0
+    while True:
+        t += rng.expovariate(rate)
+        yield t
+
+
 def _take_ids(chunk: dict, result: RequestResult) -> None:
     """A chunk's ``return_token_ids`` fields: the prompt's ids (on a completion choice or
     beside a chat chunk's choices, once) and the sampled ids."""
@@ -239,12 +256,11 @@ async def run_load(
 
         tasks: list[asyncio.Task] = []
         if cfg.mode == "rate":
-            rng = random.Random(cfg.seed)
-            next_t = t0
+            starts = session_starts(cfg.rate, cfg.seed)
             for s in workload.sessions:
                 if budget.left <= 0:
                     break
-                next_t += rng.expovariate(cfg.rate)
+                next_t = t0 + next(starts)
                 delay = next_t - time.perf_counter()
                 if next_t >= budget.deadline:
                     break
