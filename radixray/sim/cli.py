@@ -24,7 +24,6 @@ JSON_KEYS = (
     "excess_p50",
     "excess_p90",
     "excess_p99",
-    "pooled_ttft_p90",
     "pooled_excess_p50",
     "pooled_excess_p90",
     "pooled_excess_p99",

@@ -37,6 +37,7 @@ SUMMARY_KEYS = (
     "bound_p99",
     "pooled_hit_rate",
     "pooled_ttft_p50",
+    "pooled_ttft_p90",
     "pooled_ttft_p99",
     "throughput",
     "imbalance",

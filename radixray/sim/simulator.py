@@ -27,7 +27,7 @@ from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
 from radixray.worker.scheduler import check_prefill_order
 
-from .metrics import RequestRecord, RunResult, ceiling, pooled_hits, ttft_bound
+from .metrics import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
 from .worker import SimWorker
 from .workload import SimRequest, Workload
@@ -239,23 +239,23 @@ class _Run:
             raise AssertionError(f"{len(bad)} requests did not finish exactly once: {bad[:10]}")
         mem = self.index.memory_bytes()
         P, timing = self.cfg.page_size, self.cfg.timing
-        ceil_hit, _ = ceiling(self.wl, P)
+        total_pages = self.cfg.num_workers * self.cfg.num_pages
+        ceil = self.wl.memo(("ceiling_hits", P), lambda: ceiling_hits(self.wl, P))
         pooled = self.wl.memo(
-            ("pooled_hits", P, self.cfg.num_workers * self.cfg.num_pages),
-            lambda: pooled_hits(self.wl, P, self.cfg.num_workers * self.cfg.num_pages),
+            ("pooled_hits", P, total_pages), lambda: pooled_hits(self.wl, P, total_pages)
         )
         return RunResult(
             policy=self.policy.name,
             records=self.records,
             busy_time=[w.busy_time for w in self.workers],
             first_block_tokens=self.wl.first_block_tokens,
-            ceiling_tokens=ceil_hit,
+            ceiling_tokens=sum(ceil),
             index_memory_bytes=mem,
             index_memory_peak_bytes=max(mem, self.mem_peak),
             wall_s=wall,
             config={**self.cfg.to_dict(), "workload": self.wl.name, **self.wl.description},
             oversize=sum(w.oversize for w in self.workers),
-            bound=ttft_bound(self.wl, P, timing),
+            bound=ttft_bound(self.wl, P, timing, ceil),
             pooled_ttft=ttft_bound(self.wl, P, timing, pooled),
             pooled_tokens=sum(pooled),
         )

@@ -98,7 +98,7 @@ class Workload:
     _base: dict[int, int] = field(default_factory=dict, repr=False)
     _seg_len: dict[int, int] = field(default_factory=dict, repr=False)
     _next: int = field(default=1, repr=False)
-    _hash_cache: dict = field(default_factory=dict, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.requests.sort(key=lambda r: (r.arrival, r.rid))
@@ -162,18 +162,17 @@ class Workload:
 
     def block_hashes(self, page_size: int) -> list[list[int]]:
         """``hash_blocks(prompt, page_size)`` per request (computed once per page size)."""
-        hashes = self._hash_cache.get(page_size)
-        if hashes is None:
-            hashes = [hash_blocks(self.tokens(r), page_size) for r in self.requests]
-            self._hash_cache[page_size] = hashes
-        return hashes
+        return self.memo(
+            ("block_hashes", page_size),
+            lambda: [hash_blocks(self.tokens(r), page_size) for r in self.requests],
+        )
 
     def memo(self, key, compute):
-        """``compute()``, once per ``key`` for this workload (what every policy's run of it
-        shares: the pooled-cache hits of one cluster size)."""
-        if key not in self._hash_cache:
-            self._hash_cache[key] = compute()
-        return self._hash_cache[key]
+        """``compute()``, once per ``key`` for this workload: what every policy's run of it
+        shares (block hashes, the ceiling's and the pooled cache's hits)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def head(self, n: int) -> Workload:
         """The first ``n`` requests (a short slice for tests and notebooks)."""
