@@ -14,15 +14,7 @@ import argparse
 
 from radixray.numbers import percentile
 from radixray.sim import SimConfig, load_mooncake, simulate
-
-
-def own_prefill(timing, n: int, hit: int) -> float:
-    pos, t = hit, 0.0
-    while pos < n:
-        c = min(n - pos, timing.max_batch_tokens)
-        t += timing.step_time(0, 0, c, c * pos + c * (c - 1) // 2)
-        pos += c
-    return t
+from radixray.sim.metrics import ttft_bound
 
 
 def main() -> None:
@@ -40,7 +32,7 @@ def main() -> None:
     for policy in args.policies.split(","):
         r = simulate(wl, policy, cfg, progress=policy)
         ttft = [x.ttft for x in r.records]
-        own = [own_prefill(cfg.timing, x.prompt_tokens, x.cached) for x in r.records]
+        own = ttft_bound(wl, 16, cfg.timing, [x.cached for x in r.records])  # hits it got
         wait = [t - o for t, o in zip(ttft, own, strict=True)]
         miss = [o - b for o, b in zip(own, r.bound, strict=True)]
         n = len(ttft)
