@@ -11,7 +11,7 @@ import pytest
 
 from radixray.sim import SimConfig, load_mooncake, simulate
 from radixray.sim.cli import main
-from radixray.sim.metrics import ceiling_hits, pooled_hits, ttft_bound
+from radixray.sim.metrics import ceiling_hits, percentile, pooled_hits, ttft_bound
 from tests.sim.test_simulator import BT, write_trace
 
 
@@ -39,6 +39,9 @@ def test_one_idle_worker_with_room_for_everything_meets_the_bound_exactly(traces
     assert s["excess_p50"] == pytest.approx(0, abs=1e-9) and s["excess_p99"] == pytest.approx(
         0, abs=1e-9
     )
+    assert s["delay_p99"] == pytest.approx(0, abs=1e-9) and s["delay_mean"] == pytest.approx(
+        0, abs=1e-9
+    )
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "ttft"])
@@ -50,6 +53,12 @@ def test_no_request_beats_its_bound_under_load(traces, policy):
     s = result.summary()
     assert s["bound_p50"] <= s["ttft_p50"] and s["bound_p99"] <= s["ttft_p99"]
     assert s["excess_p99"] == pytest.approx(s["ttft_p99"] - s["bound_p99"])
+    # per request: each one's TTFT minus its own bound, then the percentiles of that
+    delays = [rec.ttft - b for rec, b in zip(result.records, result.bound, strict=True)]
+    for q in (50, 90, 99):
+        assert s[f"delay_p{q}"] == pytest.approx(max(0.0, percentile(delays, q)), abs=1e-12)
+    assert s["delay_mean"] == pytest.approx(sum(delays) / len(delays), abs=1e-9)
+    assert 0 <= s["delay_p50"] <= s["delay_p90"] <= s["delay_p99"] and s["delay_p99"] > 0
 
 
 def test_the_bound_is_in_the_table_and_the_json(traces, tmp_path, capsys):
@@ -62,6 +71,7 @@ def test_the_bound_is_in_the_table_and_the_json(traces, tmp_path, capsys):
     for s in data.values():
         assert 0 < s["bound_p50"] <= s["bound_p90"] <= s["bound_p99"] <= s["ttft_p99"]
         assert s["excess_p50"] == pytest.approx(max(0.0, s["ttft_p50"] - s["bound_p50"]))
+        assert 0 <= s["delay_p50"] <= s["delay_p99"] <= s["ttft_p99"]
     table = capsys.readouterr().out
     lines = table.splitlines()
     assert "xs p50" in table and lines[-2].startswith("bound ")
