@@ -12,8 +12,7 @@ carries); then, per request, the time from arrival to first token on its worker 
 and the four add up to TTFT minus the request's bound exactly (checked). Printed for all
 requests and for the bands of requests around TTFT p50 and p90.
 
-The step log wraps ``SimWorker``'s three step-starting methods (``enqueue``, ``step_end``,
-``_start_step``) for the run; nothing else changes.
+The step log is the simulator's ``on_step`` hook (every step a worker starts, with its batch).
 
     .venv/bin/python benchmarks/sim_median_anatomy.py                        # 8 x 8192, cpu
     .venv/bin/python benchmarks/sim_median_anatomy.py --block-tokens 512 --pages 2000 \\
@@ -28,48 +27,23 @@ import sys
 from collections import defaultdict
 
 from radixray.sim import SimConfig, load_mooncake, simulate, timing_preset
-from radixray.sim import worker as sim_worker
 from radixray.sim.metrics import ttft_bound
 
 
 class StepLog:
-    """Every step of every simulated worker: worker -> [[start, length, {rid: (chunk, pos)}]]."""
+    """Every step of every simulated worker, from the simulator's ``on_step`` hook:
+    worker -> [[start, length, {rid: (chunk, pos)}]] (decodes left out)."""
 
     def __init__(self):
         self.steps: dict[int, list[list]] = defaultdict(list)
-        cls = sim_worker.SimWorker
-        self._saved = (cls._start_step, cls.enqueue, cls.step_end)
-        start_step, enqueue, step_end = self._saved
-        log = self.steps
 
-        def traced_start(w):
-            dt = start_step(w)
-            if dt is not None:
-                chunks = {
-                    it.req.request_id: (it.num_tokens, it.start)
-                    for it in w._batch.items
-                    if not (it.num_tokens == 1 and it.req.output_ids)  # not a decode
-                }
-                log[w.worker_id].append([None, dt, chunks])
-            return dt
-
-        def stamped(method):
-            def run(w, *args):
-                n = len(log[w.worker_id])
-                dt = method(w, *args)
-                if len(log[w.worker_id]) > n:  # it started a step now
-                    log[w.worker_id][-1][0] = args[-1]
-                return dt
-
-            return run
-
-        cls._start_step = traced_start
-        cls.enqueue = stamped(enqueue)
-        cls.step_end = stamped(step_end)
-
-    def close(self) -> None:
-        cls = sim_worker.SimWorker
-        cls._start_step, cls.enqueue, cls.step_end = self._saved
+    def __call__(self, worker_id: int, start: float, dt: float, batch) -> None:
+        chunks = {
+            it.req.request_id: (it.num_tokens, it.start)
+            for it in batch.items
+            if not (it.num_tokens == 1 and it.req.output_ids)  # not a decode
+        }
+        self.steps[worker_id].append([start, dt, chunks])
 
 
 def anatomy(result, workload, timing, log: StepLog, page_size: int) -> list[tuple]:
@@ -132,10 +106,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for policy in args.policies.split(","):
         log = StepLog()
-        try:
-            result = simulate(wl, policy, cfg)
-        finally:
-            log.close()
+        result = simulate(wl, policy, cfg, on_step=log)
         parts = anatomy(result, wl, timing, log, P)
         n = len(parts)
         bands = {

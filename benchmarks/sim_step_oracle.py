@@ -21,55 +21,28 @@ import sys
 
 from radixray.router.policies import Policy, make_policy
 from radixray.sim import SimConfig, load_mooncake, simulate, timing_preset
-from radixray.sim import worker as sim_worker
 
 
 class StepClock:
-    """When each simulated worker's step in flight ends: wraps the two ``SimWorker`` methods
-    that start steps (they are given the time) for as long as it is open."""
+    """When each simulated worker's step in flight ends, and what it carries: the simulator's
+    ``on_step`` hook."""
 
     def __init__(self):
-        self.workers: dict[int, sim_worker.SimWorker] = {}
-        self.ends: dict[int, float] = {}
+        self.steps: dict[int, tuple[float, object]] = {}  # worker -> (end, batch)
 
-    def __enter__(self):
-        cls = sim_worker.SimWorker
-        self._saved = (cls.__init__, cls.enqueue, cls.step_end)
-        init, enqueue, step_end = self._saved
-        clock = self
-
-        def traced_init(w, worker_id, *args, **kwargs):
-            init(w, worker_id, *args, **kwargs)
-            clock.workers[worker_id] = w
-
-        def stamped(method):
-            def run(w, req_or_now, *args):
-                now = args[-1] if args else req_or_now
-                dt = method(w, req_or_now, *args)
-                if dt is not None:
-                    clock.ends[w.worker_id] = now + dt
-                return dt
-
-            return run
-
-        cls.__init__, cls.enqueue, cls.step_end = traced_init, stamped(enqueue), stamped(step_end)
-        return self
-
-    def __exit__(self, *exc):
-        cls = sim_worker.SimWorker
-        cls.__init__, cls.enqueue, cls.step_end = self._saved
+    def __call__(self, worker_id: int, start: float, dt: float, batch) -> None:
+        self.steps[worker_id] = (start + dt, batch)
 
     def exact(self, state, now: float, decode_share: float):
         """``state`` with the step in flight as it really is."""
-        w = self.workers[state.worker_id]
-        if w._batch is None:
+        end, batch = self.steps.get(state.worker_id, (0.0, None))
+        if end <= now:  # idle: its last step is over and it started no other
             return state
-        remaining = max(0.0, self.ends[state.worker_id] - now)
-        in_flight = sum(it.num_tokens for it in w._batch.items if it.req.in_prefill)
+        in_flight = sum(it.num_tokens for it in batch.items if it.req.in_prefill)
         return dataclasses.replace(
             state,
             queued_prefill_tokens=max(0, state.queued_prefill_tokens - in_flight),
-            decode_step_s=remaining + decode_share * state.decode_step_s,
+            decode_step_s=end - now + decode_share * state.decode_step_s,
         )
 
 
@@ -127,13 +100,13 @@ def main(argv=None) -> int:
                     event_delay_s=0.05,
                     seed=seed,
                 )
-                with StepClock() as clock:
-                    pol = (
-                        make_policy("ttft", seed=seed)
-                        if share is None
-                        else StepOracle(clock, seed, share)
-                    )
-                    rows.append(simulate(wl, pol, cfg).summary())
+                clock = StepClock()
+                pol = (
+                    make_policy("ttft", seed=seed)
+                    if share is None
+                    else StepOracle(clock, seed, share)
+                )
+                rows.append(simulate(wl, pol, cfg, on_step=clock).summary())
             name = "ttft" if share is None else f"ttft + step oracle, decode share {share:g}"
             p50 = [s["excess_p50"] for s in rows]
             p99 = [s["excess_p99"] for s in rows]

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
-from radixray.worker.scheduler import check_prefill_order
+from radixray.worker.scheduler import Batch, check_prefill_order
 
 from .metrics import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .timing import TIMING_PRESETS, TimingModel
@@ -71,24 +72,41 @@ class SimConfig:
         return d
 
 
+StepHook = Callable[[int, float, float, Batch], None]
+
+
 class Simulator:
-    def __init__(self, workload: Workload, policy: Policy | str, config: SimConfig | None = None):
+    """``on_step(worker_id, start, duration, batch)`` is called for every step a simulated
+    worker starts (``batch``: the engine's ``Batch``; read it, do not change it): a trace of
+    what each worker computed when, for analyses that need more than the per-request report."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy | str,
+        config: SimConfig | None = None,
+        on_step: StepHook | None = None,
+    ):
         self.workload = workload
         self.config = config or SimConfig()
         if isinstance(policy, str):
             policy = make_policy(policy, seed=self.config.seed)
         self.policy = policy
+        self.on_step = on_step
 
     def run(self, progress: bool | str = False) -> RunResult:
         label = progress if isinstance(progress, str) else self.policy.name
-        return _Run(self.workload, self.policy, self.config).execute(label if progress else None)
+        run = _Run(self.workload, self.policy, self.config, self.on_step)
+        return run.execute(label if progress else None)
 
 
 class _Run:
     """One run's state: the workers, the router's index and dispatcher, the event heap."""
 
-    def __init__(self, workload: Workload, policy: Policy, cfg: SimConfig):
-        self.wl, self.policy, self.cfg = workload, policy, cfg
+    def __init__(
+        self, workload: Workload, policy: Policy, cfg: SimConfig, on_step: StepHook | None = None
+    ):
+        self.wl, self.policy, self.cfg, self.on_step = workload, policy, cfg, on_step
         P = cfg.page_size
         self.hashes = workload.block_hashes(P)
         self.index = ApproxIndex(P, cfg.index_max_blocks or cfg.num_pages)
@@ -164,6 +182,8 @@ class _Run:
         if dt is not None:
             self.seq += 1
             heapq.heappush(self.heap, (now + dt, 0, self.seq, _STEP, w.worker_id, None))
+            if self.on_step is not None:
+                self.on_step(w.worker_id, now, dt, w.batch)
         self.steps += 1
         if self.cfg.check_every and self.steps % self.cfg.check_every == 0:
             for x in self.workers:
@@ -266,6 +286,8 @@ def simulate(
     policy: Policy | str,
     config: SimConfig | None = None,
     progress: bool | str = False,
+    on_step: StepHook | None = None,
 ) -> RunResult:
-    """Run one policy over one workload; see :class:`SimConfig` for the cluster."""
-    return Simulator(workload, policy, config).run(progress)
+    """Run one policy over one workload; see :class:`SimConfig` for the cluster and
+    :class:`Simulator` for ``on_step``."""
+    return Simulator(workload, policy, config, on_step).run(progress)

@@ -82,6 +82,11 @@ class SimWorker:
     def busy(self) -> bool:
         return self._batch is not None
 
+    @property
+    def batch(self) -> Batch | None:
+        """The step in progress (None: idle)."""
+        return self._batch
+
     # ------------------------------------------------------------------ state for the router
 
     def state(self, prefill_fit: tuple[float, float] | None = None) -> WorkerState:

@@ -3,6 +3,7 @@ infinite-cache ceiling, caches are intact at the end, one seed gives one result.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -210,3 +211,30 @@ def test_mooncake_slice_and_azure_generator():
     az = azure_shared_prefix(num_requests=200, num_groups=4)
     s = run(az, "cache_aware").summary()
     assert 0 < s["hit_rate"] <= s["ceiling"]
+
+
+def test_the_step_hook_sees_every_step_each_worker_runs(trace):
+    """``on_step`` gets every step as it starts: on each worker they do not overlap, their
+    lengths add up to the worker's busy time, and every first token comes at the end of a
+    step of its own worker that carries the last chunk of its prompt."""
+    wl = load_mooncake(trace[0], block_tokens=BT, speedup=8.0)
+    steps: dict[int, list] = {}
+
+    def on_step(worker_id, start, dt, batch):
+        ends = {it.req.request_id for it in batch.items if it.sample and not it.req.output_ids}
+        steps.setdefault(worker_id, []).append((start, dt, ends))
+
+    cfg = SimConfig(num_workers=3, num_pages=512, page_size=BT)
+    result = simulate(wl, "ttft", cfg, on_step=on_step)
+    plain = simulate(wl, "ttft", cfg)  # watching changes nothing
+    assert [(r.worker, r.first_token, r.cached) for r in result.records] == [
+        (r.worker, r.first_token, r.cached) for r in plain.records
+    ]
+    assert sorted(steps) == [0, 1, 2]
+    for w, log in steps.items():
+        for (s0, d0, _), (s1, _, _) in itertools.pairwise(log):
+            assert s1 >= s0 + d0 - 1e-12
+        assert sum(d for _, d, _ in log) == pytest.approx(result.busy_time[w], rel=1e-12)
+    first = {(w, s + d): e for w, log in steps.items() for s, d, e in log}
+    for rec in result.records:
+        assert str(rec.rid) in first[(rec.worker, rec.first_token)]
