@@ -4,10 +4,11 @@ recomputation imposes on everyone else, is lowest::
     cost_w = O_w + (queued_w + n - c_w + L * (c_best - c_w) + h * spill_w) / R_w
              (+ decode_step_s_w while it decodes)
 
-(``c_w`` tokens cached on ``w``, ``R_w`` / ``O_w`` its pooled prefill fit, ``L = rho / (1 -
-rho)`` from the measured utilisation, ``h`` the measured reuse share, ``spill_w`` the cached
-tokens the placement would evict). Why each term is there, and what was tried instead:
-docs/ttft_policy.md. Lowest cost wins; ties: seeded random, or by rank in a fleet of routers.
+(``c_w`` tokens cached on ``w``, none if under ``min_match`` of the prompt, ``R_w`` / ``O_w``
+its pooled prefill fit, ``L = rho / (1 - rho)`` from the measured utilisation, ``h`` the
+measured reuse share, ``spill_w`` the cached tokens the placement would evict). Why each term
+is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
+random, or by rank in a fleet of routers.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ class PredictedTTFT(Policy):
         reuse_weight: float | None = None,
         ewma_requests: int = 64,
         rho_max: float = 0.8,
+        min_match: float = 0.01,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimate, in arrivals; ``rho_max``
-        caps it, so ``L <= rho_max / (1 - rho_max)`` (4: why, docs/ttft_policy.md)."""
+        caps it, so ``L <= rho_max / (1 - rho_max)`` (4: why, docs/ttft_policy.md);
+        a cached prefix shorter than ``min_match`` of the prompt does not steer placement
+        (counts as none; why, docs/ttft_policy.md)."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -40,8 +44,11 @@ class PredictedTTFT(Policy):
             raise ValueError(f"ewma_requests must be >= 1, got {ewma_requests}")
         if not 0 < rho_max < 1:
             raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
+        if not 0 <= min_match < 1:
+            raise ValueError(f"min_match must be in [0, 1), got {min_match}")
         self.reuse_weight = reuse_weight
         self.rho_max = rho_max
+        self.min_match = min_match
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees (the utilisation), the share of its prompt found cached on some worker.
         self._rho = Ewma(1.0 / ewma_requests, initial=0.0)
@@ -72,11 +79,20 @@ class PredictedTTFT(Policy):
         matched = index.match(request.block_hashes) if request.block_hashes else {}
         n = request.num_tokens
         cap = max(n - 1, 0)
-        c_best = min(max(matched.values(), default=0) * P, cap)
-        reuse = self._reuse.update(c_best / n) if n else self._reuse.value
+        longest = min(max(matched.values(), default=0) * P, cap)
+        reuse = self._reuse.update(longest / n) if n else self._reuse.value
+        # Matches that save less than min_match of the prompt's prefill count as none: they are
+        # inside the cost model's error, and a header every prompt shares would otherwise draw
+        # each new long prompt to whichever worker cached that header first.
+        floor = self.min_match * n
+        c_best = longest if longest >= floor else 0
+
+        def cached(w: WorkerState) -> int:
+            c = min(matched.get(w.worker_id, 0) * P, cap)
+            return c if c >= floor else 0
 
         def cost(w: WorkerState) -> float:
-            c = min(matched.get(w.worker_id, 0) * P, cap)
+            c = cached(w)
             # Cached tokens this placement would evict (its new pages beyond the free ones),
             # each worth a recompute with the probability that a cached token is reused.
             spill = max(0, n - c - w.free_pages * P) if w.total_pages else 0
@@ -87,8 +103,11 @@ class PredictedTTFT(Policy):
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best)
         c = min(matched.get(pick.worker_id, 0) * P, cap)
-        reason = "ttft: best match" if c == c_best and c else "ttft: lowest cost"
+        reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores)
 
     def __repr__(self) -> str:
-        return f"PredictedTTFT(reuse_weight={self.reuse_weight}, rho={self.rho:.3f})"
+        return (
+            f"PredictedTTFT(reuse_weight={self.reuse_weight}, rho={self.rho:.3f}, "
+            f"min_match={self.min_match})"
+        )

@@ -257,6 +257,36 @@ def test_ttft_never_counts_the_last_token_as_cached_and_breaks_ties_at_random():
     assert picks == {0, 1}
 
 
+def test_ttft_a_header_every_prompt_shares_does_not_draw_new_prompts_to_one_worker():
+    """A chat template's first page, cached on one worker, is 0.8% of a 2,016-token prompt:
+    below ttft's min_match (1%) it does not count, so idle workers tie exactly and new prompts
+    spread; with min_match=0 the header sends every one of them to its holder."""
+    header = index_with(w1=1)
+    idle = [ws(i) for i in range(4)]
+    picks = [make_policy("ttft", seed=s).choose(req(126), idle, header) for s in range(40)]
+    assert {d.worker_id for d in picks} == {0, 1, 2, 3}
+    assert all(len(set(d.scores.values())) == 1 for d in picks)  # an exact tie
+    # what is cached on the chosen worker is still reported as it is (reuse telemetry)
+    assert {d.predicted_cached_tokens for d in picks if d.worker_id == 1} == {P}
+    assert {d.predicted_cached_tokens for d in picks if d.worker_id != 1} == {0}
+    former = {
+        make_policy("ttft", seed=s, min_match=0.0).choose(req(126), idle, header).worker_id
+        for s in range(40)
+    }
+    assert former == {1}
+    # A match that is a real share of the prompt still steers: 2 pages of 126 (1.6%), or the
+    # same single page of a 128-token prompt (12.5%).
+    for blocks, idx in ((126, index_with(w1=2)), (8, header)):
+        chosen = {
+            make_policy("ttft", seed=s).choose(req(blocks), idle, idx).worker_id for s in range(20)
+        }
+        assert chosen == {1}
+    with pytest.raises(ValueError, match="min_match must be in"):
+        make_policy("ttft", min_match=1.0)
+    with pytest.raises(ValueError, match="min_match must be in"):
+        make_policy("ttft:min_match=-0.1")
+
+
 def test_choose_is_cheap():
     """16 workers, a 256-block query: the brief's target is well under 100 us per decision
     excluding the index match; the bound here is loose for a shared CI machine."""
