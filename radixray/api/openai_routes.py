@@ -301,7 +301,7 @@ class _Answer:
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.model = model
         self.created = int(time.time())
-        self.with_ids = False
+        self.with_ids = False  # the per-token template (text_event) carries no ids
         self.prompt_ids: list[int] | None = None
         head, tail = _event(self.chunk(_SLOT, None)).split(json.dumps(_SLOT).encode())
         self._head, self._tail = head, tail

@@ -184,13 +184,30 @@ def completion_chunk(
     token_ids: list[int] | None = None,
 ) -> dict:
     choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    choices = [_ids(choice, prompt_token_ids, token_ids)]
+    return _envelope(rid, "text_completion", model, choices, created, use)
+
+
+def _envelope(
+    rid: str,
+    obj: str,
+    model: str,
+    choices: list[dict],
+    created: int | None,
+    use: dict | None,
+    prompt_token_ids: list[int] | None = None,
+) -> dict:
+    """What every answer and chunk has around its choices; ``prompt_token_ids`` beside them is
+    chat's place for them (a completion has them on its choice)."""
     out = {
         "id": rid,
-        "object": "text_completion",
+        "object": obj,
         "created": created or int(time.time()),
         "model": model,
-        "choices": [_ids(choice, prompt_token_ids, token_ids)],
+        "choices": choices,
     }
+    if prompt_token_ids is not None:
+        out["prompt_token_ids"] = prompt_token_ids
     if use is not None:
         out["usage"] = use
     return out
@@ -211,17 +228,8 @@ def chat_response(
         "finish_reason": finish,
         "logprobs": None,
     }
-    out = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [_ids(choice, None, token_ids)],
-        "usage": use,
-    }
-    if prompt_token_ids is not None:  # a chat answer has it beside its choices (as vLLM)
-        out["prompt_token_ids"] = prompt_token_ids
-    return out
+    choices = [_ids(choice, None, token_ids)]
+    return _envelope(rid, "chat.completion", model, choices, None, use, prompt_token_ids)
 
 
 def chat_chunk(
@@ -236,15 +244,5 @@ def chat_chunk(
     token_ids: list[int] | None = None,
 ) -> dict:
     choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-    out = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created or int(time.time()),
-        "model": model,
-        "choices": [_ids(choice, None, token_ids)] if with_choice else [],
-    }
-    if prompt_token_ids is not None:
-        out["prompt_token_ids"] = prompt_token_ids
-    if use is not None:
-        out["usage"] = use
-    return out
+    choices = [_ids(choice, None, token_ids)] if with_choice else []
+    return _envelope(rid, "chat.completion.chunk", model, choices, created, use, prompt_token_ids)
