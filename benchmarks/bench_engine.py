@@ -41,10 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from radixray.sim.data import data_text  # noqa: E402
 from radixray.sysinfo import cpu_model  # noqa: E402
-
-TEXT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "text_prompts"
-
 
 # ---------------------------------------------------------------------------------------------
 # children: one serves radixray, one transformers; each answers (command, kwargs) messages
@@ -57,8 +55,8 @@ def _peak_rss_mib() -> float:
 
 def _corpus_text() -> str:
     """Real text for prompts: the sonnets and the MT-bench questions, concatenated."""
-    parts = [(TEXT_DIR / "sonnet_llmperf.txt").read_text()]
-    for line in (TEXT_DIR / "mt_bench_question.jsonl").read_text().splitlines():
+    parts = [data_text("text_prompts/sonnet_llmperf.txt")]
+    for line in data_text("text_prompts/mt_bench_question.jsonl").splitlines():
         if line.strip():
             parts += json.loads(line).get("turns", [])
     return "\n\n".join(parts)

@@ -12,7 +12,7 @@ Late join: 2 routers, the second started in the middle of the run; until it repo
 share of the requests goes to the first. Its hit rate over its first 10 s after ready is set
 against the first router's over the same window (the steady rate).
 
-    RAY_AUTH_MODE=disabled RADIXRAY_DATA_DIR=../shared/data .venv/bin/python \\
+    RAY_AUTH_MODE=disabled .venv/bin/python \\
         benchmarks/bench_fleet.py                         # ~8 min on 2 cores
     ... --quick                                           # a smoke run
 

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from radixray.sim.data import MOONCAKE_BLOCK_TOKENS, data_dir, read_mooncake
+from radixray.sim.data import (
+    MOONCAKE_BLOCK_TOKENS,
+    data_file,
+    display_path,
+    mooncake_trace_path,
+    open_text,
+    read_mooncake,
+)
 
 __all__ = [
     "Turn",
@@ -122,12 +129,9 @@ def mooncake_workload(
     (~37 % of blocks) in 300 requests."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
-    path = Path(path) if path else data_dir() / "mooncake" / "conversation_trace.jsonl"
+    path = Path(path) if path else mooncake_trace_path()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"Mooncake trace not found at {path}: set RADIXRAY_DATA_DIR to the folder that "
-            "holds mooncake/conversation_trace.jsonl"
-        )
+        raise FileNotFoundError(f"Mooncake trace not found at {path}")
     scale = MOONCAKE_BLOCK_TOKENS / block_tokens
     oscale = scale if output_scale is None else output_scale
     cache: dict[int, str] = {}
@@ -160,7 +164,7 @@ def mooncake_workload(
         "mooncake",
         tuple(sessions),
         {
-            "source": str(path),
+            "source": display_path(path),
             "block_tokens": block_tokens,
             "scale": scale,
             "sample_every": sample_every,
@@ -192,15 +196,14 @@ def mtbench_workload(
 ) -> BenchWorkload:
     """Two-turn chats: session ``i`` asks question ``i % 80`` behind system prompt
     ``i % num_system``."""
-    folder = Path(folder) if folder else data_dir() / "text_prompts"
-    qpath, spath = folder / "mt_bench_question.jsonl", folder / "sonnet_llmperf.txt"
-    if not qpath.is_file() or not spath.is_file():
-        raise FileNotFoundError(
-            f"MT-Bench questions or sonnet text missing under {folder}: set RADIXRAY_DATA_DIR to "
-            "the folder that holds text_prompts/"
-        )
-    questions = [json.loads(line) for line in qpath.read_text().splitlines() if line.strip()]
-    systems = _system_prompts(num_system, system_chars, spath.read_text())
+    # ``folder`` holds the two files itself; by default they are text_prompts/ of the data folder.
+    sub = "" if folder else "text_prompts/"
+    qpath = data_file(f"{sub}mt_bench_question.jsonl", folder)
+    spath = data_file(f"{sub}sonnet_llmperf.txt", folder)
+    with open_text(qpath) as f:
+        questions = [json.loads(line) for line in f if line.strip()]
+    with open_text(spath) as f:
+        systems = _system_prompts(num_system, system_chars, f.read())
     sessions = []
     for i in range(num_sessions):
         q = questions[i % len(questions)]
@@ -212,7 +215,7 @@ def mtbench_workload(
         "mtbench",
         tuple(sessions),
         {
-            "source": str(qpath),
+            "source": display_path(qpath),
             "num_system": num_system,
             "system_chars": system_chars,
             "max_tokens": max_tokens,

@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--trace",
         default="mooncake",
-        help="a JSONL file in the Mooncake format, or 'mooncake' for the shared conversation "
-        "trace (under $RADIXRAY_DATA_DIR or ../shared/data)",
+        help="a JSONL file (plain or .gz) in the Mooncake format, or 'mooncake' for the "
+        "conversation trace shipped with the package ($RADIXRAY_DATA_DIR overrides)",
     )
     w.add_argument(
         "--workload",

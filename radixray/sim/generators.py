@@ -9,7 +9,7 @@ import math
 import random
 from datetime import datetime
 
-from .data import azure_trace_path
+from .data import azure_trace_path, open_text
 from .workload import SimRequest, Workload
 
 __all__ = ["azure_shared_prefix", "hot_prefix", "multiturn_chat"]
@@ -20,11 +20,9 @@ __all__ = ["azure_shared_prefix", "hot_prefix", "multiturn_chat"]
 
 def _azure_rows(service: str, limit: int | None) -> list[tuple[float, int, int]]:
     path = azure_trace_path(service)
-    if not path.exists():
-        raise FileNotFoundError(f"the Azure trace is not at {path} (set RADIXRAY_DATA_DIR)")
     rows = []
     t0 = None
-    with open(path, newline="") as f:
+    with open_text(path, newline="") as f:
         for rec in csv.DictReader(f):
             stamp = rec["TIMESTAMP"].strip()
             # Seven fractional digits: datetime takes six.

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from radixray.cache_index import hash_blocks
 
-from .data import MOONCAKE_BLOCK_TOKENS, mooncake_trace_path, read_mooncake
+from .data import MOONCAKE_BLOCK_TOKENS, display_path, mooncake_trace_path, read_mooncake
 
 __all__ = [
     "SimRequest",
@@ -193,15 +193,10 @@ class Workload:
 
 
 def resolve_trace(trace: str | Path) -> Path:
-    """``"mooncake"`` names the shared conversation trace; anything else is a path."""
+    """``"mooncake"`` names the Mooncake conversation trace shipped in the package (or under
+    ``$RADIXRAY_DATA_DIR``); anything else is a path to a JSONL file, plain or ``.gz``."""
     if str(trace) == "mooncake":
-        path = mooncake_trace_path()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"the Mooncake trace is not at {path}; set RADIXRAY_DATA_DIR to the folder that "
-                "holds mooncake/conversation_trace.jsonl"
-            )
-        return path
+        return mooncake_trace_path()
     path = Path(trace).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"trace file not found: {path}")
@@ -274,11 +269,11 @@ def load_mooncake(
         session = str(row.conversation)
         reqs.append(SimRequest(i, t / speedup, tuple(segs), max(1, round(out / oscale)), session))
     return Workload(
-        "mooncake" if str(trace) == "mooncake" else path.stem,
+        "mooncake" if str(trace) == "mooncake" else Path(path.name.removesuffix(".gz")).stem,
         reqs,
         block_tokens,
         {
-            "trace": str(path),
+            "trace": display_path(path),
             "block_tokens": block_tokens,
             "scale": scale,
             "output_scale": oscale,

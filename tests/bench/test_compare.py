@@ -11,16 +11,12 @@ import pytest
 from radixray.bench.cluster import WorkerSpec
 from radixray.bench.compare import CompareConfig, run_compare
 from radixray.bench.loadgen import LoadConfig
-from radixray.sim.data import data_dir
 
 from ..router.serving import free_port
-
-HAS_PROMPTS = (data_dir() / "text_prompts" / "mt_bench_question.jsonl").is_file()
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not HAS_PROMPTS, reason="no MT-Bench prompts under RADIXRAY_DATA_DIR"),
 ]
 
 

@@ -7,8 +7,6 @@ import json
 import time
 from dataclasses import replace
 
-import pytest
-
 from radixray.bench.cli import main as bench_main
 from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, run_load
@@ -93,10 +91,7 @@ def test_cli_run_writes_a_report(worker_app, tmp_path, capsys):
     argv += ["--concurrency", "2", "--max-requests", "3", "--mtbench-sessions", "2"]
     argv += ["--system-chars", "200", "--chat-max-tokens", "2", "--worker-urls", url]
     argv += ["--out", str(out), "--no-progress"]
-    try:
-        rc = bench_main(argv)
-    except FileNotFoundError:
-        pytest.skip("shared data folder has no text_prompts")
+    rc = bench_main(argv)
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["summary"]["ok"] == 3 and "hit_rate" in report["summary"]

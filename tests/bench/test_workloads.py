@@ -14,10 +14,6 @@ from radixray.bench.workloads import (
     mooncake_workload,
     mtbench_workload,
 )
-from radixray.sim.data import data_dir
-
-HAS_MOONCAKE = (data_dir() / "mooncake" / "conversation_trace.jsonl").is_file()
-HAS_PROMPTS = (data_dir() / "text_prompts" / "mt_bench_question.jsonl").is_file()
 
 
 def test_block_text_is_deterministic_distinct_and_one_byte_per_token():
@@ -67,7 +63,6 @@ def test_mooncake_equal_ids_give_equal_prefixes_and_scaled_lengths(tmp_path):
     assert again.sessions == wl.sessions
 
 
-@pytest.mark.skipif(not HAS_MOONCAKE, reason="shared data folder has no mooncake trace")
 def test_mooncake_conversation_sampling_keeps_follow_up_turns():
     wl = mooncake_workload(limit=200, sample_every=10)
     assert len(wl.sessions) == 200 and wl.meta["sample_every"] == 10
@@ -79,7 +74,6 @@ def test_mooncake_conversation_sampling_keeps_follow_up_turns():
     assert follow_ups > 20
 
 
-@pytest.mark.skipif(not HAS_PROMPTS, reason="shared data folder has no text_prompts")
 def test_mtbench_sessions_share_system_prompts_and_carry_answers():
     wl = mtbench_workload(num_sessions=16, num_system=4, system_chars=500)
     assert wl.num_requests == 32

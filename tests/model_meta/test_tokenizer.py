@@ -2,13 +2,11 @@
 on real prompts; decode round trips; chat templates; the tiny model's byte tokenizer."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from radixray.model_meta import CHATML, BPETokenizer, ByteTokenizer, ChatTemplate, TokenizerProtocol
-
-PROMPTS_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "text_prompts"
+from radixray.sim.data import data_text
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -22,14 +20,12 @@ CONVERSATIONS = [
 
 
 def real_prompts() -> list[str]:
-    """mt_bench turns and sonnet lines, read in place from the shared data folder."""
-    if not PROMPTS_DIR.is_dir():
-        pytest.skip(f"shared prompt data not found at {PROMPTS_DIR}")
+    """mt_bench turns and sonnet lines, from the data shipped in the package."""
     prompts = []
-    with open(PROMPTS_DIR / "mt_bench_question.jsonl") as f:
-        for line in f:
+    for line in data_text("text_prompts/mt_bench_question.jsonl").splitlines():
+        if line.strip():
             prompts.extend(json.loads(line)["turns"])
-    sonnet = (PROMPTS_DIR / "sonnet_llmperf.txt").read_text()
+    sonnet = data_text("text_prompts/sonnet_llmperf.txt")
     prompts.append(sonnet)
     prompts.extend(line for line in sonnet.splitlines() if line.strip())
     return prompts

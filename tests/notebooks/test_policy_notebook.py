@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from radixray.sim import mooncake_trace_path
-
 pytestmark = pytest.mark.integration  # notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "policy_experiments.ipynb"
 
 
-@pytest.mark.skipif(not mooncake_trace_path().exists(), reason="shared Mooncake trace absent")
 def test_policy_notebook_runs(monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -171,9 +171,12 @@ def test_gpu_timing_preset_is_faster():
 def test_data_dir_honours_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIXRAY_DATA_DIR", str(tmp_path))
     assert data_dir() == tmp_path
-    assert mooncake_trace_path() == tmp_path / "mooncake" / "conversation_trace.jsonl"
     with pytest.raises(FileNotFoundError, match="RADIXRAY_DATA_DIR"):
         load_mooncake("mooncake")
+    (tmp_path / "mooncake").mkdir()
+    write_trace(tmp_path / "mooncake" / "conversation_trace.jsonl", n=50)
+    assert mooncake_trace_path() == tmp_path / "mooncake" / "conversation_trace.jsonl"
+    assert len(load_mooncake("mooncake")) == 50
 
 
 def test_bad_trace_line_names_the_line(tmp_path):
@@ -202,7 +205,6 @@ def test_cli_writes_json_and_plot(trace, tmp_path, capsys):
     assert main(["--policies", "nope", "--no-progress"]) == 2
 
 
-@pytest.mark.skipif(not mooncake_trace_path().exists(), reason="shared Mooncake trace absent")
 def test_mooncake_slice_and_azure_generator():
     wl = load_mooncake("mooncake", limit=400)
     assert len(wl) == 400 and wl.first_block_tokens == BT
