@@ -199,7 +199,7 @@ def start_sglang_router(
     prometheus_port: int,
     timeout_s: float = 120.0,
 ) -> Proc:
-    """SGLang's Rust router (PyPI ``sglang-router``), flags as in notes/sglang_router.md."""
+    """SGLang's Rust router (PyPI ``sglang-router``), flags as in docs/peers/sglang_router.md."""
     cmd = [
         sys.executable,
         "-m",
