@@ -2,7 +2,10 @@
 
 - No import cycle between modules: every import counts, lazy ones inside functions included,
   except those under ``if TYPE_CHECKING:`` (they never run). Relative imports are resolved, and
-  ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``.
+  ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, to the module
+  ``pkg`` loads ``name`` from when ``pkg`` exports it lazily (PEP 562 ``__getattr__`` over a
+  {name: module} table, as ``radixray.worker`` does), else to ``pkg``. Each cycle is reported as
+  a chain of imports with their lines.
 - No file over ``MAX_FILE_LINES`` lines and no function over ``MAX_FUNCTION_LINES`` lines
   (``def`` line to last line, docstring included), outside the Triton kernels, whose launch
   wrappers and kernels read best whole.
