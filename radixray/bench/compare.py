@@ -253,6 +253,70 @@ def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
     return pooled, merged
 
 
+def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
+    """Run every target ``cfg.repeats`` times, alternating the order (forward, backward, ...).
+    Returns each target's ``(run, counters delta)`` per repeat and its per-repeat summary."""
+    runs: dict[str, list] = {t: [] for t in targets}
+    per_repeat: dict[str, list] = {t: [] for t in targets}
+    for rep in range(cfg.repeats):
+        order = list(enumerate(targets))
+        if rep % 2:
+            order.reverse()
+        for i, target in order:
+            run, delta = _run_one(wl, target, i, load, cfg, log_dir / f"rep{rep}")
+            runs[target].append((run, delta))
+            row = summarize(run, delta)
+            per_repeat[target].append(
+                {k: row[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_rps")}
+            )
+            p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
+            print(
+                f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
+                f"{p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  "
+                f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
+                flush=True,
+            )
+    return runs, per_repeat
+
+
+def _workload_report(name: str, wl, load, targets: tuple, cfg: CompareConfig, log_dir: Path):
+    """Measure one workload on every target: its report entry and its TTFT curves."""
+    print(f"== {name}: {len(wl.sessions)} sessions, {wl.num_requests} requests", flush=True)
+    added = _measure_added_latency(wl, cfg, targets, log_dir)
+    runs, per_repeat = _run_repeats(wl, targets, load, cfg, log_dir)
+    rows, requests, step_logs, decisions = [], {}, {}, {}
+    for target in targets:
+        if cfg.step_logs:
+            step_logs[target] = [d.get("steps") for _, d in runs[target]]
+        run, delta = _pool(runs[target])
+        if target.startswith("radixray:"):
+            decisions[target] = delta["decisions"]  # one log per repeat
+        row = summarize(run, delta)
+        router, _, policy = target.partition(":")
+        row.update(router=router, policy=policy, workload=name)
+        row["added_latency_p50_s"] = added.get(target, {}).get("added_p50_s")
+        row["per_repeat"] = per_repeat[target]
+        rows.append(row)
+        requests[target] = [r.as_dict() for r in run.requests]
+    entry = {
+        "meta": wl.meta,
+        "load": asdict(load),
+        "rows": rows,
+        "added_latency": added,
+        "requests": requests,
+        "decisions": decisions,
+    } | ({"step_logs": step_logs} if cfg.step_logs else {})
+    curves = [
+        (
+            f"{r['router']}:{r['policy']}",
+            [x["ttft_s"] for x in requests[t] if x["ok"]],
+            r["hit_rate"],
+        )
+        for r, t in zip(rows, targets, strict=True)
+    ]
+    return entry, curves
+
+
 def run_compare(cfg: CompareConfig) -> dict:
     """Run everything; write ``bench_serving.{json,png,md}`` under ``cfg.out_dir``.
 
@@ -261,7 +325,6 @@ def run_compare(cfg: CompareConfig) -> dict:
     target's repeats are pooled (requests together, worker counters summed)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    log_dir = out / "logs"
     targets = cfg.targets
     why_not = sglang_router_available()
     skipped = []
@@ -282,59 +345,10 @@ def run_compare(cfg: CompareConfig) -> dict:
     curves: dict[str, list] = {}
     for name, kwargs in cfg.workloads.items():
         wl = build_workload(name, **kwargs)
-        load = cfg.loads[name]
-        print(f"== {name}: {len(wl.sessions)} sessions, {wl.num_requests} requests", flush=True)
-        added = _measure_added_latency(wl, cfg, targets, log_dir / name)
-        runs: dict[str, list] = {t: [] for t in targets}
-        per_repeat: dict[str, list] = {t: [] for t in targets}
-        for rep in range(cfg.repeats):
-            order = list(enumerate(targets))
-            if rep % 2:
-                order.reverse()
-            for i, target in order:
-                run, delta = _run_one(wl, target, i, load, cfg, log_dir / name / f"rep{rep}")
-                runs[target].append((run, delta))
-                row = summarize(run, delta)
-                per_repeat[target].append(
-                    {k: row[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_rps")}
-                )
-                p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
-                print(
-                    f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
-                    f"{p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  "
-                    f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
-                    flush=True,
-                )
-        rows, requests, step_logs, decisions = [], {}, {}, {}
-        for target in targets:
-            if cfg.step_logs:
-                step_logs[target] = [d.get("steps") for _, d in runs[target]]
-            run, delta = _pool(runs[target])
-            if target.startswith("radixray:"):
-                decisions[target] = delta["decisions"]  # one log per repeat
-            row = summarize(run, delta)
-            router, _, policy = target.partition(":")
-            row.update(router=router, policy=policy, workload=name)
-            row["added_latency_p50_s"] = added.get(target, {}).get("added_p50_s")
-            row["per_repeat"] = per_repeat[target]
-            rows.append(row)
-            requests[target] = [r.as_dict() for r in run.requests]
-        report["workloads"][name] = {
-            "meta": wl.meta,
-            "load": asdict(load),
-            "rows": rows,
-            "added_latency": added,
-            "requests": requests,
-            "decisions": decisions,
-        } | ({"step_logs": step_logs} if cfg.step_logs else {})
-        curves[name] = [
-            (
-                f"{r['router']}:{r['policy']}",
-                [x["ttft_s"] for x in requests[t] if x["ok"]],
-                r["hit_rate"],
-            )
-            for r, t in zip(rows, targets, strict=True)
-        ]
+        entry, curves[name] = _workload_report(
+            name, wl, cfg.loads[name], targets, cfg, out / "logs" / name
+        )
+        report["workloads"][name] = entry
         write_json(out / "bench_serving.json", report)  # partial results survive a crash
     write_json(out / "bench_serving.json", report)
     plot(out / "bench_serving.png", curves)

@@ -8,8 +8,8 @@ from .events import (
     BlockStored,
     EventBatch,
     KVEvent,
-    decode,
-    encode,
+    decode_events,
+    encode_events,
 )
 from .ghost import GhostList
 from .page_allocator import PageAllocator
@@ -31,8 +31,8 @@ __all__ = [
     "RadixCache",
     "RadixTree",
     "TreeNode",
-    "decode",
-    "encode",
+    "decode_events",
+    "encode_events",
     "hash_blocks",
     "make_cache",
 ]

@@ -27,8 +27,8 @@ __all__ = [
     "AllBlocksCleared",
     "KVEvent",
     "EventBatch",
-    "encode",
-    "decode",
+    "encode_events",
+    "decode_events",
     "WIRE_VERSION",
     "MAX_BATCH_BYTES",
 ]
@@ -97,10 +97,10 @@ def _event_to_wire(ev: KVEvent) -> list[Any]:
     raise TypeError(f"not a KV event: {ev!r}")
 
 
-def encode(batch: EventBatch) -> bytes:
+def encode_events(batch: EventBatch) -> bytes:
     """Serialize a batch to msgpack bytes."""
     if not isinstance(batch, EventBatch):
-        raise TypeError(f"encode expects an EventBatch, got {type(batch).__name__}")
+        raise TypeError(f"encode_events expects an EventBatch, got {type(batch).__name__}")
     events = [_event_to_wire(e) for e in batch.events]
     return msgpack.packb(
         [WIRE_VERSION, batch.worker_id, batch.seq, batch.ts, events], use_bin_type=True
@@ -151,8 +151,9 @@ def _event_from_wire(w: Any) -> KVEvent:
     raise ValueError(f"invalid KV event batch: unknown event tag {tag!r}")
 
 
-def decode(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
-    """Parse bytes from ``encode``. Raises ValueError on anything else (never a partial batch)."""
+def decode_events(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
+    """Parse bytes from ``encode_events``. Raises ValueError on anything else (never a partial
+    batch)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"invalid KV event batch: expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:

@@ -24,7 +24,7 @@ lazily: a popped entry whose priority is stale is pushed back with the current o
 entry is the true minimum once its stored priority is current, because every other entry's stored
 priority is a lower bound of its node's current one.
 
-This module knows nothing of allocators or events: ``prefix_cache.RadixCache`` owns those.
+This module knows nothing of allocators or events: ``radix_cache.RadixCache`` owns those.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from radixray.cache_index.events import decode
+from radixray.cache_index.events import decode_events
 from radixray.periodic import Periodic
 from radixray.protocol import RequestError
 
@@ -59,7 +59,7 @@ class Poller:
             pool.mark_down(entry.worker_id, "the worker reports its engine stopped")
             return
         try:
-            batch = decode(resp.events)
+            batch = decode_events(resp.events)
         except ValueError as e:  # a worker that sends garbage is broken
             if entry.breaker.record_failure():
                 pool.went_down(entry, f"poll sent invalid KV events: {e}")

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from radixray.cache_index.events import EventBatch, KVEvent, encode
+from radixray.cache_index.events import EventBatch, KVEvent, encode_events
 from radixray.protocol import (
     AbortRequest,
     Ack,
@@ -118,7 +118,7 @@ class WorkerHost:
             self.epoch,
             seq,
             snapshot,
-            encode(EventBatch(self.worker_id, seq, time.time(), events)),
+            encode_events(EventBatch(self.worker_id, seq, time.time(), events)),
             self.engine.alive,
             load,
             counters,

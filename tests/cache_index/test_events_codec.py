@@ -8,8 +8,8 @@ from radixray.cache_index import (
     BlockRemoved,
     BlockStored,
     EventBatch,
-    decode,
-    encode,
+    decode_events,
+    encode_events,
 )
 from radixray.cache_index.events import MAX_BATCH_BYTES, WIRE_VERSION
 
@@ -35,12 +35,15 @@ def _batch() -> EventBatch:
 
 def test_round_trip_is_exact():
     b = _batch()
-    out = decode(encode(b))
+    out = decode_events(encode_events(b))
     assert out == b
     assert all(type(x) is type(y) for x, y in zip(out.events, b.events, strict=True))
     empty = EventBatch("w", 0, 0.0, [])
-    assert decode(encode(empty)) == empty
-    assert decode(bytearray(encode(b))) == b and decode(memoryview(encode(b))) == b
+    assert decode_events(encode_events(empty)) == empty
+    assert (
+        decode_events(bytearray(encode_events(b))) == b
+        and decode_events(memoryview(encode_events(b))) == b
+    )
 
 
 events_st = st.one_of(
@@ -70,19 +73,19 @@ events_st = st.one_of(
 )
 def test_round_trip_property(worker, seq, ts, events):
     b = EventBatch(worker, seq, ts, events)
-    assert decode(encode(b)) == b
+    assert decode_events(encode_events(b)) == b
 
 
 def test_every_truncation_raises_value_error():
-    data = encode(_batch())
+    data = encode_events(_batch())
     for n in range(len(data)):
         with pytest.raises(ValueError, match="invalid KV event batch"):
-            decode(data[:n])
+            decode_events(data[:n])
 
 
 def test_trailing_bytes_raise():
     with pytest.raises(ValueError, match="invalid KV event batch"):
-        decode(encode(_batch()) + b"\x00")
+        decode_events(encode_events(_batch()) + b"\x00")
 
 
 def _raw(version=WIRE_VERSION, worker="w", seq=0, ts=0.0, events=None):
@@ -93,14 +96,14 @@ def _raw(version=WIRE_VERSION, worker="w", seq=0, ts=0.0, events=None):
 @pytest.mark.parametrize("version", [0, 2, -1, "1", None, 1.5, [1]])
 def test_wrong_version(version):
     with pytest.raises(ValueError, match="version"):
-        decode(_raw(version=version))
+        decode_events(_raw(version=version))
 
 
 @pytest.mark.parametrize("version", [True, 1.0])
 def test_version_must_be_the_int_one(version):
     # msgpack keeps bools and floats apart from ints; True == 1 == 1.0 in Python must not pass.
     with pytest.raises(ValueError, match="version"):
-        decode(_raw(version=version))
+        decode_events(_raw(version=version))
 
 
 GOOD_STORED = ["BlockStored", [1, 2], None, [0, 1, 2, 3, 4, 5, 6, 7], 4, "GPU"]
@@ -166,51 +169,51 @@ def _stored(**changes):
 )
 def test_wrong_shapes_and_types_raise_value_error(raw):
     with pytest.raises(ValueError, match="invalid KV event batch"):
-        decode(raw)
+        decode_events(raw)
 
 
 @pytest.mark.parametrize("thing", ["a string", None, 12, [1, 2]])
 def test_non_bytes_raise_value_error(thing):
     with pytest.raises(ValueError, match="expected bytes"):
-        decode(thing)
+        decode_events(thing)
 
 
 def test_oversized_input_is_refused_before_parsing():
-    data = encode(_batch())
+    data = encode_events(_batch())
     with pytest.raises(ValueError, match="exceeds"):
-        decode(data, max_bytes=len(data) - 1)
-    assert decode(data, max_bytes=len(data)) == _batch()
+        decode_events(data, max_bytes=len(data) - 1)
+    assert decode_events(data, max_bytes=len(data)) == _batch()
     with pytest.raises(ValueError, match="exceeds"):
-        decode(b"\x00" * (MAX_BATCH_BYTES + 1))
+        decode_events(b"\x00" * (MAX_BATCH_BYTES + 1))
 
 
 def test_encode_rejects_non_batches():
     with pytest.raises(TypeError, match="EventBatch"):
-        encode([1, 2])
+        encode_events([1, 2])
     with pytest.raises(TypeError, match="not a KV event"):
-        encode(EventBatch("w", 0, 0.0, ["BlockStored"]))
+        encode_events(EventBatch("w", 0, 0.0, ["BlockStored"]))
 
 
 @CACHE_SETTINGS
 @given(st.binary(max_size=200))
 def test_random_bytes_raise_value_error_or_decode_cleanly(data):
     try:
-        out = decode(data)
+        out = decode_events(data)
     except ValueError as e:
         assert "invalid KV event batch" in str(e)
     else:  # astronomically unlikely, but then it must be a whole, valid batch
-        assert isinstance(out, EventBatch) and decode(encode(out)) == out
+        assert isinstance(out, EventBatch) and decode_events(encode_events(out)) == out
 
 
 @CACHE_SETTINGS
 @given(st.data())
 def test_mutated_valid_batches_never_raise_anything_but_value_error(data):
-    raw = bytearray(encode(_batch()))
+    raw = bytearray(encode_events(_batch()))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] = data.draw(st.integers(0, 255))
     try:
-        out = decode(bytes(raw))
+        out = decode_events(bytes(raw))
     except ValueError:
         return
     assert isinstance(out, EventBatch)

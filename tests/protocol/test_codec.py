@@ -159,7 +159,7 @@ def _samples() -> list[tuple[str, msgspec.Struct]]:
                 "epoch-abc",
                 7,
                 True,
-                kv_events.encode(KV_BATCH),
+                kv_events.encode_events(KV_BATCH),
                 True,
                 load,
                 counters,
@@ -302,8 +302,8 @@ def test_round_trip_through_the_reply_union(msg):
 def test_poll_result_carries_kv_event_bytes_unchanged():
     msg = next(m for m in SAMPLE_MSGS if isinstance(m, PollResult) and m.events)
     out = decode(encode(msg), PollResult)
-    assert out.events == kv_events.encode(KV_BATCH)
-    assert kv_events.decode(out.events) == KV_BATCH
+    assert out.events == kv_events.encode_events(KV_BATCH)
+    assert kv_events.decode_events(out.events) == KV_BATCH
     assert out.load.prefill_fit_moments == (1.0, 2.5, 3.25, -4.0, 1e-9)
     assert out.counters.miss_tokens == {"cold": 1500, "page_tail": 400, "evicted": 100}
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from radixray.cache_index import ApproxIndex
-from radixray.cache_index.events import EventBatch, encode
+from radixray.cache_index.events import EventBatch, encode_events
 from radixray.protocol import (
     EngineFailure,
     GenerateRequest,
@@ -45,7 +45,7 @@ class FakeClient:
         return WorkerInfo(self.worker_id, "e", "tiny", 4, 4096, 320, "radix", 64, "cpu", "p")
 
     async def poll(self, since_seq=-1, epoch=None, router_id=None) -> PollResult:
-        batch = encode(EventBatch(self.worker_id, 0, 0.0, []))
+        batch = encode_events(EventBatch(self.worker_id, 0, 0.0, []))
         load = LoadReport(total_pages=64, free_pages=64)
         return PollResult(self.worker_id, "e", 0, True, batch, True, load, WorkerCounters())
 

@@ -162,10 +162,12 @@ def test_two_router_processes_keep_the_same_index(ray_local):
             truth = {}
             for w, h in handles.items():  # the workers' own block sets
                 snap = ray.get(h.poll.remote(PollRequest(-1, None)), timeout=30)
-                from radixray.cache_index import decode
+                from radixray.cache_index import decode_events
 
                 hashes = [
-                    x for ev in decode(snap.events).events for x in getattr(ev, "block_hashes", [])
+                    x
+                    for ev in decode_events(snap.events).events
+                    for x in getattr(ev, "block_hashes", [])
                 ]
                 truth[w] = f"{len(hashes)}:{sum(hashes) % (1 << 64):016x}"
             deadline = time.monotonic() + 10

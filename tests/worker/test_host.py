@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from radixray.cache_index.events import AllBlocksCleared, BlockStored, decode
+from radixray.cache_index.events import AllBlocksCleared, BlockStored, decode_events
 from radixray.protocol import GenerateRequest, PollRequest, SamplingParams
 from radixray.worker import WorkerHost
 
@@ -17,7 +17,7 @@ PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 def stored(result) -> set[int]:
     return {
         h
-        for e in decode(result.events).events
+        for e in decode_events(result.events).events
         if isinstance(e, BlockStored)
         for h in e.block_hashes
     }
@@ -34,9 +34,9 @@ def test_seq_epoch_and_snapshots():
     async def go():
         first = await host.poll(PollRequest(-1, None, "r0"))
         assert first.snapshot and first.epoch == host.epoch and first.seq == 0
-        assert isinstance(decode(first.events).events[0], AllBlocksCleared)
+        assert isinstance(decode_events(first.events).events[0], AllBlocksCleared)
         same = await host.poll(PollRequest(first.seq, first.epoch, "r0"))
-        assert (same.seq, same.snapshot, decode(same.events).events) == (0, False, [])
+        assert (same.seq, same.snapshot, decode_events(same.events).events) == (0, False, [])
         await serve(host, "a", list(range(3, 20)))
         one = await host.poll(PollRequest(same.seq, same.epoch, "r0"))
         assert one.seq == 1 and not one.snapshot and len(stored(one)) == 4

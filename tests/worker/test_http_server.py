@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from radixray.cache_index import hash_blocks
-from radixray.cache_index.events import BlockStored, decode
+from radixray.cache_index.events import BlockStored, decode_events
 from radixray.model_meta import load_model_meta
 from radixray.protocol import (
     ErrorInfo,
@@ -62,7 +62,7 @@ def test_info_generate_poll_abort(worker_app):
             assert resp.snapshot is False and resp.seq > first.seq
             stored = [
                 h
-                for e in decode(resp.events).events
+                for e in decode_events(resp.events).events
                 if isinstance(e, BlockStored)
                 for h in e.block_hashes
             ]
