@@ -47,7 +47,8 @@ class EngineLoop:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.thread: threading.Thread | None = None
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # adds and aborts, in order
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # reads: not load, kept apart
         self._wake = threading.Event()
         self._stopping = False
 
@@ -93,7 +94,7 @@ class EngineLoop:
     def _run(self) -> None:
         engine = self.engine
         while not self._stopping:
-            if self._inbox.empty() and not engine.has_work():
+            if self._inbox.empty() and self._calls.empty() and not engine.has_work():
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
@@ -151,7 +152,7 @@ class EngineLoop:
             try:
                 cmd, arg = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if cmd == "add":
                 req, sink = arg
                 if engine.broken:
@@ -163,13 +164,16 @@ class EngineLoop:
                     sink(e)
             elif cmd == "abort":
                 engine.abort(arg)
-            elif cmd == "call":
-                fn, fut = arg
-                if fut.set_running_or_notify_cancel():  # not taken back by its caller
-                    try:
-                        fut.set_result(fn())
-                    except Exception as e:
-                        fut.set_exception(e)
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():  # not taken back by its caller
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
 
     def _put(self, cmd: str, arg) -> None:
         self._inbox.put((cmd, arg))
@@ -195,7 +199,8 @@ class EngineLoop:
         if not self._driven_elsewhere():
             return fn()
         fut: Future = Future()
-        self._put("call", (fn, fut))
+        self._calls.put((fn, fut))
+        self._wake.set()
         while True:
             try:
                 return fut.result(timeout=0.1)
