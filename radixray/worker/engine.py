@@ -2,20 +2,21 @@
 
 Three collaborators, one job each:
 
-* ``Engine`` (this module): the core. One step at a time on the caller's thread: requests in,
-  ``StreamChunk``s out, stats and KV events. ``generate_batch`` drives it inline.
-* ``EngineLoop`` (``engine_loop.py``): a background thread that steps the core, an inbox for
-  other threads, and the asyncio bridge behind ``async for chunk in engine.generate(...)``.
+* ``Engine`` (this module): the core. ``add``, ``step``, ``abort``: requests in, ``StreamChunk``s
+  out (to each request's sink), stats and KV events. No lock: single-threaded by contract.
+* ``EngineLoop`` (``engine_loop.py``): the core's only driver. Its ``turn`` (the inbox's
+  commands, then one ``step``) runs on its thread while that runs, else on the caller's thread
+  (``generate_batch``); the asyncio bridge behind ``async for chunk in engine.generate(...)``.
 * ``RequestBuilder`` (``request_builder.py``): a prompt and its parameters -> a checked request.
 
-State is only ever touched under ``Engine.lock``: inline callers hold it around a step, the loop
-thread around each step and each command it applies.
+Who may touch the core: the loop's thread while it runs, else whoever calls (``add_request`` and
+``step`` by hand, as tests and benchmarks do). Other threads go through the loop (``submit``,
+``abort``, ``call``); the read-outs below (events, integrity) do so themselves.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from .detokenizer import IncrementalDetokenizer
 from .engine_loop import EngineLoop
 from .memory_pool import KVPool
 from .model_runner import ModelRunner, load_for_engine, resolve_device
-from .request import Completion, Request, RequestStatus
+from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
 from .scheduler import Batch, Scheduler, SchedulerConfig
@@ -64,8 +65,6 @@ class _Live:
     detok: IncrementalDetokenizer
     sink: Sink | None = None
     admitted: bool = False
-    completion: Completion | None = None
-    chunks: list[StreamChunk] = field(default_factory=list)
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
 
 
@@ -107,16 +106,15 @@ class Engine:
         )
         self.meter = EngineStats()  # counters, step cost fit, rates
         self._busy_since: float | None = None  # the last step's end, if work was left
-        self.lock = threading.RLock()
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
         self._stop_ids = frozenset(tokenizer.stop_token_ids) if tokenizer else frozenset()
         self.loop = EngineLoop(self)
 
-    # ------------------------------------------------------------------ requests
+    # ------------------------------------------------------------------ the core
 
     def add(self, req: Request, sink: Sink | None = None) -> None:
-        """Queue a built request; its chunks go to ``sink`` (call with ``lock`` held)."""
+        """Queue a built request; its chunks go to ``sink`` (on the driving thread)."""
         if req.request_id in self._live:
             raise InvalidRequest(f"request_id {req.request_id!r} is already in use", "request_id")
         self.scheduler.add(req)
@@ -132,21 +130,23 @@ class Engine:
         request_id: str | None = None,
         extra_key: str | None = None,
     ) -> str:
-        """Queue a request (inline mode: drive it with ``step()``). Returns its id."""
+        """Build and queue a request on the driving thread (drive it with ``step()``; while the
+        loop's thread runs, use ``generate`` instead). Returns its id."""
         self.check_alive()
         req = self.requests.build(prompt, params or SamplingParams(), request_id, extra_key)
-        with self.lock:
-            self.add(req)
+        self.add(req)
         return req.request_id
 
-    def abort_now(self, request_id: str) -> StreamChunk | None:
-        """End a request at once and free its pages (call with ``lock`` held)."""
+    def abort(self, request_id: str) -> StreamChunk | None:
+        """End a request at once and free its pages (on the driving thread; from any other
+        thread use ``loop.abort``, applied at the next step boundary). Returns its final chunk,
+        or None if it was not running here."""
         live = self._live.get(request_id)
         if live is None or self.scheduler.abort(request_id) is None:
             return None
+        if not self.scheduler.has_work():
+            self._busy_since = None
         return self._chunk(live, [], live.detok.flush(live.req.output_ids), "abort")
-
-    # ------------------------------------------------------------------ stepping
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -156,17 +156,15 @@ class Engine:
         request is ended with an error (its pages freed) before the exception propagates: a
         broken batch must not stay in the queue and fail every later step too."""
         start = time.perf_counter()
-        with self.lock:
-            self.loop.apply_commands()  # what other threads sent lands at this step boundary
-            batch = self.scheduler.schedule()
-            if not batch.items:
-                self._busy_since = None
-                return []
-            try:
-                return self._run(batch, start)
-            except Exception as e:
-                self.fail_all(f"engine step failed: {type(e).__name__}: {e}")
-                raise
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            self._busy_since = None
+            return []
+        try:
+            return self._run(batch, start)
+        except Exception as e:
+            self.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+            raise
 
     def _run(self, batch: Batch, start: float) -> list[StreamChunk]:
         for it in batch.items:
@@ -238,16 +236,6 @@ class Engine:
                 len(req.output_ids),
                 miss,
             )
-            live.completion = Completion(
-                req.request_id,
-                live.detok.text,
-                list(req.output_ids),
-                req.num_prompt,
-                req.cached_tokens,
-                len(req.output_ids),
-                reason,
-                miss,
-            )
             self.sampler.forget(req.request_id)
             self.meter.requests_finished += 1
             self.meter.completion_tokens += len(req.output_ids)
@@ -262,20 +250,18 @@ class Engine:
         """End every request with an engine failure and free its pages. If freeing fails too,
         the engine's state is unknown: it marks itself ``broken`` (the loop stops, health says
         so, new requests are refused) rather than keep failing every step."""
-        with self.lock:
-            for rid, live in list(self._live.items()):
-                if self.broken is None and live.req.status is not RequestStatus.FINISHED:
-                    try:
-                        self.scheduler.abort(rid)
-                    except Exception as e:
-                        log.exception("could not free request %s after a failed step", rid)
-                        self.broken = (
-                            f"freeing request {rid} after a failed step raised "
-                            f"{type(e).__name__}: {e}"
-                        )
-                del self._live[rid]
-                if live.sink is not None:
-                    live.sink(EngineFailure(message))
+        for rid, live in list(self._live.items()):
+            if self.broken is None and live.req.status is not RequestStatus.FINISHED:
+                try:
+                    self.scheduler.abort(rid)
+                except Exception as e:
+                    log.exception("could not free request %s after a failed step", rid)
+                    self.broken = (
+                        f"freeing request {rid} after a failed step raised {type(e).__name__}: {e}"
+                    )
+            del self._live[rid]
+            if live.sink is not None:
+                live.sink(EngineFailure(message))
 
     # ------------------------------------------------------------------ public API
 
@@ -285,7 +271,8 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         extra_keys: Sequence[str | None] | None = None,
     ) -> list[Completion]:
-        """Submit all prompts together (they share batches) and run until all finish."""
+        """Submit all prompts together (they share batches) and run until all finish: on the
+        loop's thread while it runs, else on this one (the loop's own ``turn``, run here)."""
         self.check_alive()
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -296,41 +283,22 @@ class Engine:
             self.requests.build(p, sp, None, k)
             for p, sp, k in zip(prompts, plist, keys, strict=True)
         ]
-        if self.loop.running:
-            return self.loop.run_batch(reqs)
-        with self.lock:
-            for r in reqs:
-                self.add(r)
-            lives = [self._live[r.request_id] for r in reqs]
-            while any(x.completion is None for x in lives):
-                self.step()
-        return [x.completion for x in lives]
+        builders = [CompletionBuilder(r.request_id) for r in reqs]
+        self.loop.run(zip(reqs, builders, strict=True))
+        return [b.result() for b in builders]
 
-    async def generate(
+    def generate(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         extra_key: str | None = None,
     ) -> AsyncIterator[StreamChunk]:
-        """Stream a request's chunks (the loop thread runs it; see ``EngineLoop.stream``).
-        Leaving early (break, cancellation, client disconnect) aborts it and frees its pages."""
+        """A request's chunks, streamed by the loop's thread (``EngineLoop.stream``; a bad
+        request raises here). Leaving early (break, cancellation, client disconnect) aborts it
+        and frees its pages."""
         req = self.requests.build(prompt, params or SamplingParams(), request_id, extra_key)
-        stream = self.loop.stream(req)
-        try:
-            async for chunk in stream:
-                yield chunk
-        finally:
-            await stream.aclose()
-
-    def abort(self, request_id: str) -> None:
-        """Abort a request wherever it is; its pages are freed at the next step boundary (at
-        once when no loop thread runs)."""
-        if self.loop.running:
-            self.loop.abort(request_id)
-        else:
-            with self.lock:
-                self.abort_now(request_id)
+        return self.loop.stream(req)
 
     def start(self) -> None:
         """Start the background loop thread (idempotent)."""
@@ -355,18 +323,17 @@ class Engine:
     # ------------------------------------------------------------------ introspection
 
     def take_events(self) -> list[KVEvent]:
-        """KV events since the last call (in order)."""
-        with self.lock:
-            return self.cache.take_events()
+        """KV events since the last call (in order). Any thread: read at a step boundary."""
+        return self.loop.call(self.cache.take_events)
 
     def snapshot_events(self) -> list[KVEvent]:
-        """``AllBlocksCleared`` and every cached chain as stored events: the cache as it is."""
-        with self.lock:
-            return self.cache.snapshot_events()
+        """``AllBlocksCleared`` and every cached chain as stored events: the cache as it is.
+        Any thread: read at a step boundary."""
+        return self.loop.call(self.cache.snapshot_events)
 
     def check_integrity(self) -> None:
-        with self.lock:
-            self.scheduler.check_integrity()
+        """Raise if a page invariant is broken. Any thread: checked at a step boundary."""
+        self.loop.call(self.scheduler.check_integrity)
 
     @property
     def perf_class(self) -> str:

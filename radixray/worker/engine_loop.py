@@ -1,10 +1,21 @@
-"""The engine's background loop: a thread that steps the engine, an inbox that other threads
-write to, and the bridge from the engine's thread to asyncio consumers.
+"""The engine's only driver: one turn (commands in, one step) run by a background thread, or
+run on the caller's thread while no thread runs; an inbox that other threads write to; and the
+bridge from the stepping thread to asyncio consumers.
 
-Commands (add a request, abort one) from other threads go through the inbox; only a stepping
-thread drains it (at a step boundary, under the engine's lock), so the scheduler's state is
-only ever touched by one thread at a time. A consumer's chunks come back through a sink that
-hands them to the consumer's event loop.
+The engine core (``engine.Engine``: ``add``, ``step``, ``abort``) has no lock: it is driven by
+one thread at a time. While the thread runs it is that thread; other threads only write to the
+inbox (add a request, abort one, run a read of the engine's state), and their commands land at
+a step boundary. While it does not (tests, benchmarks, ``generate_batch`` on a bare engine) the
+caller runs the very same ``turn`` itself. A consumer's chunks come back through a sink: a
+callable the stepping thread hands each chunk (or the request's error) to.
+
+::
+
+    other threads ── submit / abort / call ──> inbox
+                                                 │
+    loop thread (or the caller) ── turn(): apply inbox ─> engine.step() ─> sinks
+                                                                            │
+    asyncio consumer <── call_soon_threadsafe ──────────────────────────────┘
 """
 
 from __future__ import annotations
@@ -13,12 +24,14 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, TypeVar
 
 from radixray.protocol import EngineFailure, RequestError, StreamChunk
 
-from .request import Completion, Request
+from .request import Request
 
 if TYPE_CHECKING:
     from .engine import Engine, Sink
@@ -27,12 +40,15 @@ __all__ = ["EngineLoop"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class EngineLoop:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.thread: threading.Thread | None = None
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # adds and aborts, in order
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # reads: not load, kept apart
         self._wake = threading.Event()
         self._stopping = False
 
@@ -65,67 +81,144 @@ class EngineLoop:
             self.thread.join(timeout=30)
             self.thread = None
 
+    # ------------------------------------------------------------------ driving
+
+    def turn(self) -> None:
+        """One turn: what other threads sent lands at this step boundary, then one step (its
+        chunks go to the sinks). If the step fails, its exception propagates (the engine has
+        already ended every request with an error)."""
+        self._apply_commands()
+        if self.engine.broken is None:
+            self.engine.step()
+
     def _run(self) -> None:
         engine = self.engine
         while not self._stopping:
-            if not self._inbox.empty() or engine.has_work():
-                try:
-                    engine.step()
-                except Exception:  # step() already ended the affected streams with an error
-                    log.exception("engine step failed")
-                    if engine.broken:
-                        log.error("engine stopped: %s", engine.broken)
-                        self.apply_commands()  # refuse what arrived meanwhile
-                        return
-            else:
+            if self._inbox.empty() and self._calls.empty() and not engine.has_work():
                 self._wake.wait(0.05)
                 self._wake.clear()
+                continue
+            try:
+                self.turn()
+            except Exception:  # the engine already ended the affected streams with an error
+                log.exception("engine step failed")
+                if engine.broken:
+                    log.error("engine stopped: %s", engine.broken)
+                    self._apply_commands()  # refuse what arrived meanwhile
+                    return
+
+    def _driven_elsewhere(self) -> bool:
+        """A live thread other than the caller's steps the engine: wait for it, do not step."""
+        t = self.thread
+        return t is not None and t.is_alive() and t is not threading.current_thread()
+
+    def run_until(self, done: threading.Event) -> None:
+        """Return once ``done`` is set: the thread's turns while it runs, else the same turns
+        on the caller's thread (a failed step raises here, as it would from ``step``)."""
+        while not done.is_set():
+            if self._driven_elsewhere():
+                done.wait(0.1)
+            else:
+                self.turn()
+
+    def run(self, work: Iterable[tuple[Request, Sink]]) -> None:
+        """Submit requests and return once each has had its last item (final chunk or error)."""
+        work = list(work)
+        done = threading.Event()
+        left = [len(work)]
+
+        def finished(sink: Sink) -> Sink:
+            def take(item: StreamChunk | RequestError) -> None:  # on the stepping thread
+                sink(item)
+                if isinstance(item, RequestError) or item.final:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
+            return take
+
+        if not work:
+            return
+        for req, sink in work:
+            self.submit(req, finished(sink))
+        self.run_until(done)
 
     # ------------------------------------------------------------------ commands
 
-    def apply_commands(self) -> None:
-        """Apply what other threads sent (called by a stepping thread, at a step boundary)."""
+    def _apply_commands(self) -> None:
+        """Apply what other threads sent (by the stepping thread, at a step boundary)."""
         engine = self.engine
-        with engine.lock:
-            while True:
+        while True:
+            try:
+                cmd, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if cmd == "add":
+                req, sink = arg
+                if engine.broken:
+                    sink(EngineFailure(f"engine stopped: {engine.broken}"))
+                    continue
                 try:
-                    cmd, arg = self._inbox.get_nowait()
-                except queue.Empty:
-                    return
-                if cmd == "add":
-                    req, sink = arg
-                    if engine.broken:
-                        sink(EngineFailure(f"engine stopped: {engine.broken}"))
-                        continue
-                    try:
-                        engine.add(req, sink)
-                    except RequestError as e:
-                        sink(e)
-                elif cmd == "abort":
-                    engine.abort_now(arg)
+                    engine.add(req, sink)
+                except RequestError as e:
+                    sink(e)
+            elif cmd == "abort":
+                engine.abort(arg)
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():  # not taken back by its caller
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
+
+    def _put(self, cmd: str, arg) -> None:
+        self._inbox.put((cmd, arg))
+        self._wake.set()
 
     def submit(self, req: Request, sink: Sink) -> None:
+        """Queue a request; its chunks go to ``sink`` on the stepping thread."""
         self.engine.check_alive()
-        self.start()
-        self._inbox.put(("add", (req, sink)))
-        self._wake.set()
+        self._put("add", (req, sink))
         # The loop may have stopped between the check and the put: then nobody would ever read
         # the inbox. Answer what is queued (an error each) here.
         if self.engine.broken:
-            self.apply_commands()
+            self._apply_commands()
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        """Abort a request wherever it is (any thread): at the next step boundary."""
+        self._put("abort", request_id)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the stepping thread at a step boundary (the engine's state is only read
+        there), or here at once when no thread steps. Blocks until it has run."""
+        t = self.thread
+        if not self._driven_elsewhere():
+            return fn()
+        fut: Future = Future()
+        self._calls.put((fn, fut))
         self._wake.set()
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except FutureTimeout:
+                # the thread stopped before it took the call: take it back and run it here
+                if not t.is_alive() and fut.cancel():
+                    return fn()
 
     # ------------------------------------------------------------------ consumers
 
     async def stream(self, req: Request) -> AsyncIterator[StreamChunk]:
-        """The request's chunks as the engine produces them. Every chunk already produced when
-        the consumer asks goes out as one (a slow reader gets fewer, larger chunks, never one
-        per token when several are ready). A failure raises its ``RequestError``; leaving early
-        aborts the request."""
+        """The request's chunks as the engine produces them (starts the thread). Every chunk
+        already produced when the consumer asks goes out as one (a slow reader gets fewer,
+        larger chunks, never one per token when several are ready). A failure raises its
+        ``RequestError``; leaving early aborts the request."""
         q: asyncio.Queue[StreamChunk | RequestError] = asyncio.Queue()
+        self.engine.check_alive()  # before starting a thread for an engine that cannot serve
+        self.start()
         self.submit(req, _loop_sink(asyncio.get_running_loop(), q))
         finished = False
         try:
@@ -150,51 +243,6 @@ class EngineLoop:
         finally:
             if not finished:
                 self.abort(req.request_id)
-
-    def run_batch(self, reqs: list[Request]) -> list[Completion]:
-        """Run ``reqs`` on the loop thread and block until all finish (``generate_batch`` while
-        the loop runs)."""
-        done = threading.Semaphore(0)
-        texts: dict[str, list[str]] = {r.request_id: [] for r in reqs}
-        tokens: dict[str, list[int]] = {r.request_id: [] for r in reqs}
-        final: dict[str, StreamChunk | RequestError] = {}
-
-        def sink_for(rid: str) -> Sink:
-            def sink(item: StreamChunk | RequestError) -> None:  # on the loop thread
-                if isinstance(item, RequestError):
-                    final[rid] = item
-                    done.release()
-                    return
-                texts[rid].append(item.text)
-                tokens[rid] += item.token_ids
-                if item.final:
-                    final[rid] = item
-                    done.release()
-
-            return sink
-
-        for r in reqs:
-            self.submit(r, sink_for(r.request_id))
-        for _ in reqs:
-            done.acquire()
-        out = []
-        for r in reqs:
-            c = final[r.request_id]
-            if isinstance(c, RequestError):
-                raise c
-            out.append(
-                Completion(
-                    r.request_id,
-                    "".join(texts[r.request_id]),
-                    tokens[r.request_id],
-                    c.prompt_tokens,
-                    c.cached_tokens,
-                    c.completion_tokens,
-                    c.finish_reason,
-                    dict(c.miss or {}),
-                )
-            )
-        return out
 
 
 def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Sink:

@@ -9,8 +9,8 @@ and the HTTP server (``http_server.py``) are thin shells around those two.
 When the caller missed events (a new router, a restarted worker, a log overrun) the batch is a
 snapshot: ``AllBlocksCleared`` then every cached chain.
 
-It uses the engine's public API only. Anything that takes the engine's lock (which a step in
-progress holds) runs in a thread, so the event loop never waits for a step.
+It uses the engine's public API only. Anything that reads the engine's state (which waits for
+the step in progress to end) runs in a thread, so the event loop never waits for a step.
 """
 
 from __future__ import annotations
@@ -86,27 +86,19 @@ class WorkerHost:
         """One encoded unary call (the Ray actor's and the Serve replica's entry point)."""
         return await serve_call(self, method, payload)
 
-    async def stream(self, method: str, payload: bytes) -> AsyncIterator[bytes]:
-        """One encoded streaming call: encoded chunks, then the final one or an error."""
-        frames = serve_stream(self, method, payload)
-        try:
-            async for frame in frames:
-                yield frame
-        finally:
-            await frames.aclose()
+    # One encoded streaming call, ``stream(method, payload)``: encoded chunks, then the final
+    # one or an error. The protocol's own async generator function, bound as this method (Ray
+    # sees a generator method and streams its items).
+    stream = serve_stream
 
     # ------------------------------------------------------------------ the protocol
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamChunk]:
-        stream = self.engine.generate(req.prompt_ids, req.params, req.request_id, req.extra_key)
-        try:
-            async for chunk in stream:
-                yield chunk
-        finally:
-            await stream.aclose()
+    def generate(self, req: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """The engine loop's stream of the request (a bad request raises here)."""
+        return self.engine.generate(req.prompt_ids, req.params, req.request_id, req.extra_key)
 
     async def abort(self, req: AbortRequest) -> Ack:
-        self.engine.abort(req.request_id)
+        self.engine.loop.abort(req.request_id)  # from this thread: at the next step boundary
         return Ack()
 
     async def poll(self, req: PollRequest) -> PollResult:
@@ -161,9 +153,9 @@ class WorkerHost:
     # ------------------------------------------------------------------ events
 
     def _collect(self, since_seq: int, epoch: str | None) -> tuple[int, list[KVEvent], bool]:
-        """Runs in a thread (the engine calls take its lock). A snapshot is taken after the
-        events: an event that lands in between is in the snapshot and again in the next poll,
-        and applying a stored or removed block twice changes nothing."""
+        """Runs in a thread (the engine's state is read at a step boundary). A snapshot is
+        taken after the events: an event that lands in between is in the snapshot and again in
+        the next poll, and applying a stored or removed block twice changes nothing."""
         with self._log_lock:
             new = self.engine.take_events()
             if new:

@@ -2,17 +2,19 @@
 
 The scheduler and the engine work on ``Request`` (ints and lists). ``SamplingParams`` (from
 ``radixray.protocol``: the router builds it, the engine runs it) and ``Completion`` are frozen:
-they cross the engine's public boundary.
+they cross the engine's public boundary. ``CompletionBuilder`` is the one place a
+``Completion`` is made: from the request's chunks, as any consumer of the stream sees them.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixray.protocol import SamplingParams
+from radixray.protocol import RequestError, SamplingParams, StreamChunk
 
-__all__ = ["Completion", "Request", "RequestStatus"]
+__all__ = ["Completion", "CompletionBuilder", "Request", "RequestStatus"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,54 @@ class Completion:
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "abort"
     miss: dict[str, int]  # cause -> prompt tokens (keys: radixray.protocol.MISS_CAUSES)
+
+
+class CompletionBuilder:
+    """A sink (``engine.Sink``) that gathers one request's chunks into its ``Completion``.
+
+    The text is the chunks' texts joined (the detokenizer releases every character once, the
+    last ones with the final chunk); the counts and ``miss`` come with the final chunk.
+    ``on_done`` is called once, after the final chunk or the request's error."""
+
+    def __init__(self, request_id: str, on_done: Callable[[], None] | None = None):
+        self.request_id = request_id
+        self._on_done = on_done
+        self._texts: list[str] = []
+        self._tokens: list[int] = []
+        self._result: Completion | RequestError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def __call__(self, item: StreamChunk | RequestError) -> None:
+        if isinstance(item, RequestError):
+            self._result = item
+        else:
+            self._texts.append(item.text)
+            self._tokens += item.token_ids
+            if not item.final:
+                return
+            self._result = Completion(
+                self.request_id,
+                "".join(self._texts),
+                self._tokens,
+                item.prompt_tokens,
+                item.cached_tokens,
+                item.completion_tokens,
+                item.finish_reason,
+                dict(item.miss or {}),
+            )
+        if self._on_done is not None:
+            self._on_done()
+
+    def result(self) -> Completion:
+        """The completion; raises the request's error if it failed."""
+        if isinstance(self._result, RequestError):
+            raise self._result
+        if self._result is None:
+            raise RuntimeError(f"request {self.request_id!r} has not finished")
+        return self._result
 
 
 class RequestStatus(enum.Enum):

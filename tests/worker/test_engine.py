@@ -194,9 +194,9 @@ def test_streaming_matches_batch_and_early_exit_aborts():
         assert last.prompt_tokens == ref.prompt_tokens and last.cached_tokens > 0
         assert sum(last.miss.values()) == last.prompt_tokens
         asyncio.run(leave_early())
-        e.shutdown()  # the abort is applied at the next step boundary
-        while e.has_work():
-            e.step()
+        e.shutdown()  # the abort is in the inbox until a turn applies it
+        while e.has_work() or e.loop.pending:
+            e.loop.turn()
         assert_no_leak(e)
     finally:
         e.shutdown()
