@@ -160,17 +160,13 @@ def test_a_raw_chunked_upload_over_the_limit_gets_a_whole_413(url):
     assert body["error"]["message"] == f"request body exceeds the {LIMIT}-byte limit"
 
 
-def test_a_worker_internal_route_answers_413_naming_the_limit():
-    server, host = worker_server("w1")
-    try:
-        with server as url:
-            head = (
-                b"POST /internal/generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                b"Content-Type: application/msgpack\r\nContent-Length: %d\r\n\r\n" % BIG
-            )
-            status, _, body = _raw_post(url, head, [b"x" * (1 << 20)] * (BIG >> 20))
-    finally:
-        host.shutdown()
+def test_a_worker_internal_route_answers_413_naming_the_limit(worker_app):
+    url, _ = worker_app
+    head = (
+        b"POST /internal/generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/msgpack\r\nContent-Length: %d\r\n\r\n" % BIG
+    )
+    status, _, body = _raw_post(url, head, [b"x" * (1 << 20)] * (BIG >> 20))
     assert status.startswith(b"HTTP/1.1 413 ")
     assert body["error"] == {
         "message": f"request body exceeds the {LIMIT}-byte limit",
