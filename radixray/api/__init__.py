@@ -7,16 +7,11 @@ with OpenAI-shaped errors. Torch-free.
 
 from __future__ import annotations
 
-import functools
-
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
-
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body, install_error_handlers
 from .front import OpenAIApp
 from .middleware import BodyLimit, CountRequests
-from .openai_routes import REQUEST_MODELS, openai_router
+from .openai_routes import openai_router
 
 __all__ = [
     "ApiError",
@@ -38,18 +33,3 @@ def install_openai(app: OpenAIApp, backend: Backend) -> None:
     app.state.backend = backend
     install_error_handlers(app)
     app.include_router(openai_router)
-    app.openapi = functools.partial(_openapi, app)
-
-
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's description plus the request schemas of the routes that validate their own
-    bodies (see ``openai_routes``)."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for _, model, _ in REQUEST_MODELS.values():
-            s = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(s.pop("$defs", {}))
-            components[model.__name__] = s
-        app.openapi_schema = schema
-    return app.openapi_schema

@@ -5,24 +5,10 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from .body import BodyTooLarge, declared_length, discard_body, read_body, replay_body
 from .errors import error_body
 
 __all__ = ["BodyLimit", "CountRequests", "replay_body"]
-
-
-def replay_body(data: bytes, receive):
-    """A ``receive`` that hands the app an already-read body once, then the real channel (a
-    disconnect must still reach the app)."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _reject(status: int, message: str) -> JSONResponse:
@@ -30,8 +16,10 @@ def _reject(status: int, message: str) -> JSONResponse:
 
 
 class BodyLimit:
-    """Refuse bodies over ``limit`` bytes: by Content-Length up front, or, for a chunked upload,
-    by counting what arrives (buffered up to the limit, then replayed to the app)."""
+    """Refuse bodies over ``limit`` bytes with a 413 naming the limit: by Content-Length up
+    front, or, for a chunked upload, by counting what arrives (buffered up to the limit, then
+    replayed to the app). Either way the body is read to its end (up to a cap, ``body.py``)
+    before the answer, so that the client receives it."""
 
     def __init__(self, app, limit: int):
         self.app = app
@@ -40,29 +28,25 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
+        try:
+            length = declared_length(scope)
+        except ValueError:
+            return await _reject(400, "invalid Content-Length header")(scope, receive, send)
         if length is not None:
-            if not length.isdigit():
-                return await _reject(400, "invalid Content-Length header")(scope, receive, send)
-            if int(length) > self.limit:
-                msg = f"request body is {int(length)} bytes; the limit is {self.limit}"
+            if length > self.limit:
+                await discard_body(receive)
+                msg = BodyTooLarge(self.limit, length).message
                 return await _reject(413, msg)(scope, receive, send)
             return await self.app(scope, receive, send)
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        chunks, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client left before sending its body
-            chunks.append(msg.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                text = f"request body exceeds the {self.limit}-byte limit"
-                return await _reject(413, text)(scope, receive, send)
-            if not msg.get("more_body"):
-                break
-        return await self.app(scope, replay_body(b"".join(chunks), receive), send)
+        try:
+            body = await read_body(receive, self.limit)
+        except BodyTooLarge as e:
+            return await _reject(413, e.message)(scope, receive, send)
+        if body is None:
+            return  # the client left before sending its body
+        return await self.app(scope, replay_body(body, receive), send)
 
 
 class CountRequests:

@@ -7,8 +7,9 @@ both go through one serve path: check the lengths, build the ``SamplingParams`` 
 ``GenerateRequest`` once, open the stream, answer as SSE or as one JSON body.
 
 The two POST handlers take the bare request and its body and validate it themselves (pydantic,
-in Rust), so that ``OpenAIApp`` (``front.py``) can call them without FastAPI's routing and
-dependency layers; their request schemas are still in the app's OpenAPI description.
+in Rust): ``OpenAIApp`` (``front.py``) calls them without FastAPI's routing and dependency
+layers. ``REQUEST_MODELS`` is their one registration: the app serves and documents (OpenAPI)
+each from it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from json.encoder import encode_basestring_ascii
+from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,7 +41,14 @@ from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body
 from .sse import SSEResponse
 
-__all__ = ["openai_router", "completions", "chat_completions", "list_models", "REQUEST_MODELS"]
+__all__ = [
+    "PostRoute",
+    "REQUEST_MODELS",
+    "list_models",
+    "openai_router",
+    "serve_chat",
+    "serve_completions",
+]
 
 # Tokenizing a long prompt takes milliseconds: past this many characters it runs in a thread
 # so the event loop keeps serving other requests.
@@ -73,14 +82,6 @@ async def list_models(request: Request):
     }
 
 
-async def completions(request: Request) -> Response:
-    return await serve_completions(request, await request.body())
-
-
-async def chat_completions(request: Request) -> Response:
-    return await serve_chat(request, await request.body())
-
-
 async def serve_completions(request: Request, raw: bytes) -> Response:
     backend = _backend(request)
     body = _parse(raw, oa.CompletionRequest)
@@ -109,29 +110,24 @@ async def serve_chat(request: Request, raw: bytes) -> Response:
     return await _serve(request, backend, body, prompt_ids, _ChatAnswer, "messages")
 
 
-# path -> (serve function, request model, route endpoint): ``OpenAIApp`` calls the serve
-# function with the request's body; FastAPI's route (the OpenAPI description, and the path any
-# other app takes) calls the endpoint.
-REQUEST_MODELS = {
-    "/v1/completions": (serve_completions, oa.CompletionRequest, completions),
-    "/v1/chat/completions": (serve_chat, oa.ChatCompletionRequest, chat_completions),
-}
-for _path, (_, _model, _endpoint) in REQUEST_MODELS.items():
-    openai_router.add_api_route(
-        _path,
-        _endpoint,
-        methods=["POST"],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {"$ref": f"#/components/schemas/{_model.__name__}"}
-                    }
-                },
-            }
-        },
+class PostRoute(NamedTuple):
+    """One OpenAI POST route: served by ``OpenAIApp`` (``front.py``), which calls ``serve``
+    with the request and its body, and described in its OpenAPI document from ``model``, the
+    schema ``serve`` validates the body against. ``path`` also labels the request counter."""
+
+    path: str
+    name: str  # the OpenAPI operation's name
+    serve: Callable[[Request, bytes], Awaitable[Response]]
+    model: type[BaseModel]
+
+
+REQUEST_MODELS: dict[str, PostRoute] = {
+    r.path: r
+    for r in (
+        PostRoute("/v1/completions", "completions", serve_completions, oa.CompletionRequest),
+        PostRoute("/v1/chat/completions", "chat_completions", serve_chat, oa.ChatCompletionRequest),
     )
+}
 
 
 # ---------------------------------------------------------------------- the serve path

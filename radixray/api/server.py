@@ -1,28 +1,48 @@
-"""Running an ASGI app (the router's or a worker's) until interrupted, on uvloop with httptools
-where installed."""
+"""The one place that starts uvicorn: an ASGI app (the router's or a worker's) served until
+interrupted (``serve_uvicorn``, the CLI's), or on an event loop that already runs
+(``start_uvicorn``, a Ray worker actor's own HTTP server)."""
 
 from __future__ import annotations
 
 import asyncio
 
-__all__ = ["loop_factory", "serve_uvicorn"]
+__all__ = ["NotListening", "loop_factory", "serve_uvicorn", "start_uvicorn"]
+
+
+class NotListening(RuntimeError):
+    """uvicorn stopped before it listened (its startup failed; it has logged why)."""
+
+
+async def start_uvicorn(app, host: str, port: int = 0, lifespan: str = "off"):
+    """Serve ``app`` on the running event loop; returns ``(server, task, port)`` once it
+    listens (``port`` 0: any free port, the bound one is returned). Stop it with
+    ``server.should_exit = True``; ``task`` ends when it has stopped."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan=lifespan, http="auto", loop="none"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why it could not start
+            raise NotListening(f"the HTTP server stopped before it listened on {host}:{port}")
+        await asyncio.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, bound
 
 
 def serve_uvicorn(app, host: str, port: int, on_ready=None) -> None:
     """Serve ``app`` until interrupted, on uvloop with httptools where installed (the event
     loop and the HTTP parser in C: a router spends most of its CPU in them)."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", http="auto", loop="none"
-    )
-    server = uvicorn.Server(config)
 
     async def run():
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.05)
-        if server.started and on_ready:
+        try:
+            _, task, _ = await start_uvicorn(app, host, port, lifespan="on")
+        except NotListening:
+            return  # the app's startup failed: uvicorn has logged why
+        if on_ready:
             on_ready()
         await task
 

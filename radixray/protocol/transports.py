@@ -98,7 +98,7 @@ class RayTransport:
 
 
 class RayHttpTransport(HttpTransport):
-    """A worker actor reached over its own HTTP server (``WorkerHost.start_http``): Ray places
+    """A worker actor reached over its own HTTP server (``HttpWorkerHost.start_http``): Ray places
     it, runs it and names it; requests go over HTTP. Measured on this repository's benchmark
     (benchmarks/README.md, "Router process cost"), a call through the actor handle cost the
     router several times the CPU of the same call over HTTP (argument binding, serialization

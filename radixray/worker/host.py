@@ -3,7 +3,8 @@
 It answers the protocol's methods with typed messages (``generate``, ``abort``, ``poll``,
 ``info``, ``health``) and exposes the two byte-level entry points every transport uses:
 ``call(method, payload)`` and ``stream(method, payload)``. The Ray actor, the Serve replica
-and the HTTP server (``http_server.py``) are thin shells around those two.
+and the HTTP server (``http_server.py``) are thin shells around those two; the host builds no
+server itself (the CLI and the Ray actor, ``actor.py``, do).
 
 ``poll`` carries the KV events since the caller's ``since_seq`` as one msgpack ``EventBatch``.
 When the caller missed events (a new router, a restarted worker, a log overrun) the batch is a
@@ -76,9 +77,8 @@ class WorkerHost:
         self._log: deque[tuple[int, list[KVEvent]]] = deque(maxlen=EVENT_LOG_BATCHES)
         self._log_lock = threading.Lock()  # polls may overlap (one asked for during a round)
         self._started = time.time()
-        self.http_url: str | None = None
+        self.http_url: str | None = None  # set by whoever serves it over HTTP (actor.py)
         self._routers: dict[str, float] = {}  # router id -> when it last polled (monotonic)
-        self._http_server = None
 
     # ------------------------------------------------------------------ transports
 
@@ -169,37 +169,7 @@ class WorkerHost:
                     return self._seq, [e for s, evs in log if s > since_seq for e in evs], False
             return self._seq, self.engine.snapshot_events(), True
 
-    # ------------------------------------------------------------------ HTTP, debug, lifecycle
-
-    async def start_http(
-        self, host: str | None = None, port: int = 0, token: str | None = None
-    ) -> str:
-        """Serve this worker's HTTP face (``WorkerServer``: the internal routes behind
-        ``token``, the probes, the OpenAI API) on this process's event loop, next to whatever
-        else reaches it; returns its URL. ``host``: default this node's IP (Ray's view of it),
-        so routers on other nodes reach it; ``port`` 0: any free port. Idempotent."""
-        if self.http_url is not None:
-            return self.http_url
-        import uvicorn
-
-        from .http_server import WorkerServer
-
-        host = host or _node_ip() or "127.0.0.1"
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        config = uvicorn.Config(
-            WorkerServer(self, token=token), log_level="warning", lifespan="off", http="auto"
-        )
-        server = uvicorn.Server(config)
-        self._http_server = (server, asyncio.get_running_loop().create_task(server.serve([sock])))
-        while not server.started:
-            if self._http_server[1].done():
-                self._http_server[1].result()  # raises why it could not start
-            await asyncio.sleep(0.02)
-        bound = sock.getsockname()
-        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{bound[1]}"
-        return self.http_url
+    # ------------------------------------------------------------------ debug, lifecycle
 
     async def check_integrity(self) -> dict:
         """Debug: raises if any page invariant is broken; returns page counts."""
@@ -210,8 +180,6 @@ class WorkerHost:
         }
 
     def shutdown(self) -> None:
-        if self._http_server is not None:
-            self._http_server[0].should_exit = True
         self.engine.shutdown()
 
 

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 
 from radixray.api import BodyLimit, OpenAIApp, install_openai
 from radixray.api.auth import bearer_matches
+from radixray.api.body import BodyTooLarge, read_body
 from radixray.api.errors import error_body
 from radixray.model_meta import ModelMeta, served_model_name
 from radixray.protocol import METHODS, GenerateRequest, StreamChunk
@@ -103,6 +104,8 @@ class WorkerServer:
         )
         openai = OpenAIApp(title="radixray worker", version="0.1.0")
         install_openai(openai, EngineBackend(host, self.meta, max_tokens_limit))
+        # The last added runs first: SGLang's fields are dropped from bodies within the limit.
+        openai.add_middleware(sglang_compat.DropNeutralFields)
         openai.add_middleware(BodyLimit, limit=max_body_bytes)
         self.openai = openai
 
@@ -118,8 +121,6 @@ class WorkerServer:
                     status, body = probe
                     await _send(send, status, json.dumps(body).encode(), _JSON)
                     return
-            if method == "POST" and path in sglang_compat.FILTERED_PATHS:
-                scope, receive = await sglang_compat.drop_neutral_fields(scope, receive)
         await self.openai(scope, receive, send)
 
     # ------------------------------------------------------------------ probes
@@ -196,18 +197,13 @@ class WorkerServer:
         await self._stream(receive, send, name, payload)
 
     async def _read(self, receive, send) -> bytes | None:
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None  # the caller left before sending its body
-            body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                msg = f"request body exceeds the {self.max_body_bytes}-byte limit"
-                await _send_error(send, 413, msg, "invalid_request_error", "too_large")
-                return None
-            if not message.get("more_body", False):
-                return bytes(body)
+        """The request's body; None when the caller left, or when it was over the limit (then
+        it has been answered 413, naming the limit, once the body was read: ``body.py``)."""
+        try:
+            return await read_body(receive, self.max_body_bytes)
+        except BodyTooLarge as e:
+            await _send_error(send, 413, e.message, "invalid_request_error", "too_large")
+            return None
 
     async def _stream(self, receive, send, name: str, payload: bytes) -> None:
         """Frames as the engine produces them, the last one with the end of the response (one

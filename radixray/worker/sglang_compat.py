@@ -6,7 +6,7 @@ rebuilds OpenAI request bodies and adds its own extension fields (``skip_special
 ``ignore_eos: false``, ...). The OpenAI schema rejects unknown fields, so the fields that carry
 the value that changes nothing for radixray are dropped; any other value still reaches the
 schema, which either honours it (``ignore_eos: true``) or answers 400 naming the field.
-See ``../shared/notes/sglang_router.md``.
+See ``docs/peers/sglang_router.md``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from radixray.api.middleware import replay_body
+from radixray.api.body import read_body, replay_body
 from radixray.protocol import LoadReport, WorkerCounters, cache_view
 
 if TYPE_CHECKING:
     from .http_server import WorkerServer
 
-__all__ = ["SGLANG_NEUTRAL_FIELDS", "FILTERED_PATHS", "drop_neutral_fields", "probe", "cache_page"]
+__all__ = ["SGLANG_NEUTRAL_FIELDS", "FILTERED_PATHS", "DropNeutralFields", "probe", "cache_page"]
 
 # SGLang router extension fields and the value at which each is a no-op for radixray (plain
 # sampling, no reasoning parser, no hidden states, stops trimmed, special tokens skipped).
@@ -78,23 +78,29 @@ def cache_page(worker_id: str, load: LoadReport, counters: WorkerCounters) -> di
     return {"workers": {worker_id: cache_view(load, counters)}}
 
 
-async def drop_neutral_fields(scope, receive):
-    """``(scope, receive)`` of an OpenAI POST with SGLang's neutral fields removed."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # disconnect: let the app see it
-            return scope, replay_body(bytes(body), receive)
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
-    data = bytes(body)
-    if any(k.encode() in data for k in SGLANG_NEUTRAL_FIELDS):
-        data = _strip_neutral(data)
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-        headers.append((b"content-length", str(len(data)).encode()))
-        scope = dict(scope, headers=headers)
-    return scope, replay_body(data, receive)
+class DropNeutralFields:
+    """ASGI middleware: OpenAI POSTs reach the app with SGLang's neutral fields removed (and
+    their Content-Length set to the new body's). It runs inside the body limit."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if not (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in FILTERED_PATHS
+        ):
+            return await self.app(scope, receive, send)
+        body = await read_body(receive)
+        if body is None:
+            return  # the client left before sending its body
+        if any(k.encode() in body for k in SGLANG_NEUTRAL_FIELDS):
+            body = _strip_neutral(body)
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            scope = dict(scope, headers=headers)
+        await self.app(scope, replay_body(body, receive), send)
 
 
 def _strip_neutral(data: bytes) -> bytes:
