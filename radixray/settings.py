@@ -34,12 +34,12 @@ _MISSING = dataclasses.MISSING
 
 def setting(
     default: Any = _MISSING,
-    help: str = "",  # noqa: A002 - argparse's name for it
+    help: str = "",
     *,
     flag: str | None = None,
     aliases: Iterable[str] = (),
     choices: Iterable[str] | None = None,
-    type: Callable[[str], Any] | None = None,  # noqa: A002
+    type: Callable[[str], Any] | None = None,
     convert: Callable[[Any], Any] | None = None,
     cli: bool = True,
     default_factory: Callable[[], Any] | Any = _MISSING,
