@@ -103,7 +103,7 @@ def _print_ready(url: str, args, model_name: str) -> None:
 def _preload(model: str):
     """The router's model metadata, and the modules cmd_serve needs after Ray is up (the worker
     actor's class imports torch): loaded on a thread while Ray starts, which is mostly a wait on
-    Ray's own processes. This took ~5 s off `make serve`'s start on 2 busy cores."""
+    Ray's own processes (on a saturated machine the two only share the cores)."""
     import radixray.router.app  # noqa: F401
     import radixray.worker.actor  # noqa: F401
     from radixray.model_meta import load_model_meta
