@@ -4,73 +4,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import sys
 
 from radixray.api.server import serve_uvicorn
+from radixray.settings import add_arguments, from_args
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 log = logging.getLogger("radixray")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default="smollm2",
-        help='"smollm2" (embedded), "tiny" (random test model) or a GGUF/HF path',
-    )
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--cache", choices=["radix", "chunk"], default="radix")
-    p.add_argument("--eviction", choices=["lru", "lfu"], default="lru")
-    p.add_argument("--num-pages", type=int, default=None)
-    p.add_argument("--kv-memory-gb", type=float, default=None)
-    p.add_argument("--max-batch-tokens", type=int, default=1024)
-    p.add_argument("--max-running", type=int, default=64)
-    p.add_argument(
-        "--prefill-order",
-        choices=["fcfs", "shortest"],
-        default="fcfs",
-        help="after the decodes, a step's budget goes to running prefills first (fcfs) or to "
-        "the fewest uncomputed tokens first, running or waiting (shortest)",
-    )
-    p.add_argument("--device", default="auto")
-    p.add_argument(
-        "--cpu-threads",
-        type=int,
-        default=None,
-        help="torch threads per CPU worker (serve default: cores / workers)",
-    )
-    p.add_argument(
-        "--attention-backend",
-        default=None,
-        help="flash_attn, triton, cpu or torch (default: RADIXRAY_ATTENTION_BACKEND, else the "
-        "best this device runs); a backend that cannot run stops the worker at start-up",
-    )
+    """The engine's flags, generated from EngineConfig (its defaults and help are there)."""
+    from radixray.worker.config import EngineConfig
+
+    add_arguments(p.add_argument_group("engine (EngineConfig)"), EngineConfig)
 
 
-def _engine_config(args, worker_id: str | None) -> dict:
-    return {
-        "model": args.model,
-        "page_size": args.page_size,
-        "cache": args.cache,
-        "eviction": args.eviction,
-        "num_pages": args.num_pages,
-        "kv_memory_bytes": int(args.kv_memory_gb * (1 << 30)) if args.kv_memory_gb else None,
-        "max_batch_tokens": args.max_batch_tokens,
-        "max_running": args.max_running,
-        "prefill_order": args.prefill_order,
-        "device": args.device,
-        "cpu_threads": args.cpu_threads,
-        "attention_backend": args.attention_backend,
-        "worker_id": worker_id,
-    }
+def _engine_config(args, worker_id: str | None):
+    """The EngineConfig the flags describe."""
+    from radixray.worker.config import EngineConfig
+
+    return from_args(EngineConfig, args, worker_id=worker_id)
 
 
 def _router_args(p: argparse.ArgumentParser) -> None:
+    from radixray.router.service import RouterSettings
+
+    p.add_argument("--policy", default=RouterSettings.policy)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -79,7 +45,7 @@ def _router_args(p: argparse.ArgumentParser) -> None:
         help="bearer token for /admin (default $RADIXRAY_ADMIN_TOKEN; unset = off)",
     )
     p.add_argument("--no-debug", action="store_true", help="turn the /debug routes off")
-    p.add_argument("--max-inflight", type=int, default=1024)
+    p.add_argument("--max-inflight", type=int, default=RouterSettings.max_inflight)
     _cluster_token_arg(p)
 
 
@@ -107,22 +73,12 @@ def _settings(args, policy: str):
     )
 
 
-def cmd_serve(args) -> int:
-    if args.worker_urls:
-        return _serve_http_workers(args)
+def _start_ray(args) -> bool:
+    """Join or start Ray; whether the workers get a GPU each. On CPU the workers split the
+    cores unless --cpu-threads says otherwise."""
     import ray
 
-    from radixray.deploy.cluster import (
-        ACTOR_PREFIX,
-        NAMESPACE,
-        actor_client,
-        cluster_token,
-        named_workers,
-    )
-    from radixray.model_meta import load_model_meta
-    from radixray.router.app import build_app
-    from radixray.router.service import RouterService
-    from radixray.worker.actor import WorkerActor, worker_actor_options
+    from radixray.deploy.cluster import NAMESPACE
 
     # One namespace, so that a second router (--join) finds the workers by name.
     if args.address:
@@ -132,57 +88,100 @@ def cmd_serve(args) -> int:
     use_gpu = ray.cluster_resources().get("GPU", 0) >= 1 and args.device != "cpu"
     if not use_gpu and args.cpu_threads is None:
         args.cpu_threads = max(1, (os.cpu_count() or 1) // max(args.workers, 1))
-    meta = load_model_meta(args.model)
+    return use_gpu
+
+
+def _print_ready(url: str, args, model_name: str) -> None:
+    print(f"radixray router on {url} (policy {args.policy}, {args.workers} workers)")
+    print(
+        f"""  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hi!"}}]}}'""",
+        flush=True,
+    )
+
+
+def _preload(model: str):
+    """The router's model metadata, and the modules cmd_serve needs after Ray is up (the worker
+    actor's class imports torch): loaded on a thread while Ray starts, which is mostly a wait on
+    Ray's own processes (on a saturated machine the two only share the cores)."""
+    import radixray.router.app  # noqa: F401
+    import radixray.worker.actor  # noqa: F401
+    from radixray.model_meta import load_model_meta
+
+    return load_model_meta(model)
+
+
+def _actor_spawner(args, use_gpu: bool):
+    """``spawn({"worker_id": ..., engine fields...})``: a worker actor that starts loading its
+    model now; the flags' EngineConfig under the spec's fields (an admin request's)."""
+    from radixray.deploy.cluster import ACTOR_PREFIX
+    from radixray.worker.actor import WorkerActor, worker_actor_options
+
+    engine = _engine_config(args, None)
+    options = worker_actor_options(
+        use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
+    )
+
+    def spawn(spec: dict):
+        wid = spec["worker_id"]
+        cfg = type(engine)(**(dataclasses.asdict(engine) | spec))  # a bad field: ValueError
+        actor = WorkerActor.options(
+            name=f"{ACTOR_PREFIX}{wid}", scheduling_strategy="SPREAD", **options
+        )
+        return actor.remote(cfg, wid)
+
+    return spawn
+
+
+def cmd_serve(args) -> int:
+    if args.worker_urls:
+        return _serve_http_workers(args)
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
+    from radixray.deploy.cluster import NAMESPACE, actor_client, cluster_token, named_workers
+
+    with ThreadPoolExecutor(1, thread_name_prefix="radixray-preload") as pool:
+        preload = pool.submit(_preload, args.model)
+        use_gpu = _start_ray(args)
+        meta = preload.result()
+    from radixray.router.app import build_app
+    from radixray.router.fleet_metrics import RayKVStore
+    from radixray.router.service import RouterService
+
     token = cluster_token(args.cluster_token)
+    spawn = _actor_spawner(args, use_gpu)
 
     async def factory(spec: dict):
         wid = spec["worker_id"]
-        cfg = _engine_config(args, wid) | {k: v for k, v in spec.items() if k != "worker_id"}
-        handle = WorkerActor.options(
-            name=f"{ACTOR_PREFIX}{wid}",
-            scheduling_strategy="SPREAD",
-            **worker_actor_options(
-                use_gpu, num_cpus=args.worker_cpus, resources=args.worker_resources
-            ),
-        ).remote(cfg, wid)
-        return await actor_client(handle, wid, args.worker_transport, token, owned=True)
+        return await actor_client(spawn(spec), wid, args.worker_transport, token, owned=True)
 
+    # Our workers start loading now, while the router sets itself up.
+    if not args.join:
+        print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
+    ids = [] if args.join else [f"worker-{i}" for i in range(args.workers)]
+    handles = {wid: spawn({"worker_id": wid}) for wid in ids}
     service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
-    from radixray.router.fleet_metrics import RayKVStore
-
     service.share_metrics(RayKVStore(NAMESPACE))  # /metrics of any router covers the fleet
 
     async def start_workers():
+        owned = not args.join
         if args.join:
-            names = named_workers()
-            print(f"joining {len(names)} running workers", flush=True)
-            clients = await asyncio.gather(
-                *(
-                    actor_client(h, wid, args.worker_transport, token, owned=False)
-                    for wid, h in names.items()
-                )
+            handles.update(named_workers())
+            print(f"joining {len(handles)} running workers", flush=True)
+        clients = await asyncio.gather(
+            *(
+                actor_client(h, wid, args.worker_transport, token, owned=owned)
+                for wid, h in handles.items()
             )
-        else:
-            print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
-            clients = await asyncio.gather(
-                *(factory({"worker_id": f"worker-{i}"}) for i in range(args.workers))
-            )
+        )
         await asyncio.gather(*(service.add_worker(c) for c in clients))
 
     app = build_app(service, on_startup=[start_workers])
-
     url = f"http://{args.host}:{args.port}"
-
-    def ready():
-        print(f"radixray router on {url} (policy {args.policy}, {args.workers} workers)")
-        print(
-            f"""  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{meta.name}", "messages": [{{"role": "user", "content": "Hi!"}}]}}'""",
-            flush=True,
-        )
-
     try:
-        serve_uvicorn(app, args.host, args.port, ready)
+        serve_uvicorn(app, args.host, args.port, lambda: _print_ready(url, args, meta.name))
     finally:
         if args.join:  # the workers belong to the router that started them
             asyncio.run(service.stop())
@@ -306,52 +305,52 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "sim":
-        return cmd_sim(argv[1:])
-    if argv and argv[0] == "bench":
-        return cmd_bench(argv[1:])
-    parser = argparse.ArgumentParser(prog="radixray", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="start Ray workers and the router (OpenAI API)")
-    s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--policy", default="ttft")
-    s.add_argument(
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from radixray.deploy.config import WorkerDeploymentConfig as Workers  # the Serve app's too
+
+    p.add_argument("--workers", type=int, default=Workers.num_replicas)
+    p.add_argument(
         "--address", default=None, help="Ray address (auto, ray://...); default: start a local Ray"
     )
-    s.add_argument(
+    p.add_argument(
         "--worker-resources",
         type=_json_dict,
         default=None,
         help="custom Ray resources each worker needs, to pin workers to labelled nodes: "
         "'{\"gpu_pool_a\": 1}'",
     )
-    s.add_argument(
+    p.add_argument(
         "--join",
         action="store_true",
         help="start no workers: route to the running ones (a second router replica on the "
         "same cluster; use with --address)",
     )
-    s.add_argument(
+    p.add_argument(
         "--worker-cpus",
         type=float,
-        default=0.5,
+        default=Workers.num_cpus,
         help="CPUs reserved per CPU worker (fractions let 2 workers share a core)",
     )
-    s.add_argument(
+    p.add_argument(
         "--worker-transport",
         choices=["http", "ray"],
         default="http",
         help="how requests reach the worker actors: each actor's own HTTP server (default; "
         "behind the cluster token) or Ray actor calls",
     )
-    s.add_argument(
+    p.add_argument(
         "--worker-urls",
         nargs="+",
         default=None,
         help="front running `radixray worker` processes over HTTP instead of starting Ray actors",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixray", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="start Ray workers and the router (OpenAI API)")
+    _serve_args(s)
     _engine_args(s)
     _router_args(s)
     w = sub.add_parser("worker", help="one engine over HTTP (for a router, or OpenAI clients)")
@@ -364,7 +363,21 @@ def main(argv: list[str] | None = None) -> int:
     _cluster_token_arg(w)
     sub.add_parser("sim", help="trace-driven routing simulator (see radixray sim --help)")
     sub.add_parser("bench", help="live serving benchmark (see radixray bench --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":
+        return cmd_sim(argv[1:])
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # a setting no engine accepts stops here, before Ray or a model starts
+        _engine_config(args, None)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

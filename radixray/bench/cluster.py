@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from radixray.worker.config import EngineConfig
+
 __all__ = [
     "Proc",
     "WorkerSpec",
@@ -62,11 +64,14 @@ class Proc:
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    """A benchmark's `radixray worker` flags: the tiny model on a small pool and one thread
+    (the benchmark's own choices); page size and batch budget are the engine's defaults."""
+
     model: str = "tiny"
-    page_size: int = 16
+    page_size: int = EngineConfig.page_size
     num_pages: int | None = 768
     cpu_threads: int = 1
-    max_batch_tokens: int = 1024
+    max_batch_tokens: int = EngineConfig.max_batch_tokens
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def args(self) -> list[str]:

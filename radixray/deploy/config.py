@@ -23,6 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixray.router.service import RouterSettings
+from radixray.worker.config import EngineConfig
+
 __all__ = [
     "ServeAppConfig",
     "RouterDeploymentConfig",
@@ -160,10 +163,12 @@ class RouterDeploymentConfig:
 
 @dataclass(frozen=True)
 class ServeAppConfig:
-    model: str = "smollm2"
+    # The defaults are the engine's and the router's (deploy/helm values.yaml repeats them for
+    # helm's users; tests/test_settings.py checks that they agree).
+    model: str = EngineConfig.model
     served_model_name: str | None = None
-    policy: str = "ttft"
-    page_size: int = 16
+    policy: str = RouterSettings.policy
+    page_size: int = EngineConfig.page_size
     engine: dict = field(default_factory=dict)
     router: RouterDeploymentConfig = field(default_factory=RouterDeploymentConfig)
     workers: WorkerDeploymentConfig = field(default_factory=WorkerDeploymentConfig)
@@ -176,8 +181,6 @@ class ServeAppConfig:
             raise ValueError(f"engine.{owned[0]} is set by the app; use top-level keys instead")
         # Fail at build time, in the driver, rather than in every replica's constructor.
         from radixray.router.policies import make_policy
-        from radixray.router.service import RouterSettings
-        from radixray.worker.config import EngineConfig
 
         make_policy(self.policy)
         RouterSettings(policy=self.policy, page_size=self.page_size, **self.router.settings)
@@ -195,9 +198,7 @@ class ServeAppConfig:
             "worker_id": worker_id
         }
 
-    def router_settings(self, router_id: str | None = None):
-        from radixray.router.service import RouterSettings
-
+    def router_settings(self, router_id: str | None = None) -> RouterSettings:
         return RouterSettings(
             policy=self.policy,
             page_size=self.page_size,

@@ -1,9 +1,9 @@
 """A GGUF file's metadata (llama.cpp's format): hyperparameters and tokenizer, no weights.
 
 The router reads this much of a checkpoint; the worker's ``GGUFCheckpoint`` adds the weights.
-Parsing the metadata takes a few seconds for a real vocabulary (SmolLM2: 49k strings), so the
-config and the tokenizer come from one ``gguf.GGUFReader`` (it maps the file; no tensor data is
-read here).
+The config and the tokenizer come from one ``GGUFFile`` (gguf_reader.py: it maps the file and
+reads SmolLM2's 49k-string vocabulary in ~0.1 s, where ``gguf.GGUFReader`` took seconds; no
+tensor data is read here).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelConfig
+from .gguf_reader import GGUFFile
 
 __all__ = ["GGUFMetadata"]
 
@@ -26,7 +27,7 @@ class GGUFMetadata:
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
         self._gguf = gguf
-        self.reader = gguf.GGUFReader(str(self.path))
+        self.reader = GGUFFile(self.path)
         self.architecture = self.meta("general.architecture")
         if self.architecture not in _ARCHITECTURES:
             raise NotImplementedError(

@@ -112,7 +112,8 @@ class BPETokenizer:
 
     @classmethod
     def from_gguf(cls, reader) -> BPETokenizer:
-        """Build from an open ``gguf.GGUFReader`` (metadata only; no tensor is read)."""
+        """Build from an open GGUF reader (``GGUFFile`` or ``gguf.GGUFReader``: its
+        ``fields``; no tensor is read)."""
         fields = reader.fields
 
         def get(key: str, default: Any = None) -> Any:

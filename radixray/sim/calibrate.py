@@ -25,7 +25,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from radixray.settings import add_arguments, from_args
+from radixray.worker.config import EngineConfig
+
 from .timing import TimingModel
+
+# The engine settings a calibration takes, with EngineConfig's flags and defaults.
+_ENGINE_FLAGS = ("model", "max_batch_tokens", "max_running", "cpu_threads", "device")
 
 __all__ = ["fit_timing", "main", "probe_engine"]
 
@@ -140,27 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="radixray sim calibrate",
         description="Fit the simulator's timing model to a live engine on this machine.",
     )
-    p.add_argument("--model", default="smollm2")
     p.add_argument("--out", required=True, help="the JSON file to write")
-    p.add_argument("--max-batch-tokens", type=int, default=1024)
-    p.add_argument("--max-running", type=int, default=64)
-    p.add_argument("--cpu-threads", type=int, default=None)
-    p.add_argument("--device", default="auto")
+    add_arguments(p, EngineConfig, only=_ENGINE_FLAGS)
     p.add_argument("--quick", action="store_true", help="fewer, smaller probes (tests)")
     args = p.parse_args(argv)
     from radixray.sysinfo import cpu_model
-    from radixray.worker import Engine, EngineConfig
+    from radixray.worker import Engine
 
-    engine = Engine(
-        EngineConfig(
-            model=args.model,
-            max_batch_tokens=args.max_batch_tokens,
-            max_running=args.max_running,
-            cpu_threads=args.cpu_threads,
-            device=args.device,
-            enable_events=False,
-        )
-    )
+    engine = Engine(from_args(EngineConfig, args, only=_ENGINE_FLAGS, enable_events=False))
     try:
         samples = probe_engine(engine, args.quick, lambda m: print(m, file=sys.stderr, flush=True))
         model, report = fit_timing(samples, args.max_batch_tokens, args.max_running)

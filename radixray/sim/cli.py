@@ -8,12 +8,14 @@ import json
 import sys
 from collections.abc import Sequence
 
+from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.router.policies import make_policy, policy_names
+from radixray.worker.scheduler import PREFILL_ORDERS
 
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
 from .metrics import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
-from .timing import TIMING_PRESETS, load_timing
+from .timing import DEFAULT_TIMING, TIMING_PRESETS, load_timing
 from .workload import Workload, load_mooncake
 
 __all__ = ["main", "build_parser", "build_workload", "format_table", "JSON_KEYS"]
@@ -63,24 +65,27 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--output-scale", type=float, default=None, help="divide output lengths")
     w.add_argument("--limit", type=int, default=None, help="only the first N requests")
     c = p.add_argument_group("cluster")
-    c.add_argument("--workers", type=int, default=8)
-    c.add_argument("--pages", type=int, default=4096, help="KV pages per worker")
-    c.add_argument("--page-size", type=int, default=16)
+    c.add_argument("--workers", type=int, default=SimConfig.num_workers)
+    c.add_argument("--pages", type=int, default=SimConfig.num_pages, help="KV pages per worker")
+    c.add_argument("--page-size", type=int, default=SimConfig.page_size)
     c.add_argument(
         "--timing",
-        default="cpu",
+        default=DEFAULT_TIMING,
         help=f"a preset ({', '.join(sorted(TIMING_PRESETS))}) or a JSON file fitted to a live "
         "engine by `radixray sim calibrate --out FILE`",
     )
-    c.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
+    c.add_argument("--eviction", choices=EVICTION_POLICIES, default=SimConfig.eviction)
     c.add_argument(
         "--prefill-order",
-        choices=("fcfs", "shortest"),
-        default="fcfs",
+        choices=PREFILL_ORDERS,
+        default=SimConfig.prefill_order,
         help="the workers' scheduler: running prefills first, or the fewest uncomputed tokens",
     )
     c.add_argument(
-        "--event-delay", type=float, default=0.05, help="KV event delay to the router (s)"
+        "--event-delay",
+        type=float,
+        default=SimConfig.event_delay_s,
+        help="KV event delay to the router (s)",
     )
     c.add_argument("--no-events", action="store_true", help="index learns only from decisions")
     c.add_argument("--no-optimistic", action="store_true", help="index learns only from KV events")
@@ -90,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated policies, each a name or a spec with arguments such as "
         f"'cache_aware:fallback=smallest_cache'; or 'all' ({', '.join(policy_names())})",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=SimConfig.seed)
     p.add_argument("--json", dest="json_path", help="write {policy: {metric: value}} here")
     p.add_argument("--plot", dest="plot_path", help="write a PNG: hit rate, TTFT CDF, load")
     p.add_argument("--no-progress", action="store_true")

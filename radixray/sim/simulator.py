@@ -26,10 +26,11 @@ from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
-from radixray.worker.scheduler import Batch, check_prefill_order
+from radixray.worker.config import EngineConfig
+from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_order
 
 from .metrics import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
-from .timing import TIMING_PRESETS, TimingModel
+from .timing import DEFAULT_TIMING, TIMING_PRESETS, TimingModel
 from .worker import SimWorker
 from .workload import SimRequest, Workload
 
@@ -45,15 +46,15 @@ class SimConfig:
 
     num_workers: int = 8
     num_pages: int = 4096
-    page_size: int = 16
-    timing: TimingModel = field(default_factory=lambda: TIMING_PRESETS["cpu"])
-    eviction: str = "lru"
+    page_size: int = EngineConfig.page_size
+    timing: TimingModel = field(default_factory=lambda: TIMING_PRESETS[DEFAULT_TIMING])
+    eviction: str = EngineConfig.eviction
     event_delay_s: float | None = 0.05  # None: no KV events (the index only learns decisions)
     optimistic_index: bool = True
     index_max_blocks: int | None = None
     seed: int = 0
     check_every: int = 0  # run every worker's check_integrity every N steps (0: only at the end)
-    prefill_order: str = "fcfs"  # the workers' SchedulerConfig.prefill_order
+    prefill_order: str = SchedulerConfig.prefill_order  # the workers' scheduler's
 
     def __post_init__(self):
         if self.num_workers < 1:

@@ -30,7 +30,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-__all__ = ["TimingModel", "TIMING_PRESETS", "load_timing", "timing_preset"]
+__all__ = ["TimingModel", "TIMING_PRESETS", "DEFAULT_TIMING", "load_timing", "timing_preset"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,11 @@ class TimingModel:
         return asdict(self)
 
 
+# The presets' batch limits are part of what they model, not the engine's defaults: the cpu
+# preset's 512 tokens and 32 sequences per step are the measured HF setup above, and every
+# simulator figure in benchmarks/README.md was run with them (what `radixray sim` has always
+# used). A preset for radixray's own engine is `radixray sim calibrate`'s JSON, which records
+# the EngineConfig limits it ran with (1024 and 64 by default).
 TIMING_PRESETS: dict[str, TimingModel] = {
     "cpu": TimingModel(
         step_overhead_s=0.0301,
@@ -101,6 +106,9 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         max_running=256,
     ),
 }
+
+
+DEFAULT_TIMING = "cpu"  # SimConfig's and `radixray sim --timing`'s
 
 
 def load_timing(spec: str) -> TimingModel:

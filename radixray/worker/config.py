@@ -1,4 +1,6 @@
-"""Engine configuration: one frozen dataclass, validated on construction."""
+"""Engine configuration: one frozen dataclass, validated on construction. Each field's default
+and help are written here once; ``radixray worker`` and ``radixray serve`` generate their engine
+flags from them (radixray.settings), and the Serve app and the helm chart start from them."""
 
 from __future__ import annotations
 
@@ -7,39 +9,67 @@ from dataclasses import dataclass
 from radixray.cache_index.block_hash import check_page_size
 from radixray.cache_index.prefix_cache import CACHE_TYPES
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
+from radixray.settings import gb_to_bytes, setting
 
-from .scheduler import check_prefill_order
+from .scheduler import PREFILL_ORDERS, SchedulerConfig, check_prefill_order
 
 __all__ = ["EngineConfig"]
 
 _DTYPES = ("float32", "float16", "bfloat16")
+_SCHED = SchedulerConfig  # the scheduler's own settings keep the scheduler's defaults
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2"  # "smollm2" (embedded), "tiny" (random, for tests) or a path
-    cache: str = "radix"  # "radix" or "chunk" (reuse off)
-    page_size: int = 16
-    num_pages: int | None = None  # None: size the pool from kv_memory_bytes / free memory
-    eviction: str = "lru"
-    device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto"
-    dtype: str = "float32"
-    seed: int = 0
-    kv_memory_bytes: int | None = None  # pool budget when num_pages is None
-    max_batch_tokens: int = 1024
-    max_running: int = 64
-    max_model_len: int | None = None  # None: the model's context length
-    dedupe_in_flight: bool = True
-    prefill_order: str = "fcfs"  # "fcfs" or "shortest": SchedulerConfig.prefill_order
-    enable_events: bool = True
-    debug_checks: bool = False  # check_integrity() after every step (tests)
-    attention_backend: str | None = None
-    # torch intra-op threads on CPU (None: torch's default). Workers sharing a machine should
-    # split the cores: oversubscribed threads made a decode step 10x slower on 2 shared cores.
-    cpu_threads: int | None = None
+    model: str = setting(
+        "smollm2", '"smollm2" (embedded), "tiny" (random test model) or a GGUF/HF path'
+    )
+    cache: str = setting("radix", "prefix reuse: radix, or chunk (off)", choices=CACHE_TYPES)
+    page_size: int = setting(16, "tokens per KV page (the router hashes pages of this size)")
+    num_pages: int | None = setting(
+        None, "KV pool pages (None: sized from --kv-memory-gb, else from free memory)"
+    )
+    eviction: str = setting("lru", "which cached prefix goes first", choices=EVICTION_POLICIES)
+    # "auto": the accelerator when there is one (what `radixray serve` and `worker` always did).
+    device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"')
+    dtype: str = setting("float32", "weights and KV cache", choices=_DTYPES)
+    seed: int = setting(0, "sampling seed of requests that give none")
+    kv_memory_bytes: int | None = setting(
+        None,
+        "KV pool budget in GB when --num-pages is unset",
+        flag="--kv-memory-gb",
+        type=float,
+        convert=gb_to_bytes,
+    )
+    max_batch_tokens: int = setting(
+        _SCHED.max_batch_tokens, "tokens computed per step (prefill chunks + decodes)"
+    )
+    max_running: int = setting(_SCHED.max_running, "requests running at once")
+    max_model_len: int | None = setting(None, "longest prompt + output (None: the model's)")
+    dedupe_in_flight: bool = setting(
+        _SCHED.dedupe_in_flight, "a prompt waits a step for the pages a running one prefills"
+    )
+    prefill_order: str = setting(
+        _SCHED.prefill_order,
+        "after the decodes, a step's budget goes to running prefills first (fcfs) or to the "
+        "fewest uncomputed tokens first, running or waiting (shortest)",
+        choices=PREFILL_ORDERS,
+    )
+    enable_events: bool = setting(True, "KV events for routers", cli=False)
+    debug_checks: bool = setting(False, "check_integrity() after every step (tests)", cli=False)
+    attention_backend: str | None = setting(
+        None,
+        "flash_attn, triton, cpu or torch (None: RADIXRAY_ATTENTION_BACKEND, else the best this "
+        "device runs); a backend that cannot run stops the worker at start-up",
+    )
+    # Workers sharing a machine should split the cores: oversubscribed threads made a decode step
+    # 10x slower on 2 shared cores.
+    cpu_threads: int | None = setting(
+        None, "torch threads per CPU worker (None: torch's; serve: cores / workers)"
+    )
     # The id routers know this worker by; None: unique by default (its address: host and port,
-    # a Ray actor id). See WorkerHost.
-    worker_id: str | None = None
+    # a Ray actor id). See WorkerHost. `radixray worker --worker-id` sets it.
+    worker_id: str | None = setting(None, "the id routers know it by", cli=False)
 
     def __post_init__(self):
         if self.cache not in CACHE_TYPES:

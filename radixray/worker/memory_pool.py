@@ -8,6 +8,9 @@ vLLM's flash-attn fork). Page ids index dimension 1 and are handed out by ``Page
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from radixray.cache_index import PageAllocator
@@ -43,6 +46,22 @@ def default_kv_budget(device: torch.device) -> int:
     return min(_CPU_DEFAULT_BUDGET, available // 4)
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A zeroed tensor. On the CPU from an anonymous memory map, which the kernel hands out as
+    zero pages on first touch: ``torch.zeros`` writes every byte up front, and a default 2 GB CPU
+    pool per worker took seconds of a worker's start (more with two workers on 2 cores) for
+    pages most runs never use."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = itemsize * math.prod(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes)  # MAP_ANONYMOUS | MAP_PRIVATE: zero-filled by the kernel
+    # The tensor holds the map alive; frombuffer shares its memory (no copy).
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
 class KVPool:
     def __init__(
         self,
@@ -55,8 +74,8 @@ class KVPool:
         device: str | torch.device = "cpu",
     ):
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_cache = _zeros(shape, dtype, device)
+        self.v_cache = _zeros(shape, dtype, device)
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         self.num_pages = num_pages

@@ -53,7 +53,9 @@ def check_prefill_order(order: str) -> None:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_tokens: int = 2048  # tokens computed per step (prefill chunks + decodes)
+    # The defaults of these four are the engine's too (EngineConfig and the CLI take them from
+    # here). 1024 tokens per step is what `radixray serve` and `worker` have always run with.
+    max_batch_tokens: int = 1024  # tokens computed per step (prefill chunks + decodes)
     max_running: int = 64
     max_wait_steps: int = 32  # a request waiting this many steps is admitted before LPM order
     # Longer waiting queues are served FCFS: ordering matches every waiting prompt each step

@@ -19,6 +19,7 @@ from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
 from radixray.deploy.config import ServeAppConfig  # noqa: E402
 from radixray.router.policies import policy_names  # noqa: E402
+from radixray.worker.config import EngineConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/radixray"
@@ -82,7 +83,10 @@ def test_default_render_is_valid_and_gpu_shaped():
     args = check_objects(objs)
     assert (args["model"], args["policy"], args["page_size"]) == ("smollm2", "ttft", 16)
     assert args["workers"]["num_gpus"] == 1 and args["workers"]["num_replicas"] == 2
-    assert args["engine"]["device"] == "auto"
+    # No engine field in the chart: every worker runs EngineConfig's defaults (device "auto").
+    assert args["engine"] == {}
+    engine = EngineConfig(**ServeAppConfig.from_dict(args).engine_config("w0"))
+    assert engine.device == "auto" and engine == EngineConfig(model="smollm2", worker_id="w0")
 
     rs = objs["RayService"]
     (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
@@ -132,7 +136,7 @@ def test_non_default_values_land():
     assert args["model"] == "/models/llama-3-8b-instruct"
     assert args["served_model_name"] == "llama-3-8b"
     assert (args["policy"], args["page_size"]) == ("cache_aware", 32)
-    assert args["engine"] == {"device": "auto", "kv_memory_bytes": 30_000_000_000}
+    assert args["engine"] == {"kv_memory_bytes": 30_000_000_000}
     router_auto = args["router"]["autoscaling_config"]
     assert (router_auto["min_replicas"], router_auto["max_replicas"]) == (2, 5)
     assert router_auto["initial_replicas"] == 2 and "num_replicas" not in args["router"]

@@ -153,7 +153,13 @@ class LlamaModel(nn.Module):
         self.device = torch.device(device)
         self.dtype = dtype
         meta = torch.device("meta")  # weights arrive from a state dict; no init work, no memory
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=meta)
+        # An Embedding given its weight skips its random init: normal_ on a meta tensor imports
+        # torch's meta registrations (~900 modules, ~4 s of every worker's start).
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size, device=meta),
+        )
         self.layers = nn.ModuleList(DecoderLayer(config, meta) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, meta)
