@@ -29,16 +29,10 @@ MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 # Temporary: each entry is owned by another helper on issue 21 and goes when their branch merges.
-KNOWN_IMPORT_EDGES: dict[tuple[str, str], str] = {
-    # host -> http_server (a lazy import in Host.start_http) closes host <-> http_server.
-    ("radixray.worker.host", "radixray.worker.http_server"): "http-edge / engine-loop",
-}
-KNOWN_LONG_FILES: dict[str, str] = {
-    "radixray/worker/engine.py": "engine-loop",
-}
+KNOWN_IMPORT_EDGES: dict[tuple[str, str], str] = {}
+KNOWN_LONG_FILES: dict[str, str] = {}
 KNOWN_LONG_FUNCTIONS: dict[str, str] = {
     "radixray/router/metrics.py::RouterMetrics.__init__": "router-request",
-    "radixray/cli.py::cmd_serve": "settings",
 }
 
 
