@@ -134,26 +134,6 @@ class WorkerPool:
         entry.epoch = None  # a later recovery starts from a snapshot
         self.index.clear(entry.worker_id)
 
-    # ------------------------------------------------------------------ our traffic
-
-    def track_dispatch(self, worker_id: str, request_id: str, uncached: int, context: int):
-        self.workers[worker_id].traffic.dispatch(request_id, uncached, context)
-
-    def track_first_token(self, worker_id: str, request_id: str) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.first_token(request_id)
-
-    def track_tokens(self, worker_id: str, request_id: str, n: int) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.tokens(request_id, n)
-
-    def track_finish(self, worker_id: str, request_id: str) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.finish(request_id)
-
     # ------------------------------------------------------------------ what policies see
 
     def prefill_fits(self) -> dict[str, tuple[float, float]]:
