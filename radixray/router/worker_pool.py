@@ -4,7 +4,8 @@ The pool owns the worker side of the ``ApproxIndex`` (a worker that fails is dro
 once, a worker whose events were lost is rebuilt from a snapshot) and composes the parts, one
 noun each:
 
-* ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move;
+* ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move
+  (each request moves itself: ``RoutedRequest`` in ``request_path.py``);
 * ``Poller`` (``poller.py``): the feed of KV events, load reports and counters from the workers;
 * ``pooled_prefill_fits`` (``prefill_fits.py``): each worker's prefill cost, pooled per class.
 

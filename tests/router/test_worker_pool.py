@@ -1,7 +1,6 @@
 """WorkerPool load accounting: own traffic now + other routers' traffic from the last report."""
 
 import asyncio
-import threading
 
 from radixray.cache_index import ApproxIndex
 from radixray.protocol import (
@@ -15,6 +14,8 @@ from radixray.protocol import (
 from radixray.router.worker_pool import WorkerEntry, WorkerPool
 from radixray.step_cost import StepCostModel
 from radixray.worker import WorkerHost
+
+from .serving import StepGate
 
 
 def info(wid: str, perf_class: str = "") -> WorkerInfo:
@@ -134,30 +135,11 @@ class GatedClient(WorkerClient):
         return resp
 
 
-class StepGate:
-    """Holds a worker's engine between two steps, after the first since it was armed, until
-    released: a request whose prefill that step ran stays running (it cannot finish) for as
-    long as the test needs it to. The engine thread waits outside the engine's lock, so a poll
-    can take its report meanwhile."""
-
-    def __init__(self, engine):
-        self._step = engine.step
-        self._steps = 0
-        self.released = threading.Event()
-        engine.step = self.step
-
-    def step(self):
-        if self._steps >= 1:
-            self.released.wait(timeout=120)  # bounded: a broken test must not hang the engine
-        self._steps += 1
-        return self._step()
-
-
 def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
     # Poll sent (our tally 0) -> request dispatched -> worker reports it running -> it finishes
     # -> reply arrives (tally 0 again). The report's running=1 was ours, not another router's.
     host = WorkerHost({"model": "tiny", "page_size": 4}, "w0")
-    gate = StepGate(host.engine)  # the request runs its prefill, then waits for the report
+    gate = StepGate(host)  # the request runs its prefill, then waits for the report
 
     async def scenario():
         pool = WorkerPool(ApproxIndex(4), poll_timeout_s=HELD_POLL_TIMEOUT_S)
@@ -180,7 +162,7 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
         client.reported.clear()
         client.before_report.set()
         await client.reported.wait()  # the report is taken while the gate holds r1 running
-        gate.released.set()
+        gate.release()
         async for chunk in stream:  # the router counts each streamed token as context
             tally.tokens("r1", len(chunk.token_ids))
         tally.finish("r1")
@@ -197,7 +179,7 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
     try:
         assert asyncio.run(scenario()) == (0, 0, 0)
     finally:
-        gate.released.set()
+        gate.release()
         host.shutdown()
 
 
