@@ -173,7 +173,8 @@ class RoutedRequest:
     # ------------------------------------------------------------------ admit and route
 
     async def route(self) -> None:
-        """Admit, then try workers until one sends the first chunk (or raise, released)."""
+        """Admit, then try workers until one sends the first chunk; or raise, holding nothing.
+        Called once, by ``Router.open``."""
         admission = self.router.admission
         admission.admit()
         try:
