@@ -1,5 +1,6 @@
 """The global router: policies (``radixray.router.policies``) choose a worker per request,
-``router.py`` dispatches and streams, ``worker_pool.py`` keeps the workers' load and the index,
+``request_path.py`` carries each request (admission, retries, its stream and its release),
+``worker_pool.py`` keeps the workers' load and the index,
 ``service.py`` and ``app.py`` serve it over HTTP. Workers are reached through
 ``radixray.protocol`` (never ``radixray.worker``: a router process does not load torch).
 

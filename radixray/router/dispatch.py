@@ -12,8 +12,9 @@ router and the simulator.
               index's view of that worker was stale), counted and returned so that the caller
               can resync that worker
 
-What differs between the two callers stays with them: the live ``Router`` wraps ``decide`` in
-its retry loop around real streams and keeps its load tally in the worker pool; the simulator
+What differs between the two callers stays with them: the live router's ``RoutedRequest``
+(``request_path.py``) wraps ``decide`` in its retry loop around a real stream and keeps its
+place in its worker's load tally; the simulator
 calls ``decide`` at each arrival and ``complete`` at each finish in simulated time.
 """
 

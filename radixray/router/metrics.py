@@ -11,6 +11,48 @@ __all__ = ["RouterMetrics"]
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+_REUSE_HELP = (
+    "Prompt tokens reusable by kind: available (the longest prefix any worker held, by the index "
+    "at decision), captured (held by the chosen worker, by the index), delivered (actually reused)"
+)
+_REUSE_ERROR_HELP = (
+    "Delivered minus captured reuse, by sign: over (the index promised more than the worker had) "
+    "and under (the worker had more than the index knew)"
+)
+_HERDING_HELP = "1 while the router's decisions pile onto this worker and others sit idle"
+
+# attribute, kind, metric name, help, label names; in the order /metrics lists them
+_METRICS = (
+    ("requests", Counter, "radixray_requests", "HTTP requests by route and status",
+     ("route", "status")),
+    ("ttft", Histogram, "radixray_ttft_seconds", "Time to first token", ()),
+    ("latency", Histogram, "radixray_request_latency_seconds", "End-to-end latency", ()),
+    ("prompt_tokens", Counter, "radixray_prompt_tokens", "Prompt tokens by miss cause",
+     ("cause",)),
+    ("completion_tokens", Counter, "radixray_completion_tokens", "Generated tokens", ()),
+    ("hit_rate", Gauge, "radixray_cluster_hit_rate",
+     "Cached prompt tokens / prompt tokens, all workers", ()),
+    ("decisions", Counter, "radixray_decisions", "Routing decisions by reason and worker",
+     ("reason", "worker")),
+    ("mispredicted", Counter, "radixray_mispredicted_requests",
+     "Requests whose actual cached tokens fell below the index's prediction", ()),
+    ("reuse", Counter, "radixray_reuse_tokens", _REUSE_HELP, ("kind",)),
+    ("reuse_error", Counter, "radixray_reuse_misprediction_tokens", _REUSE_ERROR_HELP,
+     ("direction",)),
+    ("retries", Counter, "radixray_retries", "Dispatches retried on another worker", ()),
+    ("worker_load", Gauge, "radixray_worker_load", "Per-worker load as reported",
+     ("worker", "field")),
+    ("worker_pages", Gauge, "radixray_worker_pages", "Per-worker KV pages", ("worker", "kind")),
+    ("worker_healthy", Gauge, "radixray_worker_healthy", "1 if routable", ("worker",)),
+    ("index_entries", Gauge, "radixray_index_entries",
+     "(block, worker) entries in the router's index", ()),
+    ("index_memory", Gauge, "radixray_index_memory_bytes", "Router index memory", ()),
+    ("herded", Gauge, "radixray_herding", _HERDING_HELP, ("worker",)),
+    ("herd_episodes", Counter, "radixray_herding_episodes",
+     "Herding episodes noticed (see /debug/decisions)", ()),
+)  # fmt: skip
+
+
 class RouterMetrics:
     def __init__(self, router_id: str | None = None):
         r = self.registry = CollectorRegistry()
@@ -18,92 +60,16 @@ class RouterMetrics:
             Gauge(
                 "radixray_router_info", "This router (1); its id names it", ["router"], registry=r
             ).labels(router_id).set(1)
-        self.requests = Counter(
-            "radixray_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "radixray_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.latency = Histogram(
-            "radixray_request_latency_seconds",
-            "End-to-end latency",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "radixray_prompt_tokens", "Prompt tokens by miss cause", ["cause"], registry=r
-        )
-        self.completion_tokens = Counter(
-            "radixray_completion_tokens", "Generated tokens", registry=r
-        )
-        self.hit_rate = Gauge(
-            "radixray_cluster_hit_rate",
-            "Cached prompt tokens / prompt tokens, all workers",
-            registry=r,
-        )
-        self.decisions = Counter(
-            "radixray_decisions",
-            "Routing decisions by reason and worker",
-            ["reason", "worker"],
-            registry=r,
-        )
-        self.mispredicted = Counter(
-            "radixray_mispredicted_requests",
-            "Requests whose actual cached tokens fell below the index's prediction",
-            registry=r,
-        )
-        self.reuse = Counter(
-            "radixray_reuse_tokens",
-            "Prompt tokens reusable by kind: available (the longest prefix any worker held, by "
-            "the index at decision), captured (held by the chosen worker, by the index), delivered "
-            "(actually reused)",
-            ["kind"],
-            registry=r,
-        )
-        self.reuse_error = Counter(
-            "radixray_reuse_misprediction_tokens",
-            "Delivered minus captured reuse, by sign: over (the index promised more than the "
-            "worker had) and under (the worker had more than the index knew)",
-            ["direction"],
-            registry=r,
-        )
-        # children made once: on_decision runs for every request
+        for attr, kind, name, doc, labels in _METRICS:
+            extra = {"buckets": _LATENCY_BUCKETS} if kind is Histogram else {}
+            setattr(self, attr, kind(name, doc, list(labels), registry=r, **extra))
+        # Labelled children are looked up once (a labels() call costs microseconds per request):
+        # on_decision runs for every request.
         self._reuse = {k: self.reuse.labels(k) for k in ("available", "captured", "delivered")}
         self._reuse_error = {k: self.reuse_error.labels(k) for k in ("over", "under")}
-        self.retries = Counter(
-            "radixray_retries", "Dispatches retried on another worker", registry=r
-        )
-        self.worker_load = Gauge(
-            "radixray_worker_load", "Per-worker load as reported", ["worker", "field"], registry=r
-        )
-        self.worker_pages = Gauge(
-            "radixray_worker_pages", "Per-worker KV pages", ["worker", "kind"], registry=r
-        )
-        self.worker_healthy = Gauge(
-            "radixray_worker_healthy", "1 if routable", ["worker"], registry=r
-        )
-        self.index_entries = Gauge(
-            "radixray_index_entries", "(block, worker) entries in the router's index", registry=r
-        )
-        self.index_memory = Gauge("radixray_index_memory_bytes", "Router index memory", registry=r)
-        self.herded = Gauge(
-            "radixray_herding",
-            "1 while the router's decisions pile onto this worker and others sit idle",
-            ["worker"],
-            registry=r,
-        )
-        self.herd_episodes = Counter(
-            "radixray_herding_episodes",
-            "Herding episodes noticed (see /debug/decisions)",
-            registry=r,
-        )
-        self._episodes_seen = 0
-        # Labelled children are looked up once (a labels() call costs microseconds per request).
         self._by_cause = {c: self.prompt_tokens.labels(c) for c in MISS_CAUSES}
         self._by_decision: dict[tuple[str, str], object] = {}
+        self._episodes_seen = 0
         self._prompt_total = 0
         self._cached_total = 0
 

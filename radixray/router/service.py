@@ -1,7 +1,7 @@
 """The router service: model metadata, the worker pool, the router, metrics and limits in one
 object that the HTTP routes depend on. Built once per process (``radixray serve``, the Ray Serve
 ingress, tests). It is the OpenAI edge's backend (``radixray.api.Backend``): ``open`` admits a
-request (or refuses it, overloaded) and routes it."""
+request (or refuses it, overloaded) and routes it (``request_path.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from radixray.protocol import GenerateRequest, Overloaded, WorkerClient
 from .fleet_metrics import FleetMetrics, KVStore
 from .metrics import RouterMetrics
 from .policies import Policy, make_policy
-from .router import RoutedStream, Router
+from .request_path import RoutedRequest, Router
 from .worker_pool import WorkerPool
 
 __all__ = ["RouterSettings", "RouterService", "Overloaded"]
@@ -90,12 +90,12 @@ class RouterService:
             max_inflight_per_worker=settings.max_inflight_per_worker,
             router_id=self.router_id,
             herd_window=settings.herd_window,
+            max_inflight=settings.max_inflight,
         )
         self.metrics = RouterMetrics(self.router_id)
         self.fleet_metrics: FleetMetrics | None = None  # set where routers share a store (Ray)
         self.router.dispatch.listeners.append(self.metrics.on_decision)
         self.worker_factory = worker_factory
-        self.inflight = 0
         self._drains: set[asyncio.Task] = set()
 
     @property
@@ -110,14 +110,15 @@ class RouterService:
     def retry_after_s(self) -> int:
         return self.settings.retry_after_s
 
-    async def open(self, req: GenerateRequest, session_key: str | None = None) -> RoutedStream:
-        """Admit and route ``req``; the admission slot is released when its stream ends."""
-        self.admit()
-        try:
-            return await self.router.open(req, session_key, on_close=self.release)
-        except BaseException:
-            self.release()
-            raise
+    async def open(self, req: GenerateRequest, session_key: str | None = None) -> RoutedRequest:
+        """Admit and route ``req`` (``request_path.py``); its admission slot is released when
+        it ends."""
+        return await self.router.open(req, session_key)
+
+    @property
+    def inflight(self) -> int:
+        """Requests admitted and not yet ended."""
+        return self.router.admission.inflight
 
     def share_metrics(self, store: KVStore) -> None:
         """Publish this router's counters to ``store`` and show the fleet's on /metrics."""
@@ -171,20 +172,6 @@ class RouterService:
             "workers": len(self.pool.workers),
             "healthy_workers": len(live),
         }
-
-    def admit(self) -> None:
-        """Reserve a slot for one request or raise Overloaded (the router refuses too when every
-        worker is at ``max_inflight_per_worker``)."""
-        limit = self.settings.max_inflight
-        if self.inflight >= limit:
-            raise Overloaded(
-                f"The server is overloaded: {self.inflight} requests in flight (limit "
-                f"{limit}); retry later"
-            )
-        self.inflight += 1
-
-    def release(self) -> None:
-        self.inflight -= 1
 
     def start_drain(self, worker_id: str) -> None:
         task = asyncio.get_running_loop().create_task(self.pool.drain(worker_id))

@@ -4,7 +4,8 @@ The pool owns the worker side of the ``ApproxIndex`` (a worker that fails is dro
 once, a worker whose events were lost is rebuilt from a snapshot) and composes the parts, one
 noun each:
 
-* ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move;
+* ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move
+  (each request moves itself: ``RoutedRequest`` in ``request_path.py``);
 * ``Poller`` (``poller.py``): the feed of KV events, load reports and counters from the workers;
 * ``pooled_prefill_fits`` (``prefill_fits.py``): each worker's prefill cost, pooled per class.
 
@@ -133,26 +134,6 @@ class WorkerPool:
         log.warning("worker %s is down: %s", entry.worker_id, reason)
         entry.epoch = None  # a later recovery starts from a snapshot
         self.index.clear(entry.worker_id)
-
-    # ------------------------------------------------------------------ our traffic
-
-    def track_dispatch(self, worker_id: str, request_id: str, uncached: int, context: int):
-        self.workers[worker_id].traffic.dispatch(request_id, uncached, context)
-
-    def track_first_token(self, worker_id: str, request_id: str) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.first_token(request_id)
-
-    def track_tokens(self, worker_id: str, request_id: str, n: int) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.tokens(request_id, n)
-
-    def track_finish(self, worker_id: str, request_id: str) -> None:
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.traffic.finish(request_id)
 
     # ------------------------------------------------------------------ what policies see
 

@@ -14,6 +14,30 @@ from radixray.router.app import build_app
 from radixray.router.service import RouterService
 
 
+class StepGate:
+    """Holds an in-process worker's engine between two steps, from the second step after it is
+    built until ``release()``: a request whose prefill the first step ran stays running (it
+    cannot finish, whatever the machine's speed) for as long as the test needs to look at it.
+    The engine's thread waits outside the engine's lock, so polls are answered meanwhile; an
+    abort lands once released. Build it before the request is sent, with nothing else queued."""
+
+    def __init__(self, host):
+        engine = host.engine
+        self._step = engine.step
+        self._steps = 0
+        self._open = threading.Event()
+        engine.step = self._gated_step
+
+    def _gated_step(self):
+        if self._steps >= 1:
+            self._open.wait(timeout=300)  # bounded: a broken test must not hang the engine
+        self._steps += 1
+        return self._step()
+
+    def release(self) -> None:
+        self._open.set()
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

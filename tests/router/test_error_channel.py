@@ -29,7 +29,7 @@ from radixray.protocol import WorkerClient
 from radixray.protocol.http_transport import HttpTransport
 from radixray.router.service import RouterService, RouterSettings
 
-from .serving import LiveServer, inprocess_service, worker_server
+from .serving import LiveServer, StepGate, inprocess_service, worker_server
 
 CONTEXT = 4096  # the tiny model's context length
 VOCAB = 320
@@ -126,17 +126,11 @@ def after_tokens(n: int):
     return lambda batch: any(len(it.req.output_ids) >= n for it in batch.items)
 
 
-def slow_forward(hosts, seconds: float = 0.005) -> None:
-    """Each forward takes at least ``seconds``: a 4,000-token answer stays in flight for 20 s
-    whatever the hardware (the tests leave it long before)."""
-    for h in hosts:
-        real = h.engine.runner.run
-
-        def run(batch, real=real):
-            time.sleep(seconds)
-            return real(batch)
-
-        h.engine.runner.run = run
+def hold_after_first_token(hosts) -> list[StepGate]:
+    """Each worker's first request stays in flight after its first token until its gate is
+    released (see ``StepGate``): a test that needs requests in flight holds them, not times
+    them."""
+    return [StepGate(h) for h in hosts]
 
 
 def shutdown(hosts) -> None:
@@ -409,7 +403,7 @@ def open_stream(http: httpx.Client, url: str):
 
 def test_overloaded_router_answers_429_with_retry_after():
     service, hosts, clients = inprocess_service(1, max_inflight=1, retry_after_s=4)
-    slow_forward(hosts)
+    (gate,) = hold_after_first_token(hosts)
     short = {"model": "tiny", "prompt": "me too", "max_tokens": 2}
     try:
         with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
@@ -431,6 +425,7 @@ def test_overloaded_router_answers_429_with_retry_after():
                 # decision when it ends).
                 assert len(service.router.dispatch.decisions) == 0
             finally:
+                gate.release()
                 cm.__exit__(None, None, None)  # the client leaves: the request is aborted
             settle(hosts, service)
             # The slot is free again.
@@ -438,6 +433,7 @@ def test_overloaded_router_answers_429_with_retry_after():
             assert r.status_code == 200, r.text
             settle(hosts, service)
     finally:
+        gate.release()
         shutdown(hosts)
 
 
@@ -445,7 +441,7 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
     service, hosts, clients = inprocess_service(
         2, policy="least_load", max_inflight_per_worker=1, retry_after_s=5
     )
-    slow_forward(hosts)
+    gates = hold_after_first_token(hosts)
     try:
         with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
             first, w_first = open_stream(http, url)
@@ -469,6 +465,8 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
                     assert ei.value.response.headers["retry-after"] == "5"
                     assert service.inflight == 2  # the refused ones released their slot
                 finally:
+                    for g in gates:
+                        g.release()
                     second.__exit__(None, None, None)
             finally:
                 first.__exit__(None, None, None)
@@ -477,6 +475,8 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
             assert r.status_code == 200, r.text
             settle(hosts, service)
     finally:
+        for g in gates:
+            g.release()
         shutdown(hosts)
 
 

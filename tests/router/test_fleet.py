@@ -191,7 +191,10 @@ def test_the_herding_alarm_fires_on_a_herd_and_stays_quiet_otherwise(caplog):
             await _sequential(herding, 16, None, "after")
             after = (alarm.episodes, dict(alarm.active))
             # Balanced: round robin over three workers (after the herd: no stale load from it).
-            await asyncio.sleep(0.3)  # the last reports of the herd's requests are in
+            # The workers are idle again, and the balanced router's reports say so (polled
+            # now, not after a wait that a slow machine may outlast).
+            await until(lambda: all(h.engine.stats()["running"] == 0 for h in hosts), what="idle")
+            await balanced.pool.poll_once()
             rr = await _sequential(balanced, 48, None, "rr")
             quiet = (
                 balanced.router.dispatch.herd.episodes,

@@ -15,6 +15,7 @@ from radixray.protocol import (
     GenerateRequest,
     InvalidRequest,
     LoadReport,
+    Overloaded,
     PollResult,
     SamplingParams,
     StreamChunk,
@@ -23,7 +24,7 @@ from radixray.protocol import (
     WorkerUnavailable,
 )
 from radixray.router.policies import make_policy
-from radixray.router.router import NoWorkerAvailable, RequestFailed, Router
+from radixray.router.request_path import NoWorkerAvailable, RequestFailed, Router
 from radixray.router.worker_pool import WorkerPool
 
 PARAMS = SamplingParams(max_tokens=2)
@@ -160,3 +161,73 @@ def test_no_worker_left_is_503():
     with pytest.raises(NoWorkerAvailable, match="No worker is available"):
         open_and_read(router, "r7")
     assert router.pool.routable() == []
+
+
+class FleetRecorder:
+    """A policy that routes round-robin and keeps the fleet each request came with."""
+
+    def __init__(self):
+        self.inner = make_policy("round_robin")
+        self.fleets: list[tuple[int, int]] = []
+
+    def choose(self, request, workers, index):
+        self.fleets.append(request.fleet)
+        return self.inner.choose(request, workers, index)
+
+    def on_dispatch(self, decision, request):
+        pass
+
+    def on_complete(self, request_id, worker_id, cached_tokens):
+        pass
+
+
+def test_the_fleet_view_comes_with_each_request_and_the_policy_is_not_touched():
+    router, (a, b) = setup()
+    policy = router.policy = FleetRecorder()
+    before = dict(vars(policy))
+    positions = iter([(1, 3), (2, 3), (0, 2)])
+    router.pool.fleet_position = lambda: next(positions)
+    open_and_read(router, "r8")
+    b.fail = [WorkerUnavailable("down")]  # r9 goes to w1 first; its retry reads the fleet again
+    open_and_read(router, "r9")
+    assert policy.fleets == [(1, 3), (2, 3), (0, 2)]
+    assert vars(policy).keys() == before.keys()
+
+
+def admitted(router: Router) -> int:
+    return router.admission.inflight
+
+
+def test_every_ending_releases_the_admission_slot_and_the_tally_exactly_once():
+    router, (a, b) = setup()
+    router.admission.limit = 1
+
+    async def go():
+        s = await router.open(GenerateRequest("ok", [1, 2, 3], PARAMS))
+        assert admitted(router) == 1 and router.pool.workers[s.worker_id].inflight
+        with pytest.raises(Overloaded, match=r"1 requests in flight \(limit 1\)"):
+            await router.open(GenerateRequest("refused", [1, 2, 3], PARAMS))
+        assert admitted(router) == 1  # a refused request holds nothing
+        assert [c async for c in s][-1] == FINAL
+        await s.aclose()  # closing after the end releases nothing twice
+        assert admitted(router) == 0
+        s = await router.open(GenerateRequest("early", [1, 2, 3], PARAMS))
+        await s.aclose()  # the client went away before reading
+        await s.aclose()
+        assert admitted(router) == 0 and s.record.finish_reason == "abort"
+        assert [c async for c in s] == []  # nothing more once ended
+        a.fail = b.fail = [("after", WorkerUnavailable("reset"))]
+        s = await router.open(GenerateRequest("mid", [1, 2, 3], PARAMS))
+        with pytest.raises(WorkerUnavailable):
+            async for _ in s:
+                pass
+        await s.aclose()
+        assert admitted(router) == 0
+        a.fail, b.fail = [InvalidRequest("bad", "max_tokens")], [InvalidRequest("bad", "n")]
+        with pytest.raises(InvalidRequest):
+            await router.open(GenerateRequest("bad", [1, 2, 3], PARAMS))
+        assert admitted(router) == 0
+
+    asyncio.run(go())
+    for e in router.pool.workers.values():
+        assert not e.inflight and set(e.traffic.now.values()) == {0}

@@ -15,6 +15,8 @@ from radixray.router.worker_pool import WorkerEntry, WorkerPool
 from radixray.step_cost import StepCostModel
 from radixray.worker import WorkerHost
 
+from .serving import StepGate
+
 
 def info(wid: str, perf_class: str = "") -> WorkerInfo:
     return WorkerInfo(wid, "epoch", "tiny", 4, 4096, 320, "radix", 64, "cpu", perf_class)
@@ -48,16 +50,16 @@ def test_other_routers_traffic_is_added_to_ours():
         {"running": 3, "waiting": 2, "queued_prefill_tokens": 700, "active_decode_tokens": 90},
         {"running": 1, "waiting": 0},
     )
-    pool.track_dispatch("w", "r1", uncached=40, context=60)
-    pool.track_dispatch("w", "r2", uncached=10, context=20)
-    pool.track_first_token("w", "r2")
+    e.traffic.dispatch("r1", uncached=40, context=60)
+    e.traffic.dispatch("r2", uncached=10, context=20)
+    e.traffic.first_token("r2")
     (s,) = pool.states()
     # ours now: 1 waiting (40 uncached), 1 running (20 context); others: 2 running, 2 waiting.
     assert (s.running, s.waiting) == (1 + 2, 1 + 2)
     assert s.queued_prefill_tokens == 40 + 700
     assert s.active_decode_tokens == 20 + 90
-    pool.track_finish("w", "r1")
-    pool.track_finish("w", "r2")
+    e.traffic.finish("r1")
+    e.traffic.finish("r2")
     (s,) = pool.states()
     assert (s.running, s.waiting, s.queued_prefill_tokens) == (2, 2, 700)
 
@@ -110,6 +112,11 @@ def test_workers_of_one_perf_class_share_one_prefill_fit():
     assert fits["d"] == (0.002, 777.0)
 
 
+# The polls below are held open by the test for as long as it needs; the pool's own timeout (2 s)
+# would end one early on a loaded machine, and its report would be lost.
+HELD_POLL_TIMEOUT_S = 600.0
+
+
 class GatedClient(WorkerClient):
     """A real in-process worker whose poll the test holds before the worker takes its report
     and again before the reply arrives, to place requests inside the poll's window."""
@@ -132,9 +139,10 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
     # Poll sent (our tally 0) -> request dispatched -> worker reports it running -> it finishes
     # -> reply arrives (tally 0 again). The report's running=1 was ours, not another router's.
     host = WorkerHost({"model": "tiny", "page_size": 4}, "w0")
+    gate = StepGate(host)  # the request runs its prefill, then waits for the report
 
     async def scenario():
-        pool = WorkerPool(ApproxIndex(4))
+        pool = WorkerPool(ApproxIndex(4), poll_timeout_s=HELD_POLL_TIMEOUT_S)
         client = GatedClient(host)
         client.before_report.set()
         client.before_reply.set()
@@ -143,19 +151,21 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
         client.before_reply.clear()
         poll = asyncio.ensure_future(pool.poll_once())
         await asyncio.sleep(0)
-        pool.track_dispatch("w0", "r1", uncached=9, context=9)
+        tally = pool.workers["w0"].traffic
+        tally.dispatch("r1", uncached=9, context=9)
         stream = host.generate(
             GenerateRequest("r1", list(range(9)), SamplingParams(max_tokens=200, ignore_eos=True))
         )
         first = await anext(stream)
-        pool.track_first_token("w0", "r1")
-        pool.track_tokens("w0", "r1", len(first.token_ids))
+        tally.first_token("r1")
+        tally.tokens("r1", len(first.token_ids))
         client.reported.clear()
         client.before_report.set()
-        await client.reported.wait()
+        await client.reported.wait()  # the report is taken while the gate holds r1 running
+        gate.release()
         async for chunk in stream:  # the router counts each streamed token as context
-            pool.track_tokens("w0", "r1", len(chunk.token_ids))
-        pool.track_finish("w0", "r1")
+            tally.tokens("r1", len(chunk.token_ids))
+        tally.finish("r1")
         client.before_reply.set()
         await poll
         entry = pool.workers["w0"]
@@ -169,6 +179,7 @@ def test_a_request_that_lived_only_inside_the_poll_window_is_not_phantom_load():
     try:
         assert asyncio.run(scenario()) == (0, 0, 0)
     finally:
+        gate.release()
         host.shutdown()
 
 
@@ -193,7 +204,7 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
     host = WorkerHost({"model": "tiny", "page_size": 4}, "w0")
 
     async def scenario():
-        pool = WorkerPool(ApproxIndex(4))
+        pool = WorkerPool(ApproxIndex(4), poll_timeout_s=HELD_POLL_TIMEOUT_S)
         client = QueuedPollClient(host)
         await pool.add(client)
         client.hold = True
@@ -207,8 +218,8 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
         while len(entry.traffic.poll_peaks) != 1:
             await asyncio.sleep(0.001)
         # The earlier poll is still open: its peak sees this request come and go.
-        pool.track_dispatch("w0", "r1", uncached=7, context=7)
-        pool.track_finish("w0", "r1")
+        entry.traffic.dispatch("r1", uncached=7, context=7)
+        entry.traffic.finish("r1")
         client.gates[0].set()
         await first
         for _ in range(5000):

@@ -4,11 +4,13 @@ A policy is a small object with one decision method::
 
     decision = policy.choose(request, workers, index)
 
-``request`` is a :class:`RoutingRequest` (the prompt's page hashes, already computed by the router),
-``workers`` the current :class:`WorkerState` of every candidate, ``index`` the router's
-:class:`~radixray.cache_index.ApproxIndex`. ``choose`` never mutates ``workers`` or ``index``: the
-caller (the live router or ``radixray.sim``) applies the decision, records the optimistic index
-entry and tells the policy through the optional feedback hooks:
+``request`` is a :class:`RoutingRequest` (the prompt's page hashes, already computed by the router,
+and the router's place in its fleet), ``workers`` the current :class:`WorkerState` of every
+candidate, ``index`` the router's :class:`~radixray.cache_index.ApproxIndex`. What varies per
+request comes in these arguments: no caller sets attributes on a shared policy. ``choose`` never
+mutates ``workers`` or ``index``: the caller (the live router or ``radixray.sim``) applies the
+decision, records the optimistic index entry and tells the policy through the optional feedback
+hooks:
 
 - ``on_dispatch(decision, request)``: the request was sent to ``decision.worker_id``;
 - ``on_complete(request_id, worker_id, cached_tokens)``: it finished, with its actual reuse.
@@ -48,7 +50,9 @@ class RoutingRequest:
     """One request as the router sees it.
 
     ``block_hashes`` are ``hash_blocks(prompt, index.page_size)``: one per *full* page, so a
-    match of ``n`` blocks means ``n * page_size`` cached tokens.
+    match of ``n`` blocks means ``n * page_size`` cached tokens. ``fleet`` is where the router
+    stands as it routes this request: (its rank, how many routers) among the routers that share
+    the workers, as the workers' reports list them (``Policy.pick_tied`` reads it).
     """
 
     request_id: Hashable
@@ -56,6 +60,7 @@ class RoutingRequest:
     block_hashes: Sequence[int]
     session_key: str | None = None
     arrival_time: float = 0.0
+    fleet: tuple[int, int] = (0, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,23 +125,23 @@ class Policy(ABC):
     """
 
     name: str = ""
-    # (this router's rank, how many routers) among the routers that share the workers, as the
-    # workers' reports list them; set by the router before each choice. See ``pick_tied``.
-    fleet: tuple[int, int] = (0, 1)
 
     def __init__(self, seed: int | None = 0):
         self.rng = random.Random(seed)
         self._ties = 0
 
-    def pick_tied(self, best: Sequence[WorkerState]) -> WorkerState:
-        """One of equally good workers. Alone, a seeded random one. In a fleet of routers, the
-        one at this router's rank in worker-id order, then the next on each later tie: routers
-        that see the same idle workers at the same moment (a burst split across them, before
-        any report shows their choices) then start on different workers instead of all taking
-        the same "best" one (each router's own tally spreads its later requests)."""
+    def pick_tied(
+        self, best: Sequence[WorkerState], fleet: tuple[int, int] = (0, 1)
+    ) -> WorkerState:
+        """One of equally good workers. Alone (``fleet``, the request's: (rank, routers)), a
+        seeded random one. In a fleet of routers, the one at this router's rank in worker-id
+        order, then the next on each later tie: routers that see the same idle workers at the
+        same moment (a burst split across them, before any report shows their choices) then
+        start on different workers instead of all taking the same "best" one (each router's own
+        tally spreads its later requests)."""
         if len(best) == 1:
             return best[0]
-        rank, size = self.fleet
+        rank, size = fleet
         if size <= 1:
             return self.rng.choice(best)
         ordered = sorted(best, key=lambda w: str(w.worker_id))

@@ -39,7 +39,7 @@ class KvCost(Policy):
             return wgt * prefill + w.active_decode_tokens / P + req_blocks
 
         best, scores = self.lowest(live, cost)
-        pick = self.pick_tied(best)
+        pick = self.pick_tied(best, request.fleet)
         return Decision(
             pick.worker_id, "kv_cost: lowest cost", matched.get(pick.worker_id, 0) * P, scores
         )

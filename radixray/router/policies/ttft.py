@@ -101,7 +101,7 @@ class PredictedTTFT(Policy):
             return t + w.decode_step_s if w.running else t
 
         best, scores = self.lowest(live, cost)
-        pick = self.pick_tied(best)
+        pick = self.pick_tied(best, request.fleet)
         c = min(matched.get(pick.worker_id, 0) * P, cap)
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores)

@@ -3,6 +3,7 @@ imbalance branches."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -255,6 +256,23 @@ def test_ttft_never_counts_the_last_token_as_cached_and_breaks_ties_at_random():
         for s in range(30)
     }
     assert picks == {0, 1}
+
+
+@pytest.mark.parametrize("name", ["ttft", "kv_cost"])
+def test_in_a_fleet_ties_go_by_the_rank_the_request_carries(name):
+    # Four idle workers tie. A router of rank r among 3 starts at the r-th worker by id, then
+    # takes the next on each later tie; alone (fleet (0, 1)) it picks at random. The fleet comes
+    # with each request: nothing is set on the policy, so one policy serves any router position.
+    idle = [ws(3), ws(1), ws(0), ws(2)]
+    idx = index_with()
+    for rank in range(3):
+        pol = make_policy(name, seed=0)
+        in_fleet = dataclasses.replace(req(8), fleet=(rank, 3))
+        picks = [pol.choose(in_fleet, idle, idx).worker_id for _ in range(5)]
+        assert picks == [(rank + i) % 4 for i in range(5)]
+        assert "fleet" not in vars(pol)
+    alone = {make_policy(name, seed=s).choose(req(8), idle, idx).worker_id for s in range(40)}
+    assert alone == {0, 1, 2, 3}
 
 
 def test_ttft_a_header_every_prompt_shares_does_not_draw_new_prompts_to_one_worker():
