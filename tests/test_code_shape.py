@@ -31,9 +31,7 @@ MAX_FUNCTION_LINES = 80
 # Temporary: each entry is owned by another helper on issue 21 and goes when their branch merges.
 KNOWN_IMPORT_EDGES: dict[tuple[str, str], str] = {}
 KNOWN_LONG_FILES: dict[str, str] = {}
-KNOWN_LONG_FUNCTIONS: dict[str, str] = {
-    "radixray/router/metrics.py::RouterMetrics.__init__": "router-request",
-}
+KNOWN_LONG_FUNCTIONS: dict[str, str] = {}
 
 
 class Import(NamedTuple):

@@ -164,6 +164,10 @@ class EngineLoop:
                     sink(e)
             elif cmd == "abort":
                 engine.abort(arg)
+        self.answer_calls()
+
+    def answer_calls(self) -> None:
+        """Run the reads other threads are waiting on (by the stepping thread, between steps)."""
         while True:
             try:
                 fn, fut = self._calls.get_nowait()

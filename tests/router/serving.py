@@ -18,19 +18,25 @@ class StepGate:
     """Holds an in-process worker's engine between two steps, from the second step after it is
     built until ``release()``: a request whose prefill the first step ran stays running (it
     cannot finish, whatever the machine's speed) for as long as the test needs to look at it.
-    The engine's thread waits outside the engine's lock, so polls are answered meanwhile; an
-    abort lands once released. Build it before the request is sent, with nothing else queued."""
+    While it waits, the engine's thread still answers reads (polls) between the steps; an abort
+    lands once released. Build it before the request is sent, with nothing else queued."""
 
     def __init__(self, host):
         engine = host.engine
+        self._loop = engine.loop
+        self._engine = engine
         self._step = engine.step
         self._steps = 0
         self._open = threading.Event()
         engine.step = self._gated_step
 
     def _gated_step(self):
+        if not self._engine.has_work():  # a turn that only answered reads: not a step to count
+            return self._step()
         if self._steps >= 1:
-            self._open.wait(timeout=300)  # bounded: a broken test must not hang the engine
+            deadline = time.monotonic() + 300  # bounded: a broken test must not hang the engine
+            while not self._open.wait(timeout=0.01) and time.monotonic() < deadline:
+                self._loop.answer_calls()
         self._steps += 1
         return self._step()
 
