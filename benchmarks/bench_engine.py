@@ -41,10 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from radixray.sim.data import data_dir  # noqa: E402
 from radixray.sysinfo import cpu_model  # noqa: E402
-
-TEXT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "text_prompts"
-
 
 # ---------------------------------------------------------------------------------------------
 # children: one serves radixray, one transformers; each answers (command, kwargs) messages
@@ -57,8 +55,9 @@ def _peak_rss_mib() -> float:
 
 def _corpus_text() -> str:
     """Real text for prompts: the sonnets and the MT-bench questions, concatenated."""
-    parts = [(TEXT_DIR / "sonnet_llmperf.txt").read_text()]
-    for line in (TEXT_DIR / "mt_bench_question.jsonl").read_text().splitlines():
+    text_dir = data_dir() / "text_prompts"
+    parts = [(text_dir / "sonnet_llmperf.txt").read_text()]
+    for line in (text_dir / "mt_bench_question.jsonl").read_text().splitlines():
         if line.strip():
             parts += json.loads(line).get("turns", [])
     return "\n\n".join(parts)
@@ -92,26 +91,27 @@ class RadixSide:
 
         engine = self._engine()
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        rids = [engine.add_request(p, params) for p in prompts]
-        waiting_first = set(rids)
-        tokens: dict[str, list[int]] = {r: [] for r in rids}
-        window_tokens, window_s, steps = 0, 0.0, 0
+        for p in prompts:
+            engine.add_request(p, params)
+        # Chunks carry no request id: a step emits one chunk per request that has sampled a
+        # token, so once a step emitted one per request, every request has its first token.
+        started, window_tokens, window_s, steps = 0, 0, 0.0, 0
         while engine.has_work():
             t0 = time.perf_counter()
             chunks = engine.step()
             dt = time.perf_counter() - t0
-            in_window = not waiting_first  # every request had its first token before this step
-            for c in chunks:
-                tokens[c.request_id] += c.token_ids
-                waiting_first.discard(c.request_id)
-            if in_window:
+            if started == len(prompts):  # every request had its first token before this step
                 window_tokens += sum(len(c.token_ids) for c in chunks)
                 window_s += dt
                 steps += 1
+            started = max(started, len(chunks))
+        # The outputs, for the agreement check: the same prompts again on this engine (now
+        # cached, which changes no output: reuse is exact).
+        outputs = [c.token_ids for c in engine.generate_batch(prompts, params)]
         return {
             "tokens_per_s": window_tokens / window_s,
             "ms_per_step": 1000 * window_s / steps,
-            "outputs": [tokens[r] for r in rids],
+            "outputs": outputs,
         }
 
     def ttft(self, prompt: list[int], cached_fraction: float) -> dict:
