@@ -2,7 +2,7 @@
 
     python benchmarks/bench_engine.py                 # 3 runs, threads 1, ~6 min on 2 busy cores
     python benchmarks/bench_engine.py --runs 5 --threads 2 --plot benchmarks/bench_engine.png
-    python benchmarks/bench_engine.py --quick         # 1 run, small sizes: a smoke test
+    python benchmarks/bench_engine.py --quick         # 1 run, tiny sizes: a smoke test (seconds)
 
 Both sides load the same GGUF (radixray's loader; transformers' ``from_pretrained(gguf_file=)``),
 run with the same fixed number of torch intra-op threads, in two child processes that the parent
@@ -264,12 +264,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--cached-fraction", type=float, default=0.9)
     ap.add_argument("--num-pages", type=int, default=640, help="radixray KV pool, pages of 16")
     ap.add_argument("--no-hf", action="store_true", help="radixray only (profiling)")
-    ap.add_argument("--quick", action="store_true", help="1 run, batches 1 and 8, 512-token TTFT")
+    ap.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1 run, batches 1 and 2, tiny sizes"
+    )
     ap.add_argument("--json", default="/tmp/bench_engine.json")
     ap.add_argument("--plot", default=None, help="write a PNG of the comparison here")
     args = ap.parse_args(argv)
     if args.quick:
-        args.runs, args.batches, args.ttft_len, args.max_tokens = 1, [1, 8], 512, 16
+        args.runs, args.batches, args.prompt_len = 1, [1, 2], 32
+        args.ttft_len, args.max_tokens = 128, 4
 
     import torch
     from tqdm import tqdm
