@@ -29,6 +29,7 @@ Medians over --runs; the JSON of every run goes to --json.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import multiprocessing as mp
 import os
@@ -53,11 +54,19 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _data_text(name: str) -> str:
+    """A file of ``text_prompts/`` in radixray's data folder, plain or gzipped."""
+    path = data_dir() / "text_prompts" / name
+    if not path.is_file() and path.with_name(f"{name}.gz").is_file():
+        with gzip.open(path.with_name(f"{name}.gz"), "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8")
+
+
 def _corpus_text() -> str:
     """Real text for prompts: the sonnets and the MT-bench questions, concatenated."""
-    text_dir = data_dir() / "text_prompts"
-    parts = [(text_dir / "sonnet_llmperf.txt").read_text()]
-    for line in (text_dir / "mt_bench_question.jsonl").read_text().splitlines():
+    parts = [_data_text("sonnet_llmperf.txt")]
+    for line in _data_text("mt_bench_question.jsonl").splitlines():
         if line.strip():
             parts += json.loads(line).get("turns", [])
     return "\n\n".join(parts)
