@@ -185,11 +185,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 2 workers, 12 Mooncake requests, 2 chats; --timing defaults to "
-        "benchmarks/timing_smollm2_cpu.json",
+        help="a smoke run: ttft only, 2 workers, 12 Mooncake requests, 2 chats; --timing "
+        "defaults to benchmarks/timing_smollm2_cpu.json",
     )
     args = p.parse_args(argv)
     if args.quick:
+        global POLICIES
+        POLICIES = ("ttft",)
         args.workers, args.requests, args.mtbench_sessions = 2, 12, 2
         args.rate, args.mtbench_rate = 8.0, 4.0
         args.timing = args.timing or str(Path(__file__).with_name("timing_smollm2_cpu.json"))
