@@ -284,7 +284,14 @@ def main() -> None:
         help="torch CPU threads (default 1: what a Ray worker with num_cpus=1 gets, as Ray sets "
         "OMP_NUM_THREADS=1; more threads on a shared CPU can be far slower)",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: the CPU part, one shape, 1 rep"
+    )
     args = parser.parse_args()
+    if args.quick:
+        global CPU_BATCHES, CPU_CONTEXTS
+        CPU_BATCHES, CPU_CONTEXTS = CPU_BATCHES[:1], CPU_CONTEXTS[:1]
+        args.cpu, args.reps = True, args.reps or 1
     torch.set_num_threads(args.threads)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, python {platform.python_version()}")
     if args.compile_check:

@@ -189,6 +189,7 @@ class DcLoadReport:
     hit_rate: float = 0.0
     preemptions: int = 0
     evicted_pages: int = 0
+    routers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +287,7 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 ld.hit_rate,
                 ld.preemptions,
                 ld.evicted_pages,
+                ld.routers,
             ],
             [
                 c.requests_finished,
@@ -308,7 +310,7 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 _SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False]
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None]  # [0:3] are required
-_LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0]
+_LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
 _LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15)
 _LOAD_OPT_FLOATS = (8, 9, 11, 12)
 _COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0]  # None: a fresh {} below
@@ -421,8 +423,8 @@ def dc_decode_chunk(data: bytes) -> DcStreamChunk:
 def _dc_load(f: Any) -> DcLoadReport:
     if type(f) is not list:
         raise _bad(TAG_POLL, "load must be an array")
-    if len(f) != 16:
-        f = (f + _LOAD_DEFAULTS[len(f) :])[:16]
+    if len(f) != 17:
+        f = (f + _LOAD_DEFAULTS[len(f) :])[:17]
     for i in _LOAD_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"load[{i}] must be an int")
@@ -446,6 +448,11 @@ def _dc_load(f: Any) -> DcLoadReport:
                 raise _bad(TAG_POLL, "load.prefill_fit_moments must be an array of 5 floats")
             m = [float(x) for x in m]
         f[10] = tuple(m)
+    r = f[16]
+    if type(r) is not tuple:
+        if type(r) is not list or list(map(type, r)).count(str) != len(r):
+            raise _bad(TAG_POLL, "load.routers must be an array of str")
+        f[16] = tuple(r)
     return DcLoadReport(*f)
 
 
@@ -553,6 +560,7 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "hit_rate": rng.random(),
         "preemptions": rng.randrange(10),
         "evicted_pages": rng.randrange(1_000_000),
+        "routers": ("router-0", "router-1"),
     }
     counters = {
         "requests_finished": rng.randrange(10**6),
@@ -690,6 +698,7 @@ def check_same_validation() -> int:
         (PollResult, poll),
         (PollResult, with_(with_(poll, (7,), []), (8,), [])),  # every default
         (PollResult, with_(poll, (7, 10, 0), 1)),
+        (PollResult, with_(poll, (7,), [*load, ["r0", "r1"]])),  # routers (issue 14)
         (PollResult, [*poll, 1]),
     ]
     refuse = [
@@ -737,6 +746,8 @@ def check_same_validation() -> int:
         (PollResult, with_(poll, (7, 10, 0), None)),
         (PollResult, with_(poll, (8, 5), {"cold": "7"})),
         (PollResult, with_(poll, (8, 6), None)),
+        (PollResult, with_(poll, (7,), [*load, [1]])),
+        (PollResult, with_(poll, (7,), [*load, "r0"])),
         (PollResult, poll[:8]),
     ]
     dc_codecs = {

@@ -165,7 +165,16 @@ def main(argv=None) -> int:
     p.add_argument(
         "--hot-requests", type=int, default=3000, help="the hot_prefix row's size (0: skip it)"
     )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 4 workers x 2048 pages, 200 requests, no plot",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.pages, args.plot = "4", "2048", ""
+        args.hot_requests = min(args.hot_requests, 200)
+        args.limit = args.limit or 200
     all_out = {
         "meta": {
             "date": date.today().isoformat(),

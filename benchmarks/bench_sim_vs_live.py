@@ -170,7 +170,7 @@ def table(live: dict, sims: dict, report: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--timing", required=True, help="a timing file from `radixray sim calibrate`")
+    p.add_argument("--timing", help="a timing file from `radixray sim calibrate` (required)")
     p.add_argument("--contention", type=float, default=None, help="default: workers / cores")
     p.add_argument("--workloads", nargs="+", default=["mooncake", "mtbench"])
     p.add_argument("--requests", type=int, default=300, help="Mooncake requests")
@@ -182,7 +182,21 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="/tmp/bench_sim_vs_live")
     p.add_argument("--live-json", default=None, help="reuse a live run's bench_serving.json")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: ttft only, 2 workers, 12 Mooncake requests, 2 chats; --timing "
+        "defaults to benchmarks/timing_smollm2_cpu.json",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        global POLICIES
+        POLICIES = ("ttft",)
+        args.workers, args.requests, args.mtbench_sessions = 2, 12, 2
+        args.rate, args.mtbench_rate = 8.0, 4.0
+        args.timing = args.timing or str(Path(__file__).with_name("timing_smollm2_cpu.json"))
+    if not args.timing:
+        p.error("--timing is required (a file from `radixray sim calibrate`)")
     unknown = set(args.workloads) - {"mooncake", "mtbench"}
     if unknown:
         p.error(f"--workloads: unknown {sorted(unknown)}; choose from mooncake, mtbench")

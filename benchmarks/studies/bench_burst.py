@@ -11,25 +11,70 @@ any load report can show them. Three bursts:
 
 Measured: the busiest worker's share of the burst (1/4 is even), over 3 bursts each, with the
 routers aware of each other (ranks from the workers' reports, ``Policy.pick_tied``) and blind
-(each believes it is alone). Command: ``.venv/bin/python benchmarks/bench_burst.py`` (~1 min).
+(each believes it is alone).
+Command: ``.venv/bin/python benchmarks/studies/bench_burst.py`` (~1 min; ``--quick``: seconds).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import contextlib
 import random
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from radixray.protocol import GenerateRequest, SamplingParams  # noqa: E402
-from tests.router.fleet import drain, fleet, hosts_for, until  # noqa: E402
+from radixray.model_meta import load_model_meta
+from radixray.protocol import GenerateRequest, LocalTransport, SamplingParams, WorkerClient
+from radixray.router.service import RouterService, RouterSettings
+from radixray.worker import WorkerHost
 
 PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 POLICIES = ("ttft", "kv_cost", "cache_aware", "least_load")
+
+
+# --- a fleet of routers over shared in-process workers (what `serve --join` replicas are) ------
+
+
+def hosts_for(n: int) -> list[WorkerHost]:
+    cfg = {"model": "tiny", "page_size": 16, "num_pages": 1024, "cpu_threads": 1}
+    return [WorkerHost(cfg, f"w{i}") for i in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def fleet(hosts: list[WorkerHost], n_routers: int, **settings):
+    """``n_routers`` started RouterServices over ``hosts`` (the hosts stay up after)."""
+    settings = {"page_size": 16, "poll_interval_s": 0.05} | settings
+    services = [
+        RouterService(load_model_meta("tiny"), RouterSettings(router_id=f"r{i}", **settings))
+        for i in range(n_routers)
+    ]
+    try:
+        for s in services:
+            for h in hosts:
+                await s.add_worker(WorkerClient(LocalTransport(h, owner=False), h.worker_id))
+            await s.start()
+        yield services
+    finally:
+        for s in services:
+            await s.stop()
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError("the routers did not learn of each other in time")
+        await asyncio.sleep(0.02)
+
+
+async def drain(stream) -> str:
+    """Read a routed stream to its end; returns the worker that served it."""
+    async for _ in stream:
+        pass
+    await stream.aclose()
+    return stream.worker_id
 
 
 def _burst(kind: str, n_routers: int, rng: random.Random, tag: str) -> list[list[int]]:
@@ -41,7 +86,9 @@ def _burst(kind: str, n_routers: int, rng: random.Random, tag: str) -> list[list
     return [prefix + [i % 200 + 3, 7] for i in range(24)]
 
 
-async def _run(hosts, policy: str, n_routers: int, kind: str, aware: bool) -> list[float]:
+async def _run(
+    hosts, policy: str, n_routers: int, kind: str, aware: bool, bursts: int
+) -> list[float]:
     async with fleet(hosts, n_routers, policy=policy) as services:
         await until(lambda: all(len(s.pool.fleet) == n_routers for s in services))
         if not aware:
@@ -49,7 +96,7 @@ async def _run(hosts, policy: str, n_routers: int, kind: str, aware: bool) -> li
                 s.pool.fleet_position = lambda: (0, 1)
         rng = random.Random(f"{policy}{n_routers}{kind}{aware}")
         shares = []
-        for b in range(3):
+        for b in range(bursts):
             for s in services:
                 await s.pool.poll_once()
             prompts = _burst(kind, n_routers, rng, f"{b}")
@@ -64,18 +111,18 @@ async def _run(hosts, policy: str, n_routers: int, kind: str, aware: bool) -> li
         return shares
 
 
-async def main() -> None:
+async def main(policies=POLICIES, routers=(1, 2, 4), bursts: int = 3) -> None:
     print("| policy | burst | routers | busiest share, routers aware | blind |")
     print("|---|---|---:|---:|---:|")
-    for policy in POLICIES:
+    for policy in policies:
         for kind in ("one each", "distinct", "shared"):
-            for n in (1, 2, 4):
+            for n in routers:
                 if kind == "one each" and n == 1:
                     continue
                 hosts = hosts_for(4)
                 try:
-                    aware = await _run(hosts, policy, n, kind, True)
-                    blind = await _run(hosts, policy, n, kind, False) if n > 1 else aware
+                    aware = await _run(hosts, policy, n, kind, True, bursts)
+                    blind = await _run(hosts, policy, n, kind, False, bursts) if n > 1 else aware
                 finally:
                     for h in hosts:
                         h.shutdown()
@@ -87,4 +134,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="ttft only, 2 routers, 1 burst each")
+    args = ap.parse_args()
+    if args.quick:
+        asyncio.run(main(("ttft",), (2,), 1))
+    else:
+        asyncio.run(main())

@@ -13,7 +13,7 @@ reference, not a strict bound: caches kept apart can keep pages one shared LRU o
 Each policy's excess is printed against both, as the issue measures it (percentile of TTFT minus
 the same percentile of the bound), and ttft's as a multiple of the best baseline's.
 
-    .venv/bin/python benchmarks/sim_capacity_bound.py            # real scale and 8 x 8192 cpu
+    .venv/bin/python benchmarks/studies/sim_capacity_bound.py   # real scale and 8 x 8192 cpu
 """
 
 from __future__ import annotations
@@ -34,11 +34,17 @@ CELLS = {
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cells", default=",".join(CELLS), help=f"some of: {', '.join(CELLS)}")
+    p.add_argument("--limit", type=int, default=None, help="the first N requests of the trace")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 8x8192-cpu on the first 200 requests"
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.cells, args.limit = "8x8192-cpu", args.limit or 200
     for name in args.cells.split(","):
         bt, workers, pages, timing_name, speedup = CELLS[name]
         timing = timing_preset(timing_name)
-        wl = load_mooncake("mooncake", block_tokens=bt, speedup=speedup, seed=0)
+        wl = load_mooncake("mooncake", block_tokens=bt, speedup=speedup, limit=args.limit, seed=0)
         cfg = SimConfig(
             num_workers=workers,
             num_pages=pages,

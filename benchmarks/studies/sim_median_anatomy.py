@@ -14,8 +14,8 @@ requests and for the bands of requests around TTFT p50 and p90.
 
 The step log is the simulator's ``on_step`` hook (every step a worker starts, with its batch).
 
-    .venv/bin/python benchmarks/sim_median_anatomy.py                        # 8 x 8192, cpu
-    .venv/bin/python benchmarks/sim_median_anatomy.py --block-tokens 512 --pages 2000 \\
+    .venv/bin/python benchmarks/studies/sim_median_anatomy.py                        # 8 x 8192, cpu
+    .venv/bin/python benchmarks/studies/sim_median_anatomy.py --block-tokens 512 --pages 2000 \\
         --timing gpu --speedup 1                                             # real scale
 """
 
@@ -87,10 +87,16 @@ def main(argv=None) -> int:
     p.add_argument("--block-tokens", type=int, default=16, help="also the page size")
     p.add_argument("--timing", default="cpu")
     p.add_argument("--speedup", type=float, default=2.5)
+    p.add_argument("--limit", type=int, default=None, help="the first N requests of the trace")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: ttft on the first 200 requests"
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.policies, args.limit = "ttft", args.limit or 200
     P = args.block_tokens
     timing = timing_preset(args.timing)
-    wl = load_mooncake("mooncake", block_tokens=P, speedup=args.speedup, seed=0)
+    wl = load_mooncake("mooncake", block_tokens=P, speedup=args.speedup, limit=args.limit, seed=0)
     cfg = SimConfig(
         num_workers=args.workers,
         num_pages=args.pages,

@@ -3,7 +3,8 @@ policies' seeds 0..N-1 (tie-breaks, kv_cost's and ttft's random choices). bench_
 seed 0; a ratio between two policies is only as good as its spread over seeds, so a variant of a
 policy is judged here (``--policies ttft,kv_cost,ttft:rho_max=0.7``).
 
-    .venv/bin/python benchmarks/sim_seed_spread.py [--seeds 4] [--policies ttft,cache_aware,kv_cost]
+    .venv/bin/python benchmarks/studies/sim_seed_spread.py \\
+        [--seeds 4] [--policies ttft,cache_aware,kv_cost]
 
 **The step oracle** (``--policies ttft,step_oracle:0,step_oracle:0.5``): would ttft's median
 move if the router knew exactly when each worker's step in flight ends? ttft charges a decoding
@@ -90,7 +91,16 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default="ttft,cache_aware,kv_cost")
     p.add_argument("--timing", default="cpu")
     p.add_argument("--speedup-per-8", type=float, default=2.5)
+    p.add_argument("--limit", type=int, default=None, help="the first N requests of the trace")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 seeds, 8x8192, ttft and cache_aware, the first 200 requests",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.cells, args.policies = 2, "8x8192", "ttft,cache_aware"
+        args.limit = args.limit or 200
     policies = args.policies.split(",")
     print(
         "| cell | policy | hit (median) | excess p50 by seed | excess p99 by seed | median p50 "
@@ -100,7 +110,7 @@ def main(argv=None) -> int:
     for cell in args.cells.split(","):
         workers, pages = (int(x) for x in cell.split("x"))
         speedup = args.speedup_per_8 * workers / 8
-        wl = load_mooncake("mooncake", block_tokens=16, speedup=speedup, seed=0)
+        wl = load_mooncake("mooncake", block_tokens=16, speedup=speedup, limit=args.limit, seed=0)
         runs: dict[str, list[dict]] = {}
         for pol in policies:
             runs[pol] = []

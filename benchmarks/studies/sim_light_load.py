@@ -7,7 +7,7 @@ p90, and each as a multiple of the bound (TTFT if every request hit its whole in
 prefix on an idle worker, `bound_p50` / `bound_p90`). The target: where every policy is within
 10% of the bound, ttft is within 5%.
 
-    .venv/bin/python benchmarks/sim_light_load.py [--speedups 2.5,1,0.5,0.25,0.1,0.05]
+    .venv/bin/python benchmarks/studies/sim_light_load.py [--speedups 2.5,1,0.5,0.25,0.1,0.05]
 """
 
 from __future__ import annotations
@@ -37,8 +37,17 @@ def main(argv=None) -> int:
     p.add_argument("--timing", default="cpu")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--out", default="/tmp/sim_light_load.json")
-    p.add_argument("--plot", default="benchmarks/sim_light_load.png", help="'' for none")
+    p.add_argument("--plot", default="benchmarks/studies/sim_light_load.png", help="'' for none")
+    p.add_argument("--limit", type=int, default=None, help="the first N requests of the trace")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: two loads, two policies, the first 200 requests, no plot",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.speedups, args.policies, args.plot = "2.5,0.1", "ttft,least_load", ""
+        args.limit = args.limit or 200
     speedups = [float(x) for x in args.speedups.split(",")]
     policies = args.policies.split(",")
     cfg = SimConfig(
@@ -51,7 +60,7 @@ def main(argv=None) -> int:
     )
     rows = {}
     for sp in speedups:
-        wl = load_mooncake("mooncake", block_tokens=16, speedup=sp, seed=0)
+        wl = load_mooncake("mooncake", block_tokens=16, speedup=sp, limit=args.limit, seed=0)
         for pol in policies:
             s = simulate(wl, pol, cfg, progress=f"x{sp:g} {pol}").summary()
             rows[(sp, pol)] = s

@@ -5,7 +5,8 @@ For every request: bound = its own prefill with the whole infinite-cache prefix 
 worker (``radixray.sim.metrics.ttft_bound``); own = its own prefill with the hits it actually got,
 on an idle worker; TTFT - bound = (own - bound) + (TTFT - own).
 
-    .venv/bin/python benchmarks/sim_excess_breakdown.py [--workers 8 --pages 8192 --speedup 2.5]
+    .venv/bin/python benchmarks/studies/sim_excess_breakdown.py \\
+        [--workers 8 --pages 8192 --speedup 2.5]
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ def main() -> None:
     p.add_argument("--pages", type=int, default=8192)
     p.add_argument("--speedup", type=float, default=2.5)
     p.add_argument("--policies", default="cache_aware,kv_cost,ttft")
+    p.add_argument("--limit", type=int, default=None, help="the first N requests of the trace")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: ttft and cache_aware on the first 200 requests",
+    )
     args = p.parse_args()
-    wl = load_mooncake("mooncake", block_tokens=16, speedup=args.speedup)
+    if args.quick:
+        args.policies, args.limit = "cache_aware,ttft", args.limit or 200
+    wl = load_mooncake("mooncake", block_tokens=16, speedup=args.speedup, limit=args.limit)
     cfg = SimConfig(num_workers=args.workers, num_pages=args.pages, page_size=16)
     print("| policy | TTFT p50 s | mean TTFT - bound s | of it: hits below ceiling | waiting / "
           "shared steps | median wait s | p90 wait s |")  # fmt: skip

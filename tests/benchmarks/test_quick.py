@@ -1,0 +1,90 @@
+"""Every benchmark and study runs in its quick mode: a change that breaks a benchmark fails here.
+
+Each script runs in a subprocess (as a reader runs it), with this checkout first on the path,
+its working directory and every output it writes in a temporary folder, never in the repository.
+The ones that start servers, worker processes or child processes are integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixray.sim.data import DATA_ENV, mooncake_trace_path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+integration = pytest.mark.integration
+
+
+def _have_trace() -> bool:
+    try:
+        return mooncake_trace_path().is_file()
+    except FileNotFoundError:
+        return False
+
+
+needs_trace = pytest.mark.skipif(
+    not _have_trace(), reason=f"the Mooncake trace is not in the data folder (set {DATA_ENV})"
+)
+
+# script (relative to benchmarks/) -> (extra arguments, {out} = the tmp folder; a line the run
+# must print; marks). Every script in benchmarks/ and benchmarks/studies/ is listed.
+CASES = {
+    "bench_cache_index.py": ([], "ApproxIndex", ()),
+    "bench_protocol.py": ([], "poll result (4 KB events)", ()),
+    "bench_kernels.py": ([], "speed-up", ()),
+    "bench_sim.py": (["--out", "{out}/bench_sim.json"], "hot_prefix", (needs_trace,)),
+    "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
+    # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
+    # tests/test_cli_serve.py
+    "bench_router.py": (["--out", "{out}", "--targets", "sglang", "http"], "|", (integration,)),
+    "bench_fleet.py": (["--out", "{out}", "--no-sglang"], "|", (integration,)),
+    "bench_serving.py": (["--out-dir", "{out}"], "bench_serving.json", (integration,)),
+    "bench_sim_vs_live.py": (
+        ["--out-dir", "{out}"],
+        "|",
+        (integration, needs_trace),
+    ),
+    "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
+    "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
+    "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
+    "studies/sim_light_load.py": (["--out", "{out}/light.json"], "| 0.1 | ttft |", (needs_trace,)),
+    "studies/sim_median_anatomy.py": ([], "| ttft | all |", (needs_trace,)),
+    "studies/sim_seed_spread.py": ([], "ttft / best other", (needs_trace,)),
+}
+
+
+def test_every_benchmark_script_has_a_quick_run():
+    scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.glob("*.py")}
+    scripts |= {p.relative_to(BENCH).as_posix() for p in BENCH.glob("studies/*.py")}
+    assert scripts == set(CASES)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(name, marks=marks, id=name) for name, (_, _, marks) in CASES.items()],
+)
+def test_quick_run(script: str, tmp_path: Path):
+    args, expect, _ = CASES[script]
+    out = tmp_path / "out"
+    out.mkdir()
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "MPLBACKEND": "Agg",
+    }
+    cmd = [sys.executable, str(BENCH / script), "--quick", *(a.format(out=out) for a in args)]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540, check=False
+    )
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, f"{script} --quick exited {proc.returncode}:\n{tail}"
+    assert expect in proc.stdout, f"{script} --quick did not print {expect!r}:\n{tail}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "wrote outside its out folder"
