@@ -33,16 +33,16 @@ from pathlib import Path
 
 import httpx
 
-from radixray.bench.cluster import (
+from radixray.bench.compare import machine_info
+from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
+from radixray.bench.loadgen import LoadConfig, RunResult, run_load
+from radixray.bench.local_cluster import (
     WorkerSpec,
     sglang_router_available,
     start_radixray_router,
     start_sglang_router,
     start_workers,
 )
-from radixray.bench.compare import machine_info
-from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
-from radixray.bench.loadgen import LoadConfig, RunResult, run_load
 from radixray.bench.workloads import build_workload
 from radixray.numbers import percentile
 

@@ -45,7 +45,8 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from radixray.bench.cluster import (
+from radixray.bench.compare import machine_info
+from radixray.bench.local_cluster import (
     Proc,
     WorkerSpec,
     sglang_router_available,
@@ -54,7 +55,6 @@ from radixray.bench.cluster import (
     start_sglang_router,
     start_workers,
 )
-from radixray.bench.compare import machine_info
 
 TARGETS = ("sglang", "http", "ray")
 SHAPES = {

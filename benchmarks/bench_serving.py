@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from radixray.bench.cli import main
+from radixray.bench.bench_cli import main
 
 # The smoke run: radixray's router only (no SGLang needed), two tiny workers, a few requests of
 # each workload; any flag given after --quick overrides these.

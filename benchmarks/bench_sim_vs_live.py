@@ -35,9 +35,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from radixray.bench.cluster import WorkerSpec
 from radixray.bench.compare import CompareConfig, run_compare
 from radixray.bench.loadgen import LoadConfig, session_starts
+from radixray.bench.local_cluster import WorkerSpec
 from radixray.bench.workloads import build_workload
 from radixray.model_meta import load_model_meta
 from radixray.numbers import percentile

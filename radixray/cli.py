@@ -21,14 +21,14 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     """The engine's flags, generated from EngineConfig (its defaults and help are there)."""
-    from radixray.worker.config import EngineConfig
+    from radixray.worker.engine_config import EngineConfig
 
     add_arguments(p.add_argument_group("engine (EngineConfig)"), EngineConfig)
 
 
 def _engine_config(args, worker_id: str | None):
     """The EngineConfig the flags describe."""
-    from radixray.worker.config import EngineConfig
+    from radixray.worker.engine_config import EngineConfig
 
     return from_args(EngineConfig, args, worker_id=worker_id)
 
@@ -78,7 +78,7 @@ def _start_ray(args) -> bool:
     cores unless --cpu-threads says otherwise."""
     import ray
 
-    from radixray.deploy.cluster import NAMESPACE
+    from radixray.deploy.ray_cluster import NAMESPACE
 
     # One namespace, so that a second router (--join) finds the workers by name.
     if args.address:
@@ -114,7 +114,7 @@ def _preload(model: str):
 def _actor_spawner(args, use_gpu: bool):
     """``spawn({"worker_id": ..., engine fields...})``: a worker actor that starts loading its
     model now; the flags' EngineConfig under the spec's fields (an admin request's)."""
-    from radixray.deploy.cluster import ACTOR_PREFIX
+    from radixray.deploy.ray_cluster import ACTOR_PREFIX
     from radixray.worker.actor import WorkerActor, worker_actor_options
 
     engine = _engine_config(args, None)
@@ -140,7 +140,7 @@ def cmd_serve(args) -> int:
 
     import ray
 
-    from radixray.deploy.cluster import NAMESPACE, actor_client, cluster_token, named_workers
+    from radixray.deploy.ray_cluster import NAMESPACE, actor_client, cluster_token, named_workers
 
     with ThreadPoolExecutor(1, thread_name_prefix="radixray-preload") as pool:
         preload = pool.submit(_preload, args.model)
@@ -294,19 +294,20 @@ def cmd_worker(args) -> int:
 
 
 def cmd_sim(argv: list[str]) -> int:
-    from radixray.sim.cli import main as sim_main
+    from radixray.sim.sim_cli import main as sim_main
 
     return sim_main(argv)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from radixray.bench.cli import main as bench_main
+    from radixray.bench.bench_cli import main as bench_main
 
     return bench_main(argv)
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    from radixray.deploy.config import WorkerDeploymentConfig as Workers  # the Serve app's too
+    # the Serve app's defaults too
+    from radixray.deploy.serve_config import WorkerDeploymentConfig as Workers
 
     p.add_argument("--workers", type=int, default=Workers.num_replicas)
     p.add_argument(

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from radixray.bench.cluster import WorkerSpec
+from radixray.bench.local_cluster import WorkerSpec
 from radixray.cli import _engine_config, build_parser
-from radixray.deploy.config import (
+from radixray.deploy.serve_config import (
     RouterDeploymentConfig,
     ServeAppConfig,
     WorkerDeploymentConfig,
@@ -24,7 +24,7 @@ from radixray.router.service import RouterSettings
 from radixray.settings import add_arguments, defaults, from_args, gb_to_bytes, setting
 from radixray.sim.simulator import SimConfig
 from radixray.sim.timing import DEFAULT_TIMING, TIMING_PRESETS
-from radixray.worker.config import EngineConfig
+from radixray.worker.engine_config import EngineConfig
 from radixray.worker.scheduler import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]

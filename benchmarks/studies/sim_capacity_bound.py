@@ -7,7 +7,7 @@ real scale: 93.6M distinct tokens against 8 x 2,000 pages of 512 = 8.2M), part o
 excess is capacity, which no routing removes. The *pooled* bound gives each request the hits of
 one LRU radix cache (the worker's own ``RadixCache``) with all the cluster's pages, every earlier
 request's full pages inserted when it arrives (nothing in flight, nothing locked): what a
-cluster of this size could reuse if it were one worker (``radixray.sim.metrics.pooled_hits``;
+cluster of this size could reuse if it were one worker (``radixray.sim.results.pooled_hits``;
 every simulator report has it as ``pooled_ttft_p*`` and ``pooled_excess_p*``). It is a
 reference, not a strict bound: caches kept apart can keep pages one shared LRU order evicts.
 Each policy's excess is printed against both, as the issue measures it (percentile of TTFT minus

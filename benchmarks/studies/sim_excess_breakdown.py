@@ -2,7 +2,7 @@
 ceiling, or waiting for and sharing steps with other requests.
 
 For every request: bound = its own prefill with the whole infinite-cache prefix hit, on an idle
-worker (``radixray.sim.metrics.ttft_bound``); own = its own prefill with the hits it actually got,
+worker (``radixray.sim.results.ttft_bound``); own = its own prefill with the hits it actually got,
 on an idle worker; TTFT - bound = (own - bound) + (TTFT - own).
 
     .venv/bin/python benchmarks/studies/sim_excess_breakdown.py \\
@@ -15,7 +15,7 @@ import argparse
 
 from radixray.numbers import percentile
 from radixray.sim import SimConfig, load_mooncake, simulate
-from radixray.sim.metrics import ttft_bound
+from radixray.sim.results import ttft_bound
 
 
 def main() -> None:

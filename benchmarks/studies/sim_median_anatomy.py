@@ -27,7 +27,7 @@ import sys
 from collections import defaultdict
 
 from radixray.sim import SimConfig, load_mooncake, simulate, timing_preset
-from radixray.sim.metrics import ttft_bound
+from radixray.sim.results import ttft_bound
 
 
 class StepLog:

@@ -29,7 +29,9 @@ import httpx
 
 from radixray.sysinfo import cpu_model
 
-from .cluster import (
+from .counters import SETTLE_S, counter_delta, merge_deltas, worker_counters, worker_steps
+from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_request
+from .local_cluster import (
     Proc,
     WorkerSpec,
     sglang_router_available,
@@ -37,8 +39,6 @@ from .cluster import (
     start_sglang_router,
     start_workers,
 )
-from .counters import SETTLE_S, counter_delta, merge_deltas, worker_counters, worker_steps
-from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_request
 from .report import breakdown_table, markdown_table, plot, summarize, write_json
 from .workloads import BenchWorkload, build_workload
 

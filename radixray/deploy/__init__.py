@@ -12,7 +12,7 @@ def __getattr__(name: str):
 
         return build_app
     if name == "ServeAppConfig":
-        from .config import ServeAppConfig
+        from .serve_config import ServeAppConfig
 
         return ServeAppConfig
     raise AttributeError(name)

@@ -17,10 +17,10 @@ from radixray.router.app import build_app
 from radixray.router.fleet_metrics import RayKVStore
 from radixray.router.service import RouterService
 
-from .config import ServeAppConfig
 from .membership import ReplicaMembership
 from .replicas import running_replicas
 from .serve_client import serve_worker_client
+from .serve_config import ServeAppConfig
 
 __all__ = ["RouterIngress"]
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from .config import ServeAppConfig
 from .ingress import RouterIngress
 from .replica_router import PinnedReplicaRouter
+from .serve_config import ServeAppConfig
 from .worker_replica import WorkerReplica
 
 __all__ = ["build_app", "ROUTER_DEPLOYMENT", "WORKER_DEPLOYMENT"]

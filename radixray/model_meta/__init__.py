@@ -21,9 +21,9 @@ from pathlib import Path
 
 from .byte_tokenizer import ByteTokenizer
 from .chat_template import CHATML, ChatTemplate
-from .config import ModelConfig, tiny_config
 from .gguf_meta import GGUFMetadata
 from .hf_meta import HFMetadata
+from .model_config import ModelConfig, tiny_config
 from .tokenizer import BPETokenizer, TokenizerProtocol
 
 __all__ = [

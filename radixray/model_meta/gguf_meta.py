@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig
 from .gguf_reader import GGUFFile
+from .model_config import ModelConfig
 
 __all__ = ["GGUFMetadata"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 
 __all__ = ["HFMetadata"]
 

@@ -18,8 +18,8 @@ from radixray.model_meta import ModelMeta
 from radixray.protocol import GenerateRequest, Overloaded, WorkerClient
 
 from .fleet_metrics import FleetMetrics, KVStore
-from .metrics import RouterMetrics
 from .policies import Policy, make_policy
+from .prometheus_metrics import RouterMetrics
 from .request_path import RoutedRequest, Router
 from .worker_pool import WorkerPool
 

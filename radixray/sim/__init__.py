@@ -9,7 +9,7 @@ simulated workers that run the engine's own scheduler over real RadixCaches, wit
 
 from .data import data_dir, mooncake_trace_path
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
-from .metrics import RequestRecord, RunResult, ceiling, percentile
+from .results import RequestRecord, RunResult, ceiling, percentile
 from .simulator import SimConfig, Simulator, simulate
 from .timing import TIMING_PRESETS, TimingModel, timing_preset
 from .workload import SimRequest, Workload, load_mooncake, resolve_trace

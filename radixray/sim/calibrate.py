@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from radixray.settings import add_arguments, from_args
-from radixray.worker.config import EngineConfig
+from radixray.worker.engine_config import EngineConfig
 
 from .timing import TimingModel
 

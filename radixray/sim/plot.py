@@ -7,7 +7,7 @@ from pathlib import Path
 
 from radixray.plots import ttft_cdf
 
-from .metrics import RunResult
+from .results import RunResult
 
 __all__ = ["plot_results"]
 

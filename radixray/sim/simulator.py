@@ -6,7 +6,7 @@ Events, in time order (ties: step ends and KV-event deliveries before arrivals, 
                  build WorkerState for every worker and route with the live router's
                  ``Dispatcher`` (policy.choose, the record, the optimistic index entry,
                  on_dispatch), enqueue it on the chosen worker
-    step end     a worker (the engine's Scheduler, sim/worker.py) finishes a forward step:
+    step end     a worker (the engine's Scheduler, sim/sim_worker.py) finishes a forward step:
                  tokens, first tokens, finishes; it emits KV events, delivered to the router's
                  index ``event_delay_s`` later
     kv events    ApproxIndex.apply(worker, events): stale optimistic entries are corrected
@@ -26,12 +26,12 @@ from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
-from radixray.worker.config import EngineConfig
+from radixray.worker.engine_config import EngineConfig
 from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_order
 
-from .metrics import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
+from .results import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
+from .sim_worker import SimWorker
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, TimingModel
-from .worker import SimWorker
 from .workload import SimRequest, Workload
 
 __all__ = ["SimConfig", "Simulator", "simulate"]

@@ -4,8 +4,8 @@
     engine = Engine(EngineConfig(model="tiny", cache="radix", page_size=16))
     outs = engine.generate_batch(["Hello", [1, 2, 3]], SamplingParams(max_tokens=16))
 
-Names are imported on first use (PEP 562), so ``radixray.worker.config`` can be read (by the
-Serve app's config checks) without loading torch.
+Names are imported on first use (PEP 562), so ``radixray.worker.engine_config`` can be read (by
+the Serve app's config checks) without loading torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
 _LAZY = {
     "Completion": ".request",
     "Engine": ".engine",
-    "EngineConfig": ".config",
+    "EngineConfig": ".engine_config",
     "EngineError": ".engine",
     "WorkerHost": ".host",
 }

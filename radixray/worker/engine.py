@@ -36,8 +36,8 @@ from radixray.protocol import (
 )
 from radixray.sysinfo import cpu_model
 
-from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
 from .memory_pool import KVPool
 from .model_runner import ModelRunner, load_for_engine, resolve_device

@@ -44,8 +44,8 @@ from radixray.protocol import (
     serve_stream,
 )
 
-from .config import EngineConfig
 from .engine import Engine
+from .engine_config import EngineConfig
 
 __all__ = ["WorkerHost", "EVENT_LOG_BATCHES"]
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from radixray.bench.cluster import WorkerSpec
 from radixray.bench.compare import CompareConfig, run_compare
 from radixray.bench.loadgen import LoadConfig
+from radixray.bench.local_cluster import WorkerSpec
 
 from ..router.serving import free_port
 

@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import replace
 
-from radixray.bench.cli import main as bench_main
+from radixray.bench.bench_cli import main as bench_main
 from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, run_load
 from radixray.bench.report import breakdown_table, markdown_table, plot, summarize

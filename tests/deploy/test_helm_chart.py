@@ -17,9 +17,9 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
-from radixray.deploy.config import ServeAppConfig  # noqa: E402
+from radixray.deploy.serve_config import ServeAppConfig  # noqa: E402
 from radixray.router.policies import policy_names  # noqa: E402
-from radixray.worker.config import EngineConfig  # noqa: E402
+from radixray.worker.engine_config import EngineConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/radixray"

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from radixray.deploy import replicas
-from radixray.deploy.config import ServeAppConfig
 from radixray.deploy.membership import ReplicaMembership
 from radixray.deploy.replica_router import PinnedReplicaRouter
+from radixray.deploy.serve_config import ServeAppConfig
 
 
 def test_config_from_dict_and_deployment_options(monkeypatch):

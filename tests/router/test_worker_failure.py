@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from radixray.deploy.cluster import ACTOR_PREFIX, NAMESPACE
+from radixray.deploy.ray_cluster import ACTOR_PREFIX, NAMESPACE
 from radixray.model_meta import load_model_meta
 from radixray.protocol import PollRequest
 from radixray.router.service import RouterService, RouterSettings

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from radixray.sim import SimConfig, load_mooncake, simulate
-from radixray.sim.cli import main
-from radixray.sim.metrics import ceiling_hits, percentile, pooled_hits, ttft_bound
+from radixray.sim.results import ceiling_hits, percentile, pooled_hits, ttft_bound
+from radixray.sim.sim_cli import main
 from tests.sim.test_simulator import BT, write_trace
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from radixray.protocol import SamplingParams
 from radixray.sim.calibrate import fit_timing
-from radixray.sim.cli import main as sim_main
+from radixray.sim.sim_cli import main as sim_main
 from radixray.sim.timing import TimingModel, load_timing
 from radixray.worker import Engine, EngineConfig
 

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from radixray.protocol import SamplingParams
+from radixray.sim.sim_worker import SimWorker
 from radixray.sim.timing import TimingModel
-from radixray.sim.worker import SimWorker
 from radixray.sim.workload import SimRequest, Workload
 from radixray.worker import Engine, EngineConfig
 

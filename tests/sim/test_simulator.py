@@ -20,8 +20,8 @@ from radixray.sim import (
     simulate,
     timing_preset,
 )
-from radixray.sim.cli import main
 from radixray.sim.data import data_dir
+from radixray.sim.sim_cli import main
 
 BT = 16  # block tokens == page size
 

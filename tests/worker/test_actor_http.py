@@ -1,6 +1,6 @@
 """A worker actor's own HTTP server: built by the actor's class (``HttpWorkerHost.start_http``,
 over the one uvicorn starter), not by ``WorkerHost``; the router reaches it as
-``radixray serve`` does (``deploy.cluster.actor_client``)."""
+``radixray serve`` does (``deploy.ray_cluster.actor_client``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_the_actor_class_serves_its_host_over_http():
 @pytest.mark.integration  # Ray
 async def test_a_ray_worker_actor_is_reached_over_its_own_http_server():
     ray = pytest.importorskip("ray")
-    from radixray.deploy.cluster import actor_client
+    from radixray.deploy.ray_cluster import actor_client
     from radixray.worker.actor import WorkerActor, worker_actor_options
 
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rr-ray-"))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixray.model_meta.config import ModelConfig
 from radixray.model_meta.gguf_meta import GGUFMetadata
+from radixray.model_meta.model_config import ModelConfig
 
 __all__ = ["GGUFCheckpoint", "unpermute_qk"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from radixray.model_meta.config import ModelConfig
 from radixray.model_meta.hf_meta import HFMetadata
+from radixray.model_meta.model_config import ModelConfig
 
 __all__ = ["HFCheckpoint"]
 

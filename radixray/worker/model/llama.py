@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixray.kernels import AttentionBackend, make_backend
-from radixray.model_meta.config import ModelConfig
+from radixray.model_meta.model_config import ModelConfig
 
 from .attention import AttentionMetadata
 from .linear import Linear

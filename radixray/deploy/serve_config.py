@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixray.router.service import RouterSettings
-from radixray.worker.config import EngineConfig
+from radixray.worker.engine_config import EngineConfig
 
 __all__ = [
     "ServeAppConfig",

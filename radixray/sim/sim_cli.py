@@ -13,7 +13,7 @@ from radixray.router.policies import make_policy, policy_names
 from radixray.worker.scheduler import PREFILL_ORDERS
 
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
-from .metrics import SUMMARY_KEYS, RunResult
+from .results import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, load_timing
 from .workload import Workload, load_mooncake

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from radixray.worker.config import EngineConfig
+from radixray.worker.engine_config import EngineConfig
 
 __all__ = [
     "Proc",

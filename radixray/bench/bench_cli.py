@@ -14,10 +14,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cluster import WorkerSpec
 from .compare import DEFAULT_TARGETS, CompareConfig, run_compare
 from .counters import SETTLE_S, counter_delta, worker_counters
 from .loadgen import LoadConfig, run_load
+from .local_cluster import WorkerSpec
 from .report import breakdown_table, markdown_table, summarize, write_json
 from .workloads import WORKLOADS, build_workload
 
