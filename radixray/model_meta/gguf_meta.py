@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .gguf_reader import GGUFFile
 from .model_config import ModelConfig
 
 __all__ = ["GGUFMetadata"]
@@ -27,6 +26,8 @@ class GGUFMetadata:
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
         self._gguf = gguf
+        from .gguf_reader import GGUFFile  # numpy: only a process that opens a GGUF pays for it
+
         self.reader = GGUFFile(self.path)
         self.architecture = self.meta("general.architecture")
         if self.architecture not in _ARCHITECTURES:

@@ -38,11 +38,13 @@ async def main(url):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
         body = {"model": "tiny", "prompt": "across the boundary", "max_tokens": 3}
         r = await c.post("/v1/completions", json=body)
+    numpy_for_tiny = "numpy" in sys.modules  # a tiny-model router needs no numpy (~11 MB RSS)
     load_model_meta("smollm2")  # a real tokenizer and chat template, from the GGUF metadata
     await service.close()
     heavy = ("torch", "radixray.worker")
     loaded = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith(heavy))
-    print(json.dumps({"status": r.status_code, "body": r.json(), "loaded": loaded}))
+    print(json.dumps({"status": r.status_code, "body": r.json(), "loaded": loaded,
+                      "numpy_for_tiny": numpy_for_tiny}))
 
 asyncio.run(main(sys.argv[1]))
 """
@@ -68,6 +70,7 @@ def test_a_router_process_never_loads_torch_or_the_worker(tmp_path):
     assert result["status"] == 200, result
     assert result["body"]["usage"]["completion_tokens"] == 3
     assert result["loaded"] == []  # no torch, no radixray.worker
+    assert result["numpy_for_tiny"] is False
 
 
 def test_two_workers_claiming_one_id_is_a_clear_error():
