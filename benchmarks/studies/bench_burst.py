@@ -20,61 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import random
 import statistics
 
-from radixray.model_meta import load_model_meta
-from radixray.protocol import GenerateRequest, LocalTransport, SamplingParams, WorkerClient
-from radixray.router.service import RouterService, RouterSettings
-from radixray.worker import WorkerHost
+from radixray.bench.inprocess_fleet import drain, fleet, hosts_for, until
+from radixray.protocol import GenerateRequest, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 POLICIES = ("ttft", "kv_cost", "cache_aware", "least_load")
-
-
-# --- a fleet of routers over shared in-process workers (what `serve --join` replicas are) ------
-
-
-def hosts_for(n: int) -> list[WorkerHost]:
-    cfg = {"model": "tiny", "page_size": 16, "num_pages": 1024, "cpu_threads": 1}
-    return [WorkerHost(cfg, f"w{i}") for i in range(n)]
-
-
-@contextlib.asynccontextmanager
-async def fleet(hosts: list[WorkerHost], n_routers: int, **settings):
-    """``n_routers`` started RouterServices over ``hosts`` (the hosts stay up after)."""
-    settings = {"page_size": 16, "poll_interval_s": 0.05} | settings
-    services = [
-        RouterService(load_model_meta("tiny"), RouterSettings(router_id=f"r{i}", **settings))
-        for i in range(n_routers)
-    ]
-    try:
-        for s in services:
-            for h in hosts:
-                await s.add_worker(WorkerClient(LocalTransport(h, owner=False), h.worker_id))
-            await s.start()
-        yield services
-    finally:
-        for s in services:
-            await s.stop()
-
-
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("the routers did not learn of each other in time")
-        await asyncio.sleep(0.02)
-
-
-async def drain(stream) -> str:
-    """Read a routed stream to its end; returns the worker that served it."""
-    async for _ in stream:
-        pass
-    await stream.aclose()
-    return stream.worker_id
 
 
 def _burst(kind: str, n_routers: int, rng: random.Random, tag: str) -> list[list[int]]:
