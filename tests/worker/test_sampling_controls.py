@@ -289,10 +289,10 @@ def test_logit_bias_forces_a_token(engine):
 
 def test_a_large_presence_penalty_prevents_repeats(engine):
     base = run(engine, 24, ignore_eos=True)
-    assert len(set(base.token_ids)) < 24  # the tiny model repeats itself without it
-    bias = dict.fromkeys(range(ord("a"), ord("z") + 1), 3.0)  # a pool wide enough not to repeat
-    out = run(engine, 24, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0,
-              logit_bias=bias)  # fmt: skip
+    assert len(set(base.token_ids)) <= 12  # the tiny model repeats itself without it
+    out = run(engine, 24, ignore_eos=True, presence_penalty=2.0)
+    assert len(set(out.token_ids)) > len(set(base.token_ids))
+    out = run(engine, 24, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0)
     assert len(set(out.token_ids)) == 24, out.token_ids
 
 
