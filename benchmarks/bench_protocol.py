@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import random
@@ -86,7 +87,7 @@ VOCAB = 32000
 POOL = 16  # different messages per case and side, cycled through in the timed loops
 TOKEN_LIMIT = 2**31
 
-TAG_GENERATE = GenerateRequest.__struct_config__.tag  # "generate/1"
+TAG_GENERATE = GenerateRequest.__struct_config__.tag  # "generate/2"
 TAG_CHUNK = StreamChunk.__struct_config__.tag
 TAG_POLL = PollResult.__struct_config__.tag
 
@@ -105,6 +106,12 @@ class DcSamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # radixray.protocol.SamplingParams.__post_init__, line for line (object.__setattr__ for
@@ -150,6 +157,44 @@ class DcSamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "a list of token ids >= 0")
+        self._check_controls(bad)
+
+    def _check_controls(self, bad) -> None:
+        for name, lo, hi, want in (
+            ("min_p", 0.0, 1.0, "a number in [0, 1]"),
+            ("presence_penalty", -2.0, 2.0, "a number in [-2, 2]"),
+            ("frequency_penalty", -2.0, 2.0, "a number in [-2, 2]"),
+            ("repetition_penalty", 0.0, math.inf, "a finite number > 0"),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
+                bad(name, want)
+            if name == "repetition_penalty" and not 0.0 < v < math.inf:
+                bad(name, want)
+        bias = self.logit_bias
+        want = "token id -> a number in [-100, 100]"
+        try:
+            pairs = sorted(bias.items() if isinstance(bias, dict) else (tuple(b) for b in bias))
+        except (TypeError, ValueError):
+            bad("logit_bias", want)
+        for pair in pairs:
+            if len(pair) != 2:
+                bad("logit_bias", want)
+            t, v = pair
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31:
+                bad("logit_bias", want)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                bad("logit_bias", want)
+        if len({t for t, _ in pairs}) != len(pairs):
+            bad("logit_bias", "a token id at most once")
+        pairs = tuple((t, float(v)) for t, v in pairs)
+        if pairs != bias:
+            object.__setattr__(self, "logit_bias", pairs)
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            bad("min_tokens", "an int >= 0")
+        if m > self.max_tokens:
+            bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +281,12 @@ def dc_encode_generate(m: DcGenerateRequest) -> bytes:
                 p.stop,
                 p.stop_token_ids,
                 p.ignore_eos,
+                p.min_p,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+                p.logit_bias,
+                p.min_tokens,
             ],
             m.extra_key,
         ],
@@ -308,7 +359,10 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
 # --- decode: unpack, then check everything msgspec checks ---------------------------------------
 
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
-_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False]
+_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0]
+_SP_FLOATS = (
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"
+)  # fmt: skip
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None]  # [0:3] are required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
 _LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15)
@@ -339,19 +393,28 @@ def _is_str_int_dict(d: Any) -> bool:
 
 
 def _dc_params(p: Any) -> DcSamplingParams:
-    if type(p) is not list or len(p) > 8:
-        raise _bad(TAG_GENERATE, "params must be an array of at most 8 fields")
-    if len(p) < 8:
+    n_fields = len(_SP_DEFAULTS)
+    if type(p) is not list or len(p) > n_fields:
+        raise _bad(TAG_GENERATE, f"params must be an array of at most {n_fields} fields")
+    if len(p) < n_fields:
         p = p + _SP_DEFAULTS[len(p) :]
-    max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos = p
-    if type(temperature) is not float:
-        if type(temperature) is not int:
-            raise _bad(TAG_GENERATE, "params.temperature must be a float")
-        temperature = float(temperature)
-    if type(top_p) is not float:
-        if type(top_p) is not int:
-            raise _bad(TAG_GENERATE, "params.top_p must be a float")
-        top_p = float(top_p)
+    max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos = p[:8]
+    min_p, presence, frequency, repetition, logit_bias, min_tokens = p[8:]
+    floats = [temperature, top_p, min_p, presence, frequency, repetition]
+    for i, (name, v) in enumerate(zip(_SP_FLOATS, floats, strict=True)):
+        if type(v) is not float:
+            if type(v) is not int:
+                raise _bad(TAG_GENERATE, f"params.{name} must be a float")
+            floats[i] = float(v)
+    temperature, top_p, min_p, presence, frequency, repetition = floats
+    if type(logit_bias) is not list or any(
+        type(b) is not list
+        or len(b) != 2
+        or type(b[0]) is not int
+        or type(b[1]) not in (int, float)
+        for b in logit_bias
+    ):
+        raise _bad(TAG_GENERATE, "params.logit_bias must be an array of [int, float] pairs")
     if type(stop) is not list or type(stop_token_ids) is not list:
         raise _bad(TAG_GENERATE, "params.stop and params.stop_token_ids must be arrays")
     if type(ignore_eos) is not bool:
@@ -367,6 +430,12 @@ def _dc_params(p: Any) -> DcSamplingParams:
             tuple(stop),
             tuple(stop_token_ids),
             ignore_eos,
+            min_p,
+            presence,
+            frequency,
+            repetition,
+            tuple((t, float(b)) for t, b in logit_bias),
+            min_tokens,
         )
     except InvalidRequest as e:
         raise _bad(TAG_GENERATE, str(e)) from None
@@ -522,6 +591,10 @@ def make_generate(rng: random.Random, n_ids: int) -> tuple[GenerateRequest, DcGe
         "stop": ("</s>", "\n\nUser:"),
         "stop_token_ids": tuple(fresh([2, 31999])),
         "ignore_eos": False,
+        "presence_penalty": 0.5,
+        "repetition_penalty": 1.1,
+        "logit_bias": ((rng.randrange(VOCAB), -100.0),),
+        "min_tokens": 4,
     }
     ms = GenerateRequest(rid, fresh(ids), SamplingParams(**sp), "tenant-42")
     dc = DcGenerateRequest(rid, fresh(ids), DcSamplingParams(**sp), "tenant-42")
@@ -653,7 +726,7 @@ def _same_decode(data: bytes, ms_type: type, dc_decode: Callable, dc_encode: Cal
 
 def check_same_validation() -> int:
     """Valid variants and bad messages through both decoders: they must agree on every one."""
-    sp = [512, 0.7, 0.95, 40, 7, ["</s>"], [2], False]
+    sp = [512, 0.7, 0.95, 40, 7, ["</s>"], [2], False, 0.05, 0.5, -0.5, 1.1, [[3, -100.0]], 2]
     gen = [TAG_GENERATE, "r-1", [1, 2, 3], sp, "k"]
     chunk = [TAG_CHUNK, [5], "x", 3, "stop", 10, 1, {"cold": 7, "cached": 3}]
     load = [
@@ -691,6 +764,8 @@ def check_same_validation() -> int:
         (GenerateRequest, [*gen, "an extra trailing field"]),
         (GenerateRequest, with_(gen, (3,), [])),  # every SamplingParams default
         (GenerateRequest, with_(gen, (3, 1), 1)),  # an int for a float
+        (GenerateRequest, with_(gen, (3,), sp[:8])),  # the logits controls left out
+        (GenerateRequest, with_(gen, (3, 12), [[9, 1], [3, 2.5]])),  # unsorted, an int bias
         (GenerateRequest, with_(gen, (2,), [0, 2**31 - 1])),
         (StreamChunk, chunk),
         (StreamChunk, chunk[:3]),
@@ -703,7 +778,8 @@ def check_same_validation() -> int:
     ]
     refuse = [
         (GenerateRequest, with_(gen, (0,), TAG_CHUNK)),
-        (GenerateRequest, with_(gen, (0,), "generate/2")),
+        (GenerateRequest, with_(gen, (0,), "generate/3")),
+        (GenerateRequest, with_(gen, (0,), "generate/1")),
         (GenerateRequest, gen[:3]),
         (GenerateRequest, with_(gen, (1,), "")),
         (GenerateRequest, with_(gen, (1,), "r" * 257)),
@@ -726,6 +802,16 @@ def check_same_validation() -> int:
         (GenerateRequest, with_(gen, (3, 5), "</s>")),
         (GenerateRequest, with_(gen, (3, 6), [-1])),
         (GenerateRequest, with_(gen, (3, 7), 1)),
+        (GenerateRequest, with_(gen, (3, 8), 1.5)),
+        (GenerateRequest, with_(gen, (3, 9), "x")),
+        (GenerateRequest, with_(gen, (3, 10), -2.5)),
+        (GenerateRequest, with_(gen, (3, 11), 0)),
+        (GenerateRequest, with_(gen, (3, 12), [[3, 101.0]])),
+        (GenerateRequest, with_(gen, (3, 12), [[3, 1.0], [3, 2.0]])),
+        (GenerateRequest, with_(gen, (3, 12), [[-3, 1.0]])),
+        (GenerateRequest, with_(gen, (3, 12), [[3]])),
+        (GenerateRequest, with_(gen, (3, 13), 513)),
+        (GenerateRequest, with_(gen, (3, 13), -1)),
         (GenerateRequest, with_(gen, (3,), [*sp, 1])),
         (GenerateRequest, with_(gen, (4,), "k" * 257)),
         (GenerateRequest, with_(gen, (4,), 7)),

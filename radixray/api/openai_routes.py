@@ -31,7 +31,6 @@ from radixray.protocol import (
     GenerateRequest,
     InvalidRequest,
     RequestError,
-    SamplingParams,
     StreamChunk,
 )
 from radixray.protocol.rules import check_context, check_token_ids
@@ -39,6 +38,7 @@ from radixray.protocol.rules import check_context, check_token_ids
 from . import schemas as oa
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body
+from .sampling import sampling_params
 from .sse import SSEResponse
 
 __all__ = [
@@ -142,14 +142,7 @@ async def _serve(
     prompt_param: str,
 ) -> Response:
     max_tokens = _max_tokens(backend, len(prompt_ids), body.token_limit, prompt_param)
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop=tuple(body.stop or ()),
-        ignore_eos=body.ignore_eos,
-    )
+    params = sampling_params(body, max_tokens, backend.meta.vocab_size)
     answer = answer_cls(backend.meta.name, prompt_ids if body.return_token_ids else None)
     req = GenerateRequest(answer.id, prompt_ids, params, body.cache_salt)
     try:

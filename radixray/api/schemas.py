@@ -7,10 +7,19 @@ shape so that the official ``openai`` client parses them.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+)
 
 __all__ = [
     "CompletionRequest",
@@ -24,6 +33,47 @@ __all__ = [
 ]
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
+
+
+def _range(lo: float, hi: float, want: str | None = None, open_low: bool = False):
+    """A float field whose 400 states the whole range (pydantic's names one bound)."""
+    want = want or f"a number in [{lo:g}, {hi:g}]"
+
+    def check(v: float) -> float:
+        if not ((lo < v if open_low else lo <= v) and v <= hi and v < math.inf):
+            raise ValueError(f"must be {want}, got {v!r}")
+        return v
+
+    bounds = {"exclusiveMinimum" if open_low else "minimum": lo}
+    if hi < math.inf:
+        bounds["maximum"] = hi
+    return Annotated[float, AfterValidator(check), Field(json_schema_extra=bounds)]
+
+
+def _top_k(v: int) -> int:
+    if not -1 <= v < 2**31:
+        raise ValueError(f"must be -1 or 0 (off) or an int in [1, 2**31), got {v}")
+    return v
+
+
+_Penalty = _range(-2.0, 2.0)
+_RepetitionPenalty = _range(0.0, math.inf, "a finite number > 0", open_low=True)
+_MinP = _range(0.0, 1.0)
+_TopK = Annotated[
+    StrictInt,
+    AfterValidator(_top_k),
+    Field(json_schema_extra={"minimum": -1, "maximum": 2**31 - 1}),
+]
+
+
+def _logit_bias(v: dict[str, float]) -> dict[str, float]:
+    for key, bias in v.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < 2**31):
+            raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise ValueError(f"values must be numbers in [-100, 100], got {bias!r} for {key}")
+    return v
 
 
 class _Sampling(BaseModel):
@@ -38,11 +88,20 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
-    # Accepted for compatibility; radixray does not apply penalties yet, so only 0 is allowed.
     # Extensions vLLM and SGLang accept too: generate exactly max_tokens (benchmarks).
     ignore_eos: StrictBool = False
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    # The sampling controls (docs/openai_api.md): OpenAI's penalties and logit_bias, vLLM's
+    # extensions (top_k, min_p, repetition_penalty, min_tokens, stop_token_ids). Token ids are
+    # checked against the vocabulary when the request is served (radixray/api/sampling.py).
+    # null means the default, as for vLLM.
+    presence_penalty: _Penalty | None = 0.0
+    frequency_penalty: _Penalty | None = 0.0
+    repetition_penalty: _RepetitionPenalty | None = 1.0
+    min_p: _MinP | None = 0.0
+    top_k: _TopK | None = -1
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = 0
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    logit_bias: Annotated[dict[str, float], AfterValidator(_logit_bias)] | None = None
     # vLLM's tenant isolation field: requests with different salts never share cached pages
     # (on the worker and in the router's index), so one tenant cannot time another's prefixes.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None

@@ -22,6 +22,7 @@ checks them in ~45 us, most of it creating the int objects, which any decoder mu
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import msgspec
@@ -50,7 +51,8 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 1
+# 2: SamplingParams gained min_p, the penalties, logit_bias and min_tokens.
+PROTOCOL_VERSION = 2
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -82,6 +84,13 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # The logits controls (vLLM's semantics; radixray.worker.logits_controls applies them):
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0  # over the generated tokens
+    frequency_penalty: float = 0.0  # over the generated tokens
+    repetition_penalty: float = 1.0  # over prompt + generated tokens; 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
+    min_tokens: int = 0  # EOS and stop_token_ids cannot end the request before this many
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str):
@@ -125,6 +134,56 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
             msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "a list of token ids >= 0")
+        self._check_controls(bad)
+
+    def _check_controls(self, bad) -> None:
+        for name, lo, hi, want in (
+            ("min_p", 0.0, 1.0, "a number in [0, 1]"),
+            ("presence_penalty", -2.0, 2.0, "a number in [-2, 2]"),
+            ("frequency_penalty", -2.0, 2.0, "a number in [-2, 2]"),
+            ("repetition_penalty", 0.0, math.inf, "a finite number > 0"),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
+                bad(name, want)
+            if name == "repetition_penalty" and not 0.0 < v < math.inf:
+                bad(name, want)
+        bias = self.logit_bias
+        want = "token id -> a number in [-100, 100]"
+        try:
+            pairs = sorted(bias.items() if isinstance(bias, dict) else (tuple(b) for b in bias))
+        except (TypeError, ValueError):
+            bad("logit_bias", want)
+        for pair in pairs:
+            if len(pair) != 2:
+                bad("logit_bias", want)
+            t, v = pair
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31:
+                bad("logit_bias", want)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                bad("logit_bias", want)
+        if len({t for t, _ in pairs}) != len(pairs):
+            bad("logit_bias", "a token id at most once")
+        pairs = tuple((t, float(v)) for t, v in pairs)
+        if pairs != bias:
+            msgspec.structs.force_setattr(self, "logit_bias", pairs)
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            bad("min_tokens", "an int >= 0")
+        if m > self.max_tokens:
+            bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
+
+    @property
+    def uses_controls(self) -> bool:
+        """True if any logits control is on (the sampler's fast path skips rows without)."""
+        return bool(
+            self.min_p
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     @property
     def greedy(self) -> bool:

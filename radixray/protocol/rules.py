@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from .errors import InvalidRequest
 
-__all__ = ["check_context", "check_token_ids"]
+__all__ = ["check_context", "check_sampling_tokens", "check_token_ids"]
 
 
 def check_context(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
@@ -40,3 +40,10 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, param: str = "prompt") 
             raise InvalidRequest(
                 f"token id {t!r} is outside the vocabulary [0, {vocab_size})", param
             )
+
+
+def check_sampling_tokens(params, vocab_size: int) -> None:
+    """The token ids a ``SamplingParams`` names (``stop_token_ids``, ``logit_bias``'s keys) must
+    be in the vocabulary: ``InvalidRequest`` naming the field otherwise."""
+    check_token_ids(list(params.stop_token_ids), vocab_size, "stop_token_ids")
+    check_token_ids([t for t, _ in params.logit_bias], vocab_size, "logit_bias")

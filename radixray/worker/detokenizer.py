@@ -16,9 +16,12 @@ __all__ = ["IncrementalDetokenizer"]
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...] = ()):
+    def __init__(
+        self, decode: Callable[[list[int]], str], stop: tuple[str, ...] = (), min_tokens: int = 0
+    ):
         self._decode = decode
         self.stop = stop
+        self.min_tokens = min_tokens  # no stop string ends an output of fewer tokens (vLLM's)
         self._hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""  # decoded text so far (cut before a stop string once one is found)
         self.emitted = 0  # characters already released
@@ -36,7 +39,7 @@ class IncrementalDetokenizer:
         if len(window) > len(before) and not window.endswith("\ufffd"):
             self.text += window[len(before) :]
             self._prefix, self._read = self._read, len(output_ids)
-        for s in self.stop:
+        for s in self.stop if len(output_ids) > self.min_tokens else ():
             # A new match can only start in the part not yet released (or overlap its end).
             i = self.text.find(s, max(0, self.emitted - len(s) + 1))
             if i != -1:

@@ -100,7 +100,8 @@ class Engine:
             ),
         )
         self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)
-        self.sampler = Sampler(config.seed)
+        stop_ids = frozenset(tokenizer.stop_token_ids) if tokenizer else frozenset()
+        self.sampler = Sampler(config.seed, stop_ids)
         self.requests = RequestBuilder(
             tokenizer, mcfg.vocab_size, self.max_model_len, self.page_size
         )
@@ -108,7 +109,7 @@ class Engine:
         self._busy_since: float | None = None  # the last step's end, if work was left
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
-        self._stop_ids = frozenset(tokenizer.stop_token_ids) if tokenizer else frozenset()
+        self._stop_ids = stop_ids
         self.loop = EngineLoop(self)
 
     # ------------------------------------------------------------------ the core
@@ -120,7 +121,7 @@ class Engine:
         self.scheduler.add(req)
         decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
         self._live[req.request_id] = _Live(
-            req, IncrementalDetokenizer(decode, req.params.stop), sink
+            req, IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens), sink
         )
 
     def add_request(
@@ -194,7 +195,13 @@ class Engine:
         if not items:
             return []
         reqs = [it.req for it in items]
-        tokens = self.sampler.sample(logits, [r.request_id for r in reqs], [r.params for r in reqs])
+        tokens = self.sampler.sample(
+            logits,
+            [r.request_id for r in reqs],
+            [r.params for r in reqs],
+            [r.prompt_ids for r in reqs],
+            [r.output_ids for r in reqs],
+        )
         now = time.monotonic()
         out = []
         for req, tok in zip(reqs, tokens, strict=True):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from radixray.cache_index import hash_blocks
 from radixray.model_meta import TokenizerProtocol
 from radixray.protocol import InvalidRequest, SamplingParams
-from radixray.protocol.rules import check_context, check_token_ids
+from radixray.protocol.rules import check_context, check_sampling_tokens, check_token_ids
 
 from .request import Request
 
@@ -60,6 +60,7 @@ class RequestBuilder:
         if not ids:
             raise InvalidRequest("prompt must not be empty", "prompt")
         check_context(len(ids), params.max_tokens, self.max_model_len)
+        check_sampling_tokens(params, self.vocab_size)
         return Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_ids=ids,

@@ -1,10 +1,15 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed."""
+"""Next-token sampling: the logits controls (``logits_controls``), then greedy or temperature,
+min-p, top-k, top-p, with a per-request seed."""
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
 
 import torch
 
 from radixray.protocol import SamplingParams
+
+from .logits_controls import apply_controls, apply_min_p
 
 __all__ = ["Sampler"]
 
@@ -13,9 +18,11 @@ _MIN_TEMPERATURE = 1e-5
 
 class Sampler:
     """Samples one token per row of logits. A request with ``seed`` gets its own generator, so
-    its tokens do not depend on what else shares the batch."""
+    its tokens do not depend on what else shares the batch. ``eos_ids``: the model's stop
+    tokens, which ``min_tokens`` holds back (with each request's ``stop_token_ids``)."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, eos_ids: Collection[int] = ()):
+        self.eos_ids = frozenset(eos_ids)
         self._default = torch.Generator(device="cpu").manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
 
@@ -34,10 +41,23 @@ class Sampler:
         return gen
 
     def sample(
-        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+        self,
+        logits: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        output_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[int]:
-        """logits [n, vocab] (any device) -> n token ids."""
+        """logits [n, vocab] (any device) -> n token ids. ``prompt_ids`` and ``output_ids``
+        (each row's tokens so far) are needed only by the penalties and ``min_tokens``."""
         logits = logits.float()
+        if any(p.uses_controls for p in params):
+            if prompt_ids is None or output_ids is None:
+                empty = [()] * len(params)
+                prompt_ids = empty if prompt_ids is None else prompt_ids
+                output_ids = empty if output_ids is None else output_ids
+            logits = apply_controls(logits, params, prompt_ids, output_ids, self.eos_ids)
+            logits = apply_min_p(logits, params, _MIN_TEMPERATURE)
         out = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if p.greedy:
@@ -45,6 +65,9 @@ class Sampler:
             # Below _MIN_TEMPERATURE the distribution is one-hot in float32 anyway; dividing by
             # a subnormal temperature would overflow the logits to inf and the softmax to NaN.
             row = logits[i].cpu() / max(p.temperature, _MIN_TEMPERATURE)
+            if p.uses_controls:
+                # A tiny repetition_penalty can push a logit to +inf (softmax: NaN): cap it.
+                row = row.clamp(max=torch.finfo(row.dtype).max)
             if p.top_k > 0 and p.top_k < row.numel():
                 kth = torch.topk(row, p.top_k).values[-1]
                 row = row.masked_fill(row < kth, float("-inf"))

@@ -129,6 +129,12 @@ def _samples() -> list[tuple[str, msgspec.Struct]]:
         stop=("\n\n", "</s>"),
         stop_token_ids=(2, 32000),
         ignore_eos=True,
+        min_p=0.05,
+        presence_penalty=-1.5,
+        frequency_penalty=2.0,
+        repetition_penalty=1.1,
+        logit_bias={7: -100.0, 3: 0.5},
+        min_tokens=4,
     )
     samples: list[tuple[str, msgspec.Struct]] = [
         ("generate", GenerateRequest("req-1", [1, 2, 3, 2**31 - 1], params, extra_key="tenant-a")),
@@ -231,6 +237,12 @@ sampling_params = st.builds(
     stop=st.lists(st.text(min_size=1, max_size=8), max_size=4).map(tuple),
     stop_token_ids=st.lists(token_id, max_size=4).map(tuple),
     ignore_eos=st.booleans(),
+    min_p=st.floats(0.0, 1.0),
+    presence_penalty=st.floats(-2.0, 2.0),
+    frequency_penalty=st.floats(-2.0, 2.0),
+    repetition_penalty=st.floats(0.0, 1e6, exclude_min=True),
+    logit_bias=st.dictionaries(token_id, st.floats(-100.0, 100.0), max_size=4),
+    min_tokens=st.just(0) | st.integers(0, 1),
 )
 generate_requests = st.builds(
     GenerateRequest,
@@ -361,7 +373,9 @@ msgpack_values = st.recursive(
     | st.floats()
     | st.text(max_size=8)
     | st.binary(max_size=8)
-    | st.sampled_from([_tag(t) for t in MESSAGE_TYPES] + ["generate/2", "stop", "cold"]),
+    | st.sampled_from(
+        [_tag(t) for t in MESSAGE_TYPES] + ["generate/3", "generate/1", "stop", "cold"]
+    ),
     lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=4), inner),
     max_leaves=16,
 )
@@ -418,10 +432,10 @@ def test_a_message_of_another_type_is_refused(kind):
 def test_a_message_outside_a_union_names_every_member():
     with pytest.raises(ProtocolError) as info:
         decode(encode(Ack()), StreamChunk | ErrorInfo)
-    assert str(info.value) == "expected a chunk or error message, got 'ack/1'"
+    assert str(info.value) == f"expected a chunk or error message, got 'ack/{PROTOCOL_VERSION}'"
     with pytest.raises(ProtocolError) as info:  # the article follows the first name
         decode(encode(Ack()), ErrorInfo | StreamChunk)
-    assert str(info.value) == "expected an error or chunk message, got 'ack/1'"
+    assert str(info.value) == f"expected an error or chunk message, got 'ack/{PROTOCOL_VERSION}'"
     with pytest.raises(ProtocolError) as info:
         decode(b"\xc1", PollResult | ErrorInfo)
     assert str(info.value).startswith("expected a msgpack poll_result or error message: ")
@@ -449,7 +463,7 @@ def test_examples_of_garbage_messages():
         ),
         (_pack(["hello/1", 1]), StreamChunk, "expected a chunk message, got 'hello/1'"),
         (
-            _pack(["generate/1", "r"]),
+            _pack([f"generate/{PROTOCOL_VERSION}", "r"]),
             GenerateRequest,
             "invalid generate message: Expected `array` of at least length 4, got 2",
         ),
@@ -512,7 +526,7 @@ def test_deeply_nested_garbage_is_a_protocol_error(kind, message):
 
 
 @pytest.mark.parametrize("kind", MESSAGE_TYPES, ids=list(TAG_NAMES.values()))
-@pytest.mark.parametrize("version", ["2", "0", "17"])
+@pytest.mark.parametrize("version", ["1", "3", "0", "17"])
 def test_a_message_of_another_protocol_version_is_refused_by_name(kind, version):
     name = TAG_NAMES[kind]
     raw = _raw(ONE_OF_EACH[kind])
@@ -525,15 +539,15 @@ def test_a_message_of_another_protocol_version_is_refused_by_name(kind, version)
         )
 
 
-def test_a_future_generate_request_says_protocol_version_2():
+def test_a_future_generate_request_says_protocol_version_3():
     raw = _raw(ONE_OF_EACH[GenerateRequest])
-    raw[0] = "generate/2"
-    with pytest.raises(ProtocolError, match="protocol version 2"):
+    raw[0] = "generate/3"
+    with pytest.raises(ProtocolError, match="protocol version 3"):
         decode(_pack(raw), GenerateRequest)
     # The client decodes replies as unions: the version is named there too.
     raw = _raw(ONE_OF_EACH[StreamChunk])
-    raw[0] = "chunk/2"
-    with pytest.raises(ProtocolError, match="^chunk message of protocol version 2; "):
+    raw[0] = "chunk/3"
+    with pytest.raises(ProtocolError, match="^chunk message of protocol version 3; "):
         decode(_pack(raw), StreamChunk | ErrorInfo)
 
 
@@ -616,6 +630,13 @@ def _params_raw(**changes) -> list:
         ("stop", [""]),
         ("stop", ["ok", ""]),
         ("stop_token_ids", [1, -1]),
+        ("min_p", 1.5),
+        ("presence_penalty", -2.5),
+        ("frequency_penalty", 2.5),
+        ("repetition_penalty", 0.0),
+        ("logit_bias", [[1, 101.0]]),
+        ("logit_bias", [[1, 1.0], [1, 2.0]]),
+        ("min_tokens", 10**6),
     ],
 )
 def test_sampling_params_ranges_are_checked_on_decode(field, value):
@@ -671,8 +692,10 @@ def test_sampling_params_with_too_many_fields_are_refused():
     data = _pack(_generate_raw(params=[*_params_raw(), "extra"]))
     with pytest.raises(ProtocolError) as info:
         decode(data, GenerateRequest)
+    n = len(SamplingParams.__struct_fields__)
     assert str(info.value) == (
-        "invalid generate message: Expected `array` of at most length 8, got 9 - at `$[3]` (params)"
+        f"invalid generate message: Expected `array` of at most length {n}, got {n + 1} - at "
+        "`$[3]` (params)"
     )
 
 
@@ -689,7 +712,7 @@ def test_stream_chunk_counts_are_non_negative_on_decode():
 
 def test_error_info_kind_must_be_known():
     with pytest.raises(ProtocolError) as info:
-        decode(_pack(["error/1", "on_fire", "m", None]), ErrorInfo)
+        decode(_pack([f"error/{PROTOCOL_VERSION}", "on_fire", "m", None]), ErrorInfo)
     assert str(info.value) == (
         "invalid error message: Invalid enum value 'on_fire' - at `$[1]` (kind)"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .serving import LiveServer, inprocess_service
 
@@ -70,7 +72,26 @@ CASES = [
     (C, comp(echo=True), 400, "echo"),
     (C, comp(logprobs=3), 400, "logprobs"),
     (C, comp(best_of=2), 400, "best_of"),
-    (C, comp(presence_penalty=0.5), 400, "presence_penalty"),
+    (C, comp(presence_penalty=2.5), 400, "presence_penalty"),
+    (C, comp(presence_penalty="x"), 400, "presence_penalty"),
+    (C, comp(frequency_penalty=-2.01), 400, "frequency_penalty"),
+    (C, comp(repetition_penalty=0), 400, "repetition_penalty"),
+    (C, comp(repetition_penalty=-1), 400, "repetition_penalty"),
+    (C, comp(min_p=1.5), 400, "min_p"),
+    (C, comp(min_p=-0.1), 400, "min_p"),
+    (C, comp(top_k=-2), 400, "top_k"),
+    (C, comp(top_k=2.5), 400, "top_k"),
+    (C, comp(logit_bias={"5": 101}), 400, "logit_bias"),
+    (C, comp(logit_bias={"abc": 1}), 400, "logit_bias"),
+    (C, comp(logit_bias={"-1": 1}), 400, "logit_bias"),
+    (C, comp(logit_bias={"99999": 1}), 400, "logit_bias"),
+    (C, comp(logit_bias=[1, 2]), 400, "logit_bias"),
+    (C, comp(min_tokens=-1), 400, "min_tokens"),
+    (C, comp(min_tokens=5, max_tokens=4), 400, "min_tokens"),
+    (C, comp(min_tokens=65), 400, "min_tokens"),
+    (C, comp(stop_token_ids=[-1]), 400, "stop_token_ids[0]"),
+    (C, comp(stop_token_ids=[99999]), 400, "stop_token_ids"),
+    (C, comp(stop_token_ids=3), 400, "stop_token_ids"),
     (C, comp(stream_options={"foo": 1}), 400, "stream_options"),
     (C, comp(user=5), 400, "user"),
     (CH, chat(messages=[]), 400, "messages"),
@@ -94,6 +115,10 @@ CASES = [
     (CH, chat(temperature=3), 400, "temperature"),
     (CH, chat(stop=[""]), 400, "stop"),
     (CH, chat(tools=[]), 400, "tools"),
+    (CH, chat(frequency_penalty=3), 400, "frequency_penalty"),
+    (CH, chat(logit_bias={"1": -100.5}), 400, "logit_bias"),
+    (CH, chat(min_tokens=9, max_completion_tokens=8), 400, "min_tokens"),
+    (CH, chat(stop_token_ids=[2**40]), 400, "stop_token_ids"),
 ]
 
 
@@ -133,6 +158,57 @@ def test_oversized_body_and_unknown_route_and_method(url):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(url + C)
     assert r.status_code == 405 and "error" in r.json()
+
+
+# Values of every kind for the sampling controls: in range, at the edges, out of range, of the
+# wrong type. Each request is served (200) or refused (400 naming a field), never a 5xx.
+_ANY = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4)
+    | st.lists(st.integers(-5, 300), max_size=3)
+)
+_TOKEN = st.integers(-2, 300) | st.sampled_from([2**31, 99999, 258])
+_CONTROLS = {
+    "top_k": st.integers(-3, 300) | _ANY,
+    "min_p": st.floats(-0.5, 1.5) | _ANY,
+    "presence_penalty": st.floats(-3, 3) | _ANY,
+    "frequency_penalty": st.floats(-3, 3) | _ANY,
+    "repetition_penalty": st.floats(-1, 5) | st.sampled_from([1e-30, 1e30, 5e-324]) | _ANY,
+    "logit_bias": st.dictionaries(
+        st.builds(str, _TOKEN) | st.text(max_size=3), st.floats(-150, 150) | _ANY, max_size=4
+    )
+    | _ANY,
+    "min_tokens": st.integers(-2, 10) | _ANY,
+    "stop_token_ids": st.lists(_TOKEN, max_size=3) | _ANY,
+}
+
+
+def test_sampling_controls_fuzz_no_5xx(url):
+    seen = set()
+
+    @settings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        route=st.sampled_from([C, CH]),
+        controls=st.fixed_dictionaries({}, optional=_CONTROLS),
+        temperature=st.sampled_from([0, 0.7]),
+    )
+    def check(route, controls, temperature):
+        base = comp() if route == C else chat()
+        body = base | {"max_tokens": 4, "temperature": temperature} | controls
+        r = httpx.post(url + route, json=body, timeout=60)
+        seen.add(r.status_code)
+        assert r.status_code in (200, 400), (body, r.status_code, r.text)
+        if r.status_code == 400:
+            param = r.json()["error"]["param"]
+            assert param and param.split("[")[0].split(".")[0] in controls, (body, r.text)
+
+    check()
+    assert seen == {200, 400}  # both sides reached: served and refused
 
 
 def test_server_still_serves_after_the_battery(url):

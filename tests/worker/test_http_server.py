@@ -15,6 +15,7 @@ from radixray.cache_index import hash_blocks
 from radixray.cache_index.events import BlockStored, decode_events
 from radixray.model_meta import load_model_meta
 from radixray.protocol import (
+    PROTOCOL_VERSION,
     ErrorInfo,
     ErrorKind,
     GenerateRequest,
@@ -151,7 +152,9 @@ def test_bad_bodies_are_error_frames_and_unknown_methods_404(worker_app):
     err = error_of(post("poll", encode(GenerateRequest("x", [1], GREEDY3))))
     assert "expected a poll message" in err.message
     # A stream answers its error as the one frame it sends.
-    r = post("generate", msgspec.msgpack.encode(["generate/1", "x", [1, -2], [3]]))
+    r = post(
+        "generate", msgspec.msgpack.encode([f"generate/{PROTOCOL_VERSION}", "x", [1, -2], [3]])
+    )
     frames = r.content
     assert r.status_code == 200 and int.from_bytes(frames[:4], "little") == len(frames) - 4
     err = decode_msg(frames[4:], ErrorInfo)

@@ -1,0 +1,48 @@
+"""From a validated OpenAI request body to the ``SamplingParams`` that crosses to the workers.
+
+The schema (``schemas.py``) has checked each field's type and range; what needs the served model
+or the other fields is checked here, once, at the edge: token ids in the vocabulary
+(``stop_token_ids``, ``logit_bias``'s keys), ``min_tokens`` <= max_tokens. Every refusal is a
+400 naming the field.
+"""
+
+from __future__ import annotations
+
+from radixray.protocol import InvalidRequest, SamplingParams
+from radixray.protocol.rules import check_sampling_tokens
+
+from .errors import ApiError
+
+__all__ = ["sampling_params"]
+
+
+def sampling_params(body, max_tokens: int, vocab_size: int) -> SamplingParams:
+    """``body``: a ``CompletionRequest`` or ``ChatCompletionRequest``."""
+    bias = body.logit_bias or {}
+    top_k = body.top_k if body.top_k not in (None, 0) else -1  # vLLM: 0 and -1 both mean off
+
+    def given(value, default):
+        return default if value is None else value
+
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=top_k,
+            seed=body.seed,
+            stop=tuple(body.stop or ()),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+            min_p=given(body.min_p, 0.0),
+            presence_penalty=given(body.presence_penalty, 0.0),
+            frequency_penalty=given(body.frequency_penalty, 0.0),
+            repetition_penalty=given(body.repetition_penalty, 1.0),
+            logit_bias={int(k): v for k, v in bias.items()},
+            min_tokens=given(body.min_tokens, 0),
+        )
+        check_sampling_tokens(params, vocab_size)
+    except InvalidRequest as e:
+        message = e.message.removeprefix("SamplingParams.")
+        raise ApiError(400, message, param=e.param) from None
+    return params
