@@ -15,8 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixray.api import OpenAIApp, install_openai
+from radixray.api.answers import TextAnswer
+from radixray.api.streams import sse_events
 from radixray.model_meta import load_model_meta
-from radixray.protocol import Overloaded, StreamChunk
+from radixray.protocol import Overloaded, StreamChunk, WorkerUnavailable
 
 from ..router.serving import LiveServer, inprocess_service, worker_server
 
@@ -194,3 +196,67 @@ def test_request_ids_are_distinct_and_choices_in_prompt_order():
     assert len(set(ids)) == len(PROMPTS)
     assert [c["text"] for c in r.json()["choices"]] == PROMPTS
     assert r.json()["usage"]["completion_tokens"] == len(PROMPTS)
+
+
+# ------------------------------------------------------------- merging streams
+
+
+class _Slow:
+    """A stream of ``n`` one-token chunks, the last one final; or failing after ``fail_after``."""
+
+    def __init__(self, text: str, n: int, fail_after: int | None = None):
+        self.worker_id, self.cached_tokens = "w", 0
+        self.chunks = [
+            StreamChunk([1], text, finish_reason="length" if i == n - 1 else None) for i in range(n)
+        ]
+        self.first = self.chunks[0]
+        self.fail_after = fail_after
+        self.closed = False
+
+    async def __aiter__(self):
+        for i, c in enumerate(self.chunks):
+            if i == self.fail_after:
+                raise WorkerUnavailable("worker w failed mid-stream")
+            await asyncio.sleep(0)
+            yield c
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _events(raw: list[bytes]) -> list:
+    return [json.loads(e.removeprefix(b"data: ")) if b"[DONE]" not in e else "DONE" for e in raw]
+
+
+async def test_merged_stream_indexes_every_chunk_and_ends_once():
+    streams = [_Slow("a", 3), _Slow("b", 1), _Slow("c", 5)]
+    raw = [e async for e in sse_events(streams, TextAnswer("tiny"), include_usage=True)]
+    events = _events(raw)
+    assert events[-1] == "DONE" and events.count("DONE") == 1
+    texts: dict[int, str] = {}
+    for e in events[:-2]:
+        (c,) = e["choices"]
+        texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert texts == {0: "aaa", 1: "b", 2: "ccccc"}
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 0
+    assert all(s.closed for s in streams)
+
+
+async def test_a_worker_failing_mid_stream_ends_the_answer_with_one_error():
+    streams = [_Slow("a", 50), _Slow("b", 50, fail_after=2)]
+    events = _events([e async for e in sse_events(streams, TextAnswer("tiny"), False)])
+    assert events[-1] == "DONE" and events.count("DONE") == 1
+    errors = [e for e in events[:-1] if "error" in e]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "worker_failed"
+    assert all(s.closed for s in streams)  # the other prompt is aborted too
+
+
+async def test_a_client_leaving_closes_every_stream():
+    streams = [_Slow("a", 50), _Slow("b", 50)]
+    events = sse_events(streams, TextAnswer("tiny"), False)
+    for _ in range(3):
+        await events.__anext__()
+    await events.aclose()
+    assert all(s.closed for s in streams)
+    pumps = [t for t in asyncio.all_tasks() if "pump" in repr(t.get_coro())]
+    assert pumps == []
