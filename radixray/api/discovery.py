@@ -108,7 +108,7 @@ async def list_models(request: Request):
     return {"object": "list", "data": [_model_card(request)]}
 
 
-@discovery_router.get("/v1/models/{model}")
+@discovery_router.get("/v1/models/{model:path}")  # a served name may hold a slash
 async def retrieve_model(request: Request, model: str):
     check_model(backend_of(request), model)
     return _model_card(request)

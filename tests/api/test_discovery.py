@@ -4,6 +4,8 @@ in the OpenAPI description each serves. Then /tokenize with SmolLM2's real BPE t
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import openai
 import pytest
@@ -122,3 +124,13 @@ def test_tokenize_with_smollm2_round_trips():
     r = client.post("/tokenize", json={"messages": MESSAGES}).json()
     assert r["tokens"] == meta.tokenizer.encode(rendered)
     assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == rendered
+
+
+def test_a_served_name_with_a_slash_is_retrieved():
+    meta = dataclasses.replace(load_model_meta("tiny"), name="org/tiny")
+    app = OpenAIApp()
+    install_openai(app, _Backend(meta))
+    client = TestClient(app)
+    assert client.get("/v1/models/org/tiny").json()["id"] == "org/tiny"
+    r = client.get("/v1/models/tiny")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
