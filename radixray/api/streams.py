@@ -90,13 +90,16 @@ async def collect(
     try:
         if all(s.first.final for s in streams):  # the whole answers are here: nothing to wait for
             return [await _drain(s) for s in streams]
-        task = asyncio.ensure_future(asyncio.gather(*(_drain(s) for s in streams)))
+        if len(streams) == 1:  # the common case, without a gather's extra task
+            task = asyncio.ensure_future(_drain(streams[0]))
+        else:
+            task = asyncio.ensure_future(asyncio.gather(*(_drain(s) for s in streams)))
         try:
             while not task.done():
                 done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
                 if not done and await request.is_disconnected():
                     raise ApiError(499, "client disconnected")
-            return task.result()
+            return [task.result()] if len(streams) == 1 else task.result()
         finally:
             if not task.done():
                 task.cancel()
@@ -118,17 +121,20 @@ async def sse_events(
             yield event(answer.first)
         finals: list[StreamChunk] = []
         try:
-            async with aclosing(_merge(streams)) as merged:
-                async for i, c in merged:
-                    index = answer.index(i)
-                    if not c.final:
-                        if answer.with_ids:  # every token's id, even one that ends no character
-                            yield event(answer.chunk(c.text, None, c.token_ids, index))
-                        elif c.text:
-                            yield answer.text_event(c.text, index)
-                        continue
-                    yield event(answer.chunk(c.text, c.finish_reason, c.token_ids, index))
-                    finals.append(c)
+            if len(streams) == 1:  # the common case, straight from the stream
+                async for c in streams[0]:
+                    if (e := _render(answer, 0, c)) is not None:
+                        yield e
+                    if c.final:
+                        finals.append(c)
+                        break
+            else:
+                async with aclosing(_merge(streams)) as merged:
+                    async for i, c in merged:
+                        if (e := _render(answer, i, c)) is not None:
+                            yield e
+                        if c.final:
+                            finals.append(c)
             if include_usage:
                 yield event(answer.usage_chunk(usage_of(finals)))
         except RequestError as e:  # a worker failed after the response started
@@ -140,14 +146,18 @@ async def sse_events(
             await s.aclose()
 
 
+def _render(answer: Answer, prompt_index: int, c: StreamChunk) -> bytes | None:
+    """The event of prompt ``prompt_index``'s chunk ``c`` (None: nothing to send)."""
+    index = answer.index(prompt_index)
+    if c.final:
+        return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index))
+    if answer.with_ids:  # every token's id, even one that ends no character
+        return event(answer.chunk(c.text, None, c.token_ids, index))
+    return answer.text_event(c.text, index) if c.text else None
+
+
 async def _merge(streams: list[TokenStream]) -> AsyncIterator[tuple[int, StreamChunk]]:
     """``(stream index, chunk)`` of all streams as they arrive, each to its final chunk."""
-    if len(streams) == 1:  # the common case, without tasks and a queue
-        async for c in streams[0]:
-            yield 0, c
-            if c.final:
-                return
-        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, stream: TokenStream) -> None:
