@@ -1,11 +1,13 @@
 """The OpenAI-compatible HTTP edge, shared by the router and by a worker served on its own.
 
-``install_openai(app, backend)`` adds /v1/completions, /v1/chat/completions and /v1/models to
-an ``OpenAIApp`` (a FastAPI app), served from ``backend`` (the router, or one worker's engine),
-with OpenAI-shaped errors. Torch-free.
+``install_openai(app, backend)`` adds /v1/completions, /v1/chat/completions, /v1/models and
+vLLM's /tokenize and /detokenize to an ``OpenAIApp`` (a FastAPI app), served from ``backend``
+(the router, or one worker's engine), with OpenAI-shaped errors. Torch-free.
 """
 
 from __future__ import annotations
+
+import time
 
 from .backend import Backend, TokenStream
 from .errors import ApiError, api_error, error_body, install_error_handlers
@@ -31,5 +33,6 @@ def install_openai(app: OpenAIApp, backend: Backend) -> None:
     if not isinstance(app, OpenAIApp):
         raise TypeError(f"install_openai needs an OpenAIApp, got {type(app).__name__}")
     app.state.backend = backend
+    app.state.created = int(time.time())  # the served model's "created" in /v1/models
     install_error_handlers(app)
     app.include_router(openai_router)

@@ -4,6 +4,7 @@ and the one map from a request's error kind (``radixray.protocol.ErrorKind``) to
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -63,6 +64,11 @@ def api_error(e: RequestError, retry_after_s: int = 1) -> ApiError:
     return ApiError(status, e.message, type_, e.param, code, headers)
 
 
+# pydantic's labels of union branches and validator functions in an error's location
+# ("list[int]", "function-before[_prompt(), union[...]]"); parameters never look like this.
+_LABEL = re.compile(r"^(str|int|[\w-]+\[.*\])$")
+
+
 def _param(loc) -> str | None:
     """["body", "messages", 0, "role"] -> "messages[0].role"."""
     parts = [p for p in loc if p != "body"]
@@ -70,7 +76,7 @@ def _param(loc) -> str | None:
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif p in ("str", "list[int]", "list[str]", "function-after[_prompt(), union]"):
+        elif _LABEL.match(str(p)):
             continue  # pydantic's union-branch labels are not parameters
         else:
             out += ("." if out else "") + str(p)
@@ -83,6 +89,11 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if first.get("type") == "json_invalid":
         msg = f"the request body is not valid JSON: {first.get('msg')}"
         return ApiError(400, msg, code="invalid_json")
+    ctx = first.get("ctx") or {}
+    if "param" in ctx:  # a schema's own check that names the parameter (an element of a list)
+        return ApiError(
+            400, first.get("msg", "invalid request"), param=ctx["param"], code=first.get("type")
+        )
     param = _param(first.get("loc", ()))
     msg = first.get("msg", "invalid request")
     if first.get("type") == "extra_forbidden":

@@ -20,13 +20,17 @@ from pydantic import (
     StrictInt,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "CompletionRequest",
     "ChatCompletionRequest",
     "ChatMessage",
+    "MAX_PROMPTS",
+    "completion_choice",
     "completion_response",
     "completion_chunk",
+    "plain_messages",
     "chat_response",
     "chat_chunk",
     "usage",
@@ -74,6 +78,11 @@ def _logit_bias(v: dict[str, float]) -> dict[str, float]:
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
             raise ValueError(f"values must be numbers in [-100, 100], got {bias!r} for {key}")
     return v
+
+
+# Prompts in one /v1/completions request. Each is placed as its own request, so one body could
+# otherwise fan out into as many requests as the body limit holds one-token prompts.
+MAX_PROMPTS = 256
 
 
 class _Sampling(BaseModel):
@@ -136,7 +145,9 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[StrictInt] | list[str]
+    # One prompt (a string, or its token ids) or a list of prompts (all strings or all token-id
+    # lists), as OpenAI accepts; each prompt of a list is its own request (``prompt_items``).
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
     echo: Literal[False] = False
     logprobs: None = None
@@ -147,21 +158,78 @@ class CompletionRequest(_Sampling):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, v):
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("prompt must not be empty")
-            if isinstance(v[0], str):
-                if len(v) != 1:
-                    raise ValueError("only one prompt per request is supported")
-                v = v[0]
-        if isinstance(v, str) and not v:
-            raise ValueError("prompt must not be empty")
-        if isinstance(v, list) and any(t < 0 for t in v):
-            raise ValueError("token ids must be >= 0")
+        _check_prompt(v)
         return v
+
+    def prompt_items(self) -> list[tuple[str, str | list[int]]]:
+        """``(param, prompt)`` per prompt, in order: the parameter an error about it names
+        (``prompt``, or ``prompt[i]`` in a list of prompts) and the prompt (text or ids)."""
+        p = self.prompt
+        if isinstance(p, str) or isinstance(p[0], int):
+            return [("prompt", p)]
+        return [(f"prompt[{i}]", x) for i, x in enumerate(p)]
+
+
+def _prompt_error(param: str, reason: str) -> PydanticCustomError:
+    """A prompt error that names its element: ``errors.py`` reports ``ctx["param"]``."""
+    return PydanticCustomError("invalid_prompt", "{reason}", {"reason": reason, "param": param})
+
+
+def _kind(x) -> str:
+    if isinstance(x, str):
+        return "a string"
+    if type(x) is int:
+        return "a token id"
+    if isinstance(x, list):
+        return "a list of token ids"
+    return f"a {type(x).__name__}"
+
+
+def _check_prompt(v) -> None:
+    """What the field's type cannot say, with the element named: no empty prompt, no empty
+    list, no mixed list, no negative token id (ids past the vocabulary are the edge's check,
+    which knows the model). Other types are left to the field's own type error."""
+    if isinstance(v, str):
+        if not v:
+            raise _prompt_error("prompt", "prompt must not be empty")
+        return
+    if not isinstance(v, list):
+        return
+    if not v:
+        raise _prompt_error("prompt", "prompt must not be an empty list")
+    if type(v[0]) is int:  # one prompt as token ids
+        for i, t in enumerate(v):
+            if type(t) is not int:
+                raise _prompt_error(
+                    f"prompt[{i}]", f"prompt[{i}] is {_kind(t)} in a list of token ids"
+                )
+            if t < 0:
+                raise _prompt_error("prompt", f"token ids must be >= 0, got {t}")
+        return
+    if len(v) > MAX_PROMPTS:
+        raise _prompt_error("prompt", f"at most {MAX_PROMPTS} prompts per request, got {len(v)}")
+    first = _kind(v[0])
+    if first not in ("a string", "a list of token ids"):
+        raise _prompt_error(
+            "prompt[0]", f"a prompt is a string or a list of token ids, not {first}"
+        )
+    for i, p in enumerate(v):
+        param = f"prompt[{i}]"
+        if _kind(p) != first:
+            raise _prompt_error(
+                param,
+                f"{param} is {_kind(p)} but prompt[0] is {first}: a list of prompts holds "
+                "only strings or only lists of token ids",
+            )
+        if not p:
+            raise _prompt_error(param, f"{param} must not be empty")
+        if isinstance(p, list):
+            for t in p:
+                if type(t) is not int or t < 0:
+                    raise _prompt_error(param, f"{param} holds {t!r}; token ids are ints >= 0")
 
 
 class _ContentPart(BaseModel):
@@ -194,11 +262,15 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def plain_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-            for m in self.messages
-        ]
+        return plain_messages(self.messages)
+
+
+def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as a chat template takes them."""
+    # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
+    return [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages
+    ]
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -219,17 +291,20 @@ def _ids(choice: dict, prompt_token_ids: list[int] | None, token_ids: list[int] 
     return choice
 
 
-def completion_response(
-    rid: str,
-    model: str,
+def completion_choice(
+    index: int,
     text: str,
-    finish: str,
-    use: dict,
+    finish: str | None,
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict:
-    """A whole answer has the shape of one chunk that carries everything."""
-    return completion_chunk(rid, model, text, finish, use, None, prompt_token_ids, token_ids)
+    choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+    return _ids(choice, prompt_token_ids, token_ids)
+
+
+def completion_response(rid: str, model: str, choices: list[dict], use: dict) -> dict:
+    """A whole answer: its choices (``completion_choice``, in index order) and usage."""
+    return _envelope(rid, "text_completion", model, choices, None, use)
 
 
 def completion_chunk(
@@ -241,9 +316,9 @@ def completion_chunk(
     created: int | None = None,
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
+    index: int = 0,
 ) -> dict:
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    choices = [_ids(choice, prompt_token_ids, token_ids)]
+    choices = [completion_choice(index, text, finish, prompt_token_ids, token_ids)]
     return _envelope(rid, "text_completion", model, choices, created, use)
 
 
@@ -301,7 +376,8 @@ def chat_chunk(
     created: int | None = None,
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
+    index: int = 0,
 ) -> dict:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
     choices = [_ids(choice, None, token_ids)] if with_choice else []
     return _envelope(rid, "chat.completion.chunk", model, choices, created, use, prompt_token_ids)

@@ -8,15 +8,39 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixray.api.openai_routes import _ChatAnswer, _event, _TextAnswer
+from radixray.api.answers import ChatAnswer, TextAnswer
+from radixray.api.answers import event as sse_event
 
 
 @given(text=st.text(min_size=1, max_size=40), model=st.text(min_size=1, max_size=20))
 def test_text_event_equals_the_serialized_chunk(text, model):
-    for answer in (_TextAnswer(model), _ChatAnswer(model)):
+    for answer in (TextAnswer(model), ChatAnswer(model)):
         event = answer.text_event(text)
-        assert event == _event(answer.chunk(text, None))
+        assert event == sse_event(answer.chunk(text, None))
         payload = json.loads(event.removeprefix(b"data: ").removesuffix(b"\n\n"))
         choice = payload["choices"][0]
         assert choice.get("text", choice.get("delta", {}).get("content")) == text
         assert payload["created"] == answer.created and payload["id"] == answer.id
+
+
+@given(text=st.text(min_size=1, max_size=20), index=st.integers(0, 600))
+def test_each_choice_has_its_own_template(text, index):
+    answer = TextAnswer("tiny")
+    event = answer.text_event(text, index)
+    assert event == sse_event(answer.chunk(text, None, None, index))
+    assert json.loads(event.removeprefix(b"data: "))["choices"][0]["index"] == index
+
+
+def test_choice_index_is_prompt_index_times_n_plus_sample():
+    answer = TextAnswer("tiny", [[1], [2], [3]])
+    assert [answer.index(i) for i in range(3)] == [0, 1, 2]
+    answer.n = 2  # n > 1: the samples of a prompt sit side by side, OpenAI's order
+    assert [answer.index(i, j) for i in range(3) for j in range(2)] == list(range(6))
+    # Each choice carries its own prompt's ids once, on its first chunk.
+    assert answer.chunk("a", None, [7], 3)["choices"][0]["prompt_token_ids"] == [2]
+    assert "prompt_token_ids" not in answer.chunk("b", None, [8], 3)["choices"][0]
+    whole = answer.response([(1, "y", [5], "stop"), (0, "x", [4], "length")], {})
+    assert [(c["index"], c["text"], c["prompt_token_ids"]) for c in whole["choices"]] == [
+        (0, "x", [1]),
+        (1, "y", [1]),
+    ]

@@ -54,7 +54,25 @@ CASES = [
     (C, comp(prompt=[-1]), 400, "prompt"),
     (C, comp(prompt=[1, -3_000_000_000]), 400, "prompt"),
     (C, comp(prompt=[1, 2**40]), 400, "prompt"),
-    (C, comp(prompt=["a", "b"]), 400, "prompt"),
+    # A list of prompts: every element named by its index.
+    (C, comp(prompt=["a", 1]), 400, "prompt[1]"),
+    (C, comp(prompt=[1, "a"]), 400, "prompt[1]"),
+    (C, comp(prompt=[[1], "a"]), 400, "prompt[1]"),
+    (C, comp(prompt=["a", ""]), 400, "prompt[1]"),
+    (C, comp(prompt=[[1, 2], []]), 400, "prompt[1]"),
+    (C, comp(prompt=[[1, 2], [3, 99999]]), 400, "prompt[1]"),
+    (C, comp(prompt=[[1, 2], [3, -1]]), 400, "prompt[1]"),
+    (C, comp(prompt=[[1, 2], [3, 2.5]]), 400, "prompt[1]"),
+    (C, comp(prompt=[None]), 400, "prompt[0]"),
+    (C, comp(prompt=[{"x": 1}]), 400, "prompt[0]"),
+    (C, comp(prompt=[True]), 400, "prompt[0]"),
+    (C, comp(prompt=[[]]), 400, "prompt[0]"),
+    (C, comp(prompt=["x"] * 257), 400, "prompt"),
+    (C, comp(prompt=["a", "z" * 5000]), 400, "prompt[1]"),
+    (C, comp(prompt=["a", "b"], max_tokens=65), 400, "max_tokens"),
+    (C, comp(suffix="tail"), 400, "suffix"),
+    (C, comp(prompt=["a", "b"], best_of=3), 400, "best_of"),
+    (C, comp(best_of=0), 400, "best_of"),
     (C, comp(prompt=123), 400, "prompt"),
     (C, comp(prompt={"x": 1}), 400, "prompt"),
     (C, comp(prompt="z" * 5000), 400, "prompt"),
@@ -119,6 +137,22 @@ CASES = [
     (CH, chat(logit_bias={"1": -100.5}), 400, "logit_bias"),
     (CH, chat(min_tokens=9, max_completion_tokens=8), 400, "min_tokens"),
     (CH, chat(stop_token_ids=[2**40]), 400, "stop_token_ids"),
+    # Discovery: vLLM's /tokenize and /detokenize.
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "messages": OK_MSG}, 400, "prompt"),
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "model": "nope"}, 404, "model"),
+    ("/tokenize", {"prompt": "x", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ("/tokenize", {"messages": []}, 400, "messages"),
+    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ("/detokenize", {}, 400, "tokens"),
+    ("/detokenize", {"tokens": "ab"}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1, "a"]}, 400, "tokens[1]"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1], "model": "nope"}, 404, "model"),
 ]
 
 
@@ -157,6 +191,8 @@ def test_oversized_body_and_unknown_route_and_method(url):
     r = httpx.get(url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(url + C)
+    assert r.status_code == 405 and "error" in r.json()
+    r = httpx.get(url + "/tokenize")
     assert r.status_code == 405 and "error" in r.json()
 
 
@@ -214,3 +250,5 @@ def test_sampling_controls_fuzz_no_5xx(url):
 def test_server_still_serves_after_the_battery(url):
     r = httpx.post(url + C, json=comp(max_tokens=3), timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(url + C, json=comp(prompt=["x", "y", "z"], max_tokens=2), timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6

@@ -1,0 +1,143 @@
+"""The shapes of an answer: a /v1/completions one (``TextAnswer``) and a /v1/chat/completions
+one (``ChatAnswer``), streamed as chunks or whole, with one choice per prompt and sample."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from json.encoder import encode_basestring_ascii
+
+from . import schemas as oa
+
+__all__ = ["Answer", "ChatAnswer", "TextAnswer", "event"]
+
+
+def event(obj: dict) -> bytes:
+    """One SSE event carrying ``obj`` as compact JSON."""
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+_SLOT = "\x01radixray-text\x01"
+
+
+class Answer:
+    """The shape of one answer. A mid-stream text chunk is the one event sent per token: it is
+    rendered once per choice with a placeholder (the same builder as every other chunk), and
+    each token's text is escaped into it (``text_event``), instead of building and serializing
+    a dict.
+
+    Choices: sample j of prompt i is choice ``i * n + j`` (OpenAI's order; ``n`` is 1 today).
+    ``prompt_ids`` (``return_token_ids``), one list per prompt: each choice carries its prompt's
+    token ids once (in its first chunk when streaming) and every chunk its tokens' ids; such
+    chunks are built as dicts."""
+
+    first: dict | None = None
+    n = 1  # samples per prompt
+
+    def __init__(self, kind: str, model: str, prompt_ids: list[list[int]] | None = None):
+        self.id = f"{kind}-{uuid.uuid4().hex}"
+        self.model = model
+        self.created = int(time.time())
+        self.with_ids = prompt_ids is not None
+        self.prompt_ids = prompt_ids
+        self._prompt_sent: set[int] = set()
+        self._templates: dict[int, tuple[bytes, bytes]] = {}
+
+    def request_id(self, prompt_index: int) -> str:
+        """The id of prompt ``prompt_index``'s request (the answer's own id for a lone one)."""
+        return self.id if prompt_index == 0 else f"{self.id}-{prompt_index}"
+
+    def index(self, prompt_index: int, sample: int = 0) -> int:
+        return prompt_index * self.n + sample
+
+    def text_event(self, text: str, index: int = 0) -> bytes:
+        template = self._templates.get(index)
+        if template is None:  # only used without ids, so the chunk carries none
+            rendered = event(self.chunk(_SLOT, None, None, index))
+            head, tail = rendered.split(json.dumps(_SLOT).encode())
+            template = self._templates[index] = (head, tail)
+        return template[0] + encode_basestring_ascii(text).encode() + template[1]
+
+    def _stream_ids(
+        self, index: int, token_ids: list[int] | None
+    ) -> tuple[list[int] | None, list[int] | None]:
+        """A streamed chunk's (prompt ids, token ids): the prompt's only on its choice's first."""
+        if not self.with_ids:
+            return None, None
+        prompt = None
+        if index not in self._prompt_sent:
+            self._prompt_sent.add(index)
+            prompt = self.prompt_ids[index // self.n]
+        return prompt, list(token_ids or ())
+
+    def chunk(
+        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+    ) -> dict:
+        raise NotImplementedError
+
+
+class TextAnswer(Answer):
+    """The shape of a /v1/completions answer."""
+
+    def __init__(self, model: str, prompt_ids: list[list[int]] | None = None):
+        super().__init__("cmpl", model, prompt_ids)
+
+    def chunk(
+        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+    ) -> dict:
+        prompt, ids = self._stream_ids(index, token_ids)
+        return oa.completion_chunk(
+            self.id, self.model, text, reason, None, self.created, prompt, ids, index
+        )
+
+    def usage_chunk(self, use: dict) -> dict:
+        c = oa.completion_chunk(self.id, self.model, "", None, use, created=self.created)
+        c["choices"] = []
+        return c
+
+    def response(self, choices: list[tuple[int, str, list[int], str]], use: dict) -> dict:
+        """The whole answer from its ``(index, text, token ids, finish reason)`` choices."""
+        out = []
+        for index, text, token_ids, reason in sorted(choices, key=lambda c: c[0]):
+            prompt = self.prompt_ids[index // self.n] if self.with_ids else None
+            ids = token_ids if self.with_ids else None
+            out.append(oa.completion_choice(index, text, reason, prompt, ids))
+        return oa.completion_response(self.id, self.model, out, use)
+
+
+class ChatAnswer(Answer):
+    """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
+
+    def __init__(self, model: str, prompt_ids: list[list[int]] | None = None):
+        super().__init__("chatcmpl", model, prompt_ids)
+        # The role chunk carries the prompt's ids (beside the choices, chat's place for them).
+        self.first = oa.chat_chunk(
+            self.id,
+            model,
+            {"role": "assistant", "content": ""},
+            None,
+            created=self.created,
+            prompt_token_ids=prompt_ids[0] if prompt_ids else None,
+            token_ids=[] if self.with_ids else None,
+        )
+
+    def chunk(
+        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+    ) -> dict:
+        delta = {"content": text} if text else {}
+        ids = list(token_ids or ()) if self.with_ids else None
+        return oa.chat_chunk(
+            self.id, self.model, delta, reason, created=self.created, token_ids=ids, index=index
+        )
+
+    def usage_chunk(self, use: dict) -> dict:
+        return oa.chat_chunk(
+            self.id, self.model, {}, None, use, with_choice=False, created=self.created
+        )
+
+    def response(self, choices: list[tuple[int, str, list[int], str]], use: dict) -> dict:
+        ((_, text, token_ids, reason),) = choices  # one prompt, n == 1
+        ids = token_ids if self.with_ids else None
+        prompt = self.prompt_ids[0] if self.with_ids else None
+        return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids)

@@ -1,0 +1,188 @@
+"""The streams of one request: every prompt's request opened at once (all or nothing), then
+either collected to their ends (one JSON answer) or merged as they come into one SSE answer,
+each chunk under its choice's index, with one usage and one [DONE] for all of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from fastapi import Request
+
+from radixray.protocol import GenerateRequest, RequestError, StreamChunk
+
+from . import schemas as oa
+from .answers import Answer, event
+from .backend import Backend, TokenStream
+from .errors import ApiError, api_error, error_body
+
+__all__ = ["collect", "open_all", "sse_events", "usage_of"]
+
+# How often a non-streaming request checks that its client is still there.
+_DISCONNECT_POLL_S = 0.25
+
+
+async def open_all(
+    backend: Backend, reqs: list[GenerateRequest], session_key: str | None
+) -> list[TokenStream]:
+    """Open every request at once. If any cannot be opened, or the caller is cancelled (the
+    client left) meanwhile, close (abort) the opened ones and raise the first failure."""
+    if len(reqs) == 1:  # the common case, without tasks
+        return [await _open(backend, reqs[0], session_key)]
+    tasks = [asyncio.ensure_future(_open(backend, r, session_key)) for r in reqs]
+    failed: BaseException | None = None
+    try:
+        await asyncio.wait(tasks)
+    except BaseException as e:  # cancelled: stop opening the rest
+        failed = e
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait(tasks)
+    opened = []
+    for t in tasks:
+        if t.cancelled():
+            continue
+        if t.exception() is not None:
+            failed = failed or t.exception()
+        else:
+            opened.append(t.result())
+    if failed is None:
+        return opened
+    for stream in opened:
+        await stream.aclose()
+    raise failed
+
+
+async def _open(backend: Backend, req: GenerateRequest, session_key: str | None) -> TokenStream:
+    try:
+        return await backend.open(req, session_key)
+    except RequestError as e:
+        raise api_error(e, backend.retry_after_s) from None
+
+
+def usage_of(finals: list[StreamChunk]) -> dict:
+    """Usage of a request: its prompts' and completions' tokens summed."""
+    return oa.usage(
+        sum(f.prompt_tokens for f in finals),
+        sum(f.completion_tokens for f in finals),
+        sum(f.cached_tokens for f in finals),
+    )
+
+
+async def _drain(stream: TokenStream) -> tuple[str, list[int], StreamChunk]:
+    """A stream run to its end: its text, its token ids, its final chunk."""
+    parts: list[str] = []
+    token_ids: list[int] = []
+    async for c in stream:
+        parts.append(c.text)
+        token_ids.extend(c.token_ids)
+        if c.final:
+            return "".join(parts), token_ids, c
+    raise ApiError(502, "the worker ended the stream without a final chunk")
+
+
+async def collect(
+    request: Request, streams: list[TokenStream]
+) -> list[tuple[str, list[int], StreamChunk]]:
+    """Run the streams to their ends (each one's text, token ids and final chunk, in order);
+    abort them if the client goes away meanwhile."""
+    try:
+        if all(s.first.final for s in streams):  # the whole answers are here: nothing to wait for
+            return [await _drain(s) for s in streams]
+        if len(streams) == 1:  # the common case, without a gather's extra task
+            task = asyncio.ensure_future(_drain(streams[0]))
+        else:
+            task = asyncio.ensure_future(asyncio.gather(*(_drain(s) for s in streams)))
+        try:
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if not done and await request.is_disconnected():
+                    raise ApiError(499, "client disconnected")
+            return [task.result()] if len(streams) == 1 else task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    except RequestError as e:  # a worker failed after its first token
+        raise ApiError(502, e.message, "server_error", code="worker_failed") from None
+    finally:
+        for s in streams:
+            await s.aclose()
+
+
+async def sse_events(
+    streams: list[TokenStream], answer: Answer, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The events of every stream, interleaved as they come, each chunk with its choice's
+    index; the usage of all of them (``include_usage``) and one [DONE] at the end."""
+    try:
+        if answer.first is not None:
+            yield event(answer.first)
+        finals: list[StreamChunk] = []
+        try:
+            if len(streams) == 1:  # the common case, straight from the stream
+                async for c in streams[0]:
+                    if (e := _render(answer, 0, c)) is not None:
+                        yield e
+                    if c.final:
+                        finals.append(c)
+                        break
+            else:
+                async with aclosing(_merge(streams)) as merged:
+                    async for i, c in merged:
+                        if (e := _render(answer, i, c)) is not None:
+                            yield e
+                        if c.final:
+                            finals.append(c)
+            if include_usage:
+                yield event(answer.usage_chunk(usage_of(finals)))
+        except RequestError as e:  # a worker failed after the response started
+            yield event(error_body(e.message, "server_error", code="worker_failed"))
+        yield b"data: [DONE]\n\n"
+    finally:
+        # Runs on normal end and when the client disconnects (the generator is closed).
+        for s in streams:
+            await s.aclose()
+
+
+def _render(answer: Answer, prompt_index: int, c: StreamChunk) -> bytes | None:
+    """The event of prompt ``prompt_index``'s chunk ``c`` (None: nothing to send)."""
+    index = answer.index(prompt_index)
+    if c.final:
+        return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index))
+    if answer.with_ids:  # every token's id, even one that ends no character
+        return event(answer.chunk(c.text, None, c.token_ids, index))
+    return answer.text_event(c.text, index) if c.text else None
+
+
+async def _merge(streams: list[TokenStream]) -> AsyncIterator[tuple[int, StreamChunk]]:
+    """``(stream index, chunk)`` of all streams as they arrive, each to its final chunk."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: TokenStream) -> None:
+        try:
+            async for c in stream:
+                await queue.put((i, c))
+                if c.final:
+                    return
+            await queue.put((i, None))  # ended without a final chunk: no more of it
+        except Exception as e:  # handed to the reader, which raises it
+            await queue.put((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for _ in range(len(streams)):
+            while True:
+                i, c = await queue.get()
+                if c is None:
+                    break
+                if isinstance(c, Exception):
+                    raise c
+                yield i, c
+                if c.final:
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
