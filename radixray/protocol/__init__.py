@@ -18,6 +18,7 @@ from .errors import (
 )
 from .messages import (
     FINISH_REASONS,
+    MAX_LOGPROBS,
     MISS_CAUSES,
     PROTOCOL_VERSION,
     TRAFFIC_FIELDS,
@@ -32,6 +33,7 @@ from .messages import (
     PollResult,
     SamplingParams,
     StreamChunk,
+    TokenLogprob,
     WorkerCounters,
     WorkerInfo,
     cache_view,
@@ -43,6 +45,7 @@ __all__ = [
     "FINISH_REASONS",
     "METHODS",
     "MISS_CAUSES",
+    "MAX_LOGPROBS",
     "PROTOCOL_VERSION",
     "TRAFFIC_FIELDS",
     "AbortRequest",
@@ -67,6 +70,7 @@ __all__ = [
     "RequestError",
     "SamplingParams",
     "StreamChunk",
+    "TokenLogprob",
     "Transport",
     "WorkerClient",
     "WorkerCounters",

@@ -38,6 +38,8 @@ __all__ = [
     "SamplingParams",
     "GenerateRequest",
     "StreamChunk",
+    "TokenLogprob",
+    "MAX_LOGPROBS",
     "ErrorInfo",
     "AbortRequest",
     "Ack",
@@ -52,7 +54,10 @@ __all__ = [
 ]
 
 # 2: SamplingParams gained min_p, the penalties, logit_bias and min_tokens.
-PROTOCOL_VERSION = 2
+# 3: SamplingParams gained logprobs and prompt_logprobs, StreamChunk logprobs and
+#    prompt_logprobs (TokenLogprob).
+PROTOCOL_VERSION = 3
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat range; vLLM's default cap)
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -91,6 +96,10 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
     repetition_penalty: float = 1.0  # over prompt + generated tokens; 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     min_tokens: int = 0  # EOS and stop_token_ids cannot end the request before this many
+    # Log-probabilities of the raw logits (before temperature and every control): None: off;
+    # k: each sampled (prompt) token's logprob and its k most likely alternatives.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str):
@@ -172,6 +181,12 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
             bad("min_tokens", "an int >= 0")
         if m > self.max_tokens:
             bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS
+            ):
+                bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
 
     @property
     def uses_controls(self) -> bool:
@@ -203,6 +218,15 @@ class GenerateRequest(Struct, frozen=True, array_like=True, tag=_tag("generate")
     extra_key: Annotated[str, Meta(max_length=256)] | None = None
 
 
+class TokenLogprob(Struct, frozen=True, array_like=True):
+    """One token's log-probability and its ``top_ids`` alternatives (most likely first) with
+    their ``top_logprobs``: the raw model's log-softmax (SamplingParams.logprobs)."""
+
+    logprob: float
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
 class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     """New tokens of one request: every token sampled since the previous chunk (several when the
     reader fell behind the engine, never fewer than one per chunk except in a final one).
@@ -219,6 +243,10 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     prompt_tokens: NonNegInt = 0
     completion_tokens: NonNegInt = 0
     miss: dict[str, int] | None = None
+    # One per token of ``token_ids`` when the request asked for logprobs; ``prompt_logprobs``
+    # (one per prompt token, the first None) with the first token's chunk.
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def final(self) -> bool:
@@ -234,6 +262,10 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
             later.prompt_tokens,
             later.completion_tokens,
             later.miss,
+            None
+            if self.logprobs is None and later.logprobs is None
+            else (self.logprobs or []) + (later.logprobs or []),
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 
 

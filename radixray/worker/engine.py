@@ -43,7 +43,7 @@ from .memory_pool import KVPool
 from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
-from .sampler import Sampler
+from .sampler import Sampler, token_logprobs
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -66,6 +66,8 @@ class _Live:
     sink: Sink | None = None
     admitted: bool = False
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
+    # prompt_logprobs: entry q is prompt token q + 1's (sent with the first token's chunk)
+    prompt_logprobs: list = field(default_factory=list)
 
 
 class Engine:
@@ -178,6 +180,8 @@ class Engine:
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
+        if self.runner.prompt_logits:
+            self._keep_prompt_logprobs()
         out = self._emit(batch, logits)
         end = time.perf_counter()
         # the step's share of the engine's time: from the last step's end if the engine had
@@ -202,9 +206,10 @@ class Engine:
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
         )
+        lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
         out = []
-        for req, tok in zip(reqs, tokens, strict=True):
+        for req, tok, lp in zip(reqs, tokens, lps, strict=True):
             live = self._live[req.request_id]
             req.output_ids.append(tok)
             if req.first_token_time is None:
@@ -217,8 +222,27 @@ class Engine:
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)
-            out.append(self._chunk(live, [tok], delta, reason))
+            prompt_lps = None
+            if req.params.prompt_logprobs is not None and len(req.output_ids) == 1:
+                prompt_lps = [None, *live.prompt_logprobs]
+                live.prompt_logprobs = []
+            lps_of = None if lp is None else [lp]
+            out.append(self._chunk(live, [tok], delta, reason, lps_of, prompt_lps))
         return out
+
+    def _keep_prompt_logprobs(self) -> None:
+        """The step's prompt logprobs, kept per request until its first token's chunk (a chunk
+        recomputed after a preemption replaces what it covers)."""
+        for req, start, rows in self.runner.prompt_logits:
+            live = self._live.get(req.request_id)
+            if live is None:
+                continue
+            n = rows.shape[0]
+            tokens = req.prompt_ids[start + 1 : start + 1 + n]
+            entries = token_logprobs(rows, [req.params.prompt_logprobs] * n, tokens)
+            del live.prompt_logprobs[start:]
+            live.prompt_logprobs.extend(entries)
+        self.runner.prompt_logits = []
 
     def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
         p = req.params
@@ -228,10 +252,22 @@ class Engine:
             return "length"
         return None
 
-    def _chunk(self, live: _Live, toks: list[int], text: str, reason: str | None) -> StreamChunk:
+    def _chunk(
+        self,
+        live: _Live,
+        toks: list[int],
+        text: str,
+        reason: str | None,
+        logprobs: list | None = None,
+        prompt_logprobs: list | None = None,
+    ) -> StreamChunk:
         req = live.req
+        if logprobs is None and req.params.logprobs is not None:
+            logprobs = []  # an abort's final chunk: no tokens, an empty list
         if reason is None:
-            chunk = StreamChunk(toks, text, req.cached_tokens)
+            chunk = StreamChunk(
+                toks, text, req.cached_tokens, None, 0, 0, None, logprobs, prompt_logprobs
+            )
         else:
             miss = dict(req.miss) if req.miss else {}
             chunk = StreamChunk(
@@ -242,6 +278,8 @@ class Engine:
                 req.num_prompt,
                 len(req.output_ids),
                 miss,
+                logprobs,
+                prompt_logprobs,
             )
             self.sampler.forget(req.request_id)
             self.meter.requests_finished += 1

@@ -26,6 +26,9 @@ class ModelRunner:
     def __init__(self, model, pool: KVPool, device: torch.device, backend: str | None = None):
         self.model = model
         self.pool = pool
+        # The last step's prompt logits (requests with prompt_logprobs): one row per prompt
+        # position q whose next token is a prompt token, (request, first q, rows) per item.
+        self.prompt_logits: list[tuple[object, int, torch.Tensor]] = []
         self.device = device
         # Chosen once, for this pool: a named backend that cannot run fails here, at start-up,
         # with the reason and the valid choices, not on the first request.
@@ -53,10 +56,27 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         rows = [i for i, it in enumerate(items) if it.sample]
         logits_indices = meta.last_token_indices()[rows]
+        spans, extra, offset = [], [], 0
+        for it, n in zip(items, new, strict=True):
+            # position q's logits give token q + 1: a prompt token while q + 1 < num_prompt
+            end = min(it.start + n, it.req.num_prompt - 1)
+            if it.req.params.prompt_logprobs is not None and it.start < end:
+                spans.append((it.req, it.start, end - it.start))
+                extra += range(offset, offset + end - it.start)
+            offset += n
+        if extra:
+            logits_indices = torch.cat(
+                (logits_indices, torch.tensor(extra, dtype=torch.int64, device=self.device))
+            )
         logits = self.model(
             input_ids, positions, meta, self.pool.k_cache, self.pool.v_cache, logits_indices
-        )
-        return logits.float()
+        ).float()
+        self.prompt_logits = []
+        at = len(rows)
+        for req, start, n in spans:
+            self.prompt_logits.append((req, start, logits[at : at + n]))
+            at += n
+        return logits[: len(rows)] if extra else logits
 
 
 def _token_slice(req, start: int, end: int) -> list[int]:

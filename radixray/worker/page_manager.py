@@ -46,7 +46,11 @@ class PageManager:
 
     def match(self, req: Request) -> MatchResult:
         """The cached prefix of the request's tokens; the last token is always computed (its
-        logits give the next token), so it is never matched."""
+        logits give the next token), so it is never matched. A request that wants its prompt's
+        logprobs, before its first token, matches nothing: cached pages carry no logits, so its
+        whole prompt is computed (``commit`` still inserts its pages for later requests)."""
+        if req.needs_prompt_logits:
+            return self.cache.match_prefix([], req.extra_key)
         return self.cache.match_prefix(req.all_ids[: req.num_tokens - 1], req.extra_key)
 
     def admit(self, req: Request, m: MatchResult, upto: int) -> bool:

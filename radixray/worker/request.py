@@ -126,6 +126,11 @@ class Request:
         return len(self.prompt_ids)
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """It wants its prompt's logprobs and has not had them yet: nothing cached serves it."""
+        return self.params.prompt_logprobs is not None and not self.output_ids
+
+    @property
     def in_prefill(self) -> bool:
         """True until KV exists for every token but the last (which the next step feeds)."""
         return self.num_computed < self.num_tokens - 1

@@ -296,6 +296,8 @@ class Scheduler:
 
     def _peek_cached(self, req: Request) -> int:
         """Tokens of ``req``'s prompt the cache holds, read-only (see ``_admission_order``)."""
+        if req.needs_prompt_logits:
+            return 0  # it matches nothing (PageManager.match)
         hashes = req.block_hashes[: (req.num_tokens - 1) // self.P]
         return self.cache.peek_prefix(req.prompt_ids, hashes, req.extra_key)
 
@@ -330,6 +332,7 @@ class Scheduler:
         if (
             cfg.dedupe_in_flight
             and self.reuse
+            and not req.needs_prompt_logits
             and nxt < len(req.block_hashes)
             and req.block_hashes[nxt] in in_flight
             and req.deferred_steps < cfg.max_wait_steps

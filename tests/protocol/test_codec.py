@@ -36,6 +36,7 @@ from radixray.protocol import (
     RequestError,
     SamplingParams,
     StreamChunk,
+    TokenLogprob,
     WorkerCounters,
     WorkerInfo,
     WorkerUnavailable,
@@ -135,6 +136,8 @@ def _samples() -> list[tuple[str, msgspec.Struct]]:
         repetition_penalty=1.1,
         logit_bias={7: -100.0, 3: 0.5},
         min_tokens=4,
+        logprobs=20,
+        prompt_logprobs=0,
     )
     samples: list[tuple[str, msgspec.Struct]] = [
         ("generate", GenerateRequest("req-1", [1, 2, 3, 2**31 - 1], params, extra_key="tenant-a")),
@@ -151,6 +154,19 @@ def _samples() -> list[tuple[str, msgspec.Struct]]:
                 prompt_tokens=20,
                 completion_tokens=3,
                 miss={"cached": 16, "page_tail": 4},
+            ),
+        ),
+        (
+            "chunk-logprobs",
+            StreamChunk(
+                [7],
+                "a",
+                logprobs=[TokenLogprob(-0.25, [7, 3], [-0.25, -1.5])],
+                prompt_logprobs=[
+                    None,
+                    TokenLogprob(-3.0),
+                    TokenLogprob(-float("inf"), [1], [-0.1]),
+                ],
             ),
         ),
         ("abort", AbortRequest("req-1")),
@@ -526,7 +542,7 @@ def test_deeply_nested_garbage_is_a_protocol_error(kind, message):
 
 
 @pytest.mark.parametrize("kind", MESSAGE_TYPES, ids=list(TAG_NAMES.values()))
-@pytest.mark.parametrize("version", ["1", "3", "0", "17"])
+@pytest.mark.parametrize("version", ["1", "2", "4", "0", "17"])
 def test_a_message_of_another_protocol_version_is_refused_by_name(kind, version):
     name = TAG_NAMES[kind]
     raw = _raw(ONE_OF_EACH[kind])
@@ -539,15 +555,15 @@ def test_a_message_of_another_protocol_version_is_refused_by_name(kind, version)
         )
 
 
-def test_a_future_generate_request_says_protocol_version_3():
+def test_a_future_generate_request_says_protocol_version_4():
     raw = _raw(ONE_OF_EACH[GenerateRequest])
-    raw[0] = "generate/3"
-    with pytest.raises(ProtocolError, match="protocol version 3"):
+    raw[0] = "generate/4"
+    with pytest.raises(ProtocolError, match="protocol version 4"):
         decode(_pack(raw), GenerateRequest)
     # The client decodes replies as unions: the version is named there too.
     raw = _raw(ONE_OF_EACH[StreamChunk])
-    raw[0] = "chunk/3"
-    with pytest.raises(ProtocolError, match="^chunk message of protocol version 3; "):
+    raw[0] = "chunk/4"
+    with pytest.raises(ProtocolError, match="^chunk message of protocol version 4; "):
         decode(_pack(raw), StreamChunk | ErrorInfo)
 
 
@@ -1113,3 +1129,12 @@ def test_a_message_over_the_limit_is_refused(monkeypatch):
     with pytest.raises(ProtocolError) as info:
         decode(b"\xc1" * 51, PollResult)
     assert str(info.value) == "message of 51 bytes exceeds 50"
+
+
+def test_merge_joins_the_logprobs():
+    a = StreamChunk([1], "a", logprobs=[TokenLogprob(-1.0)], prompt_logprobs=[None])
+    b = StreamChunk([2], "b", 0, "stop", 2, 2, {}, [TokenLogprob(-2.0, [2], [-2.0])])
+    m = a.merge(b)
+    assert m.logprobs == [TokenLogprob(-1.0), TokenLogprob(-2.0, [2], [-2.0])]
+    assert m.prompt_logprobs == [None]
+    assert StreamChunk([1], "a").merge(StreamChunk([2], "b")).logprobs is None
