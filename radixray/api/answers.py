@@ -8,7 +8,10 @@ import time
 import uuid
 from json.encoder import encode_basestring_ascii
 
+from radixray.protocol import StreamChunk
+
 from . import schemas as oa
+from .logprobs import LogprobFormatter
 
 __all__ = ["Answer", "ChatAnswer", "TextAnswer", "event"]
 
@@ -35,7 +38,14 @@ class Answer:
     first: dict | None = None
     n = 1  # samples per prompt
 
-    def __init__(self, kind: str, model: str, prompt_ids: list[list[int]] | None = None):
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        prompt_ids: list[list[int]] | None = None,
+        logprobs: LogprobFormatter | None = None,
+    ):
+        self.lp = logprobs  # set when the request asked for logprobs
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.model = model
         self.created = int(time.time())
@@ -71,24 +81,69 @@ class Answer:
             prompt = self.prompt_ids[index // self.n]
         return prompt, list(token_ids or ())
 
+    def needs_dict(self, index: int) -> bool:
+        """Whether choice ``index``'s next chunk is built as a dict (not the text template)."""
+        return self.with_ids or self.lp is not None
+
     def chunk(
-        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+        self,
+        text: str,
+        reason: str | None,
+        token_ids: list[int] | None = None,
+        index: int = 0,
+        c: StreamChunk | None = None,
     ) -> dict:
         raise NotImplementedError
 
 
 class TextAnswer(Answer):
-    """The shape of a /v1/completions answer."""
+    """The shape of a /v1/completions answer. ``echo``: each prompt's text, put before its
+    completion (and, with logprobs, its tokens' logprobs before the completion's)."""
 
-    def __init__(self, model: str, prompt_ids: list[list[int]] | None = None):
-        super().__init__("cmpl", model, prompt_ids)
+    def __init__(
+        self,
+        model: str,
+        prompt_ids: list[list[int]] | None = None,
+        logprobs: LogprobFormatter | None = None,
+        echo: list[str] | None = None,
+        echo_ids: list[list[int]] | None = None,
+    ):
+        super().__init__("cmpl", model, prompt_ids, logprobs)
+        self.echo = echo
+        self.echo_ids = echo_ids
+        self._echoed: set[int] = set()
+        self._offsets: dict[int, int] = {}  # choice -> text_offset of its next token
+
+    def needs_dict(self, index: int) -> bool:
+        return super().needs_dict(index) or (self.echo is not None and index not in self._echoed)
+
+    def _logprobs(self, index: int, c: StreamChunk, echo: bool) -> dict | None:
+        """The completions logprobs of chunk ``c`` (its prompt's first when ``echo``)."""
+        if self.lp is None or c.logprobs is None:
+            return None
+        ids, entries = list(c.token_ids), list(c.logprobs)
+        if echo and c.prompt_logprobs is not None:
+            ids = self.echo_ids[index // self.n] + ids
+            entries = list(c.prompt_logprobs) + entries
+        out, self._offsets[index] = self.lp.completion(ids, entries, self._offsets.get(index, 0))
+        return out
 
     def chunk(
-        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+        self,
+        text: str,
+        reason: str | None,
+        token_ids: list[int] | None = None,
+        index: int = 0,
+        c: StreamChunk | None = None,
     ) -> dict:
         prompt, ids = self._stream_ids(index, token_ids)
+        echo = self.echo is not None and index not in self._echoed
+        if echo:
+            self._echoed.add(index)
+            text = self.echo[index // self.n] + text
+        lps = self._logprobs(index, c, echo) if c is not None else None
         return oa.completion_chunk(
-            self.id, self.model, text, reason, None, self.created, prompt, ids, index
+            self.id, self.model, text, reason, None, self.created, prompt, ids, index, lps
         )
 
     def usage_chunk(self, use: dict) -> dict:
@@ -96,21 +151,40 @@ class TextAnswer(Answer):
         c["choices"] = []
         return c
 
-    def response(self, choices: list[tuple[int, str, list[int], str]], use: dict) -> dict:
-        """The whole answer from its ``(index, text, token ids, finish reason)`` choices."""
+    def response(
+        self,
+        choices: list[tuple[int, str, list[int], str]],
+        use: dict,
+        finals: list[StreamChunk] | None = None,
+    ) -> dict:
+        """The whole answer from its ``(index, text, token ids, finish reason)`` choices;
+        ``finals``: each choice's final chunk carrying all its logprobs (``streams.collect``)."""
         out = []
-        for index, text, token_ids, reason in sorted(choices, key=lambda c: c[0]):
+        finals = finals or [None] * len(choices)
+        for (index, text, token_ids, reason), final in sorted(
+            zip(choices, finals, strict=True), key=lambda c: c[0][0]
+        ):
             prompt = self.prompt_ids[index // self.n] if self.with_ids else None
             ids = token_ids if self.with_ids else None
-            out.append(oa.completion_choice(index, text, reason, prompt, ids))
+            lps = None
+            if final is not None:
+                lps = self._logprobs(index, final, self.echo is not None)
+            if self.echo is not None:
+                text = self.echo[index // self.n] + text
+            out.append(oa.completion_choice(index, text, reason, prompt, ids, lps))
         return oa.completion_response(self.id, self.model, out, use)
 
 
 class ChatAnswer(Answer):
     """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
 
-    def __init__(self, model: str, prompt_ids: list[list[int]] | None = None):
-        super().__init__("chatcmpl", model, prompt_ids)
+    def __init__(
+        self,
+        model: str,
+        prompt_ids: list[list[int]] | None = None,
+        logprobs: LogprobFormatter | None = None,
+    ):
+        super().__init__("chatcmpl", model, prompt_ids, logprobs)
         # The role chunk carries the prompt's ids (beside the choices, chat's place for them).
         self.first = oa.chat_chunk(
             self.id,
@@ -123,12 +197,27 @@ class ChatAnswer(Answer):
         )
 
     def chunk(
-        self, text: str, reason: str | None, token_ids: list[int] | None = None, index: int = 0
+        self,
+        text: str,
+        reason: str | None,
+        token_ids: list[int] | None = None,
+        index: int = 0,
+        c: StreamChunk | None = None,
     ) -> dict:
         delta = {"content": text} if text else {}
         ids = list(token_ids or ()) if self.with_ids else None
+        lps = None
+        if self.lp is not None and c is not None and c.logprobs is not None:
+            lps = self.lp.chat(list(c.token_ids), list(c.logprobs))
         return oa.chat_chunk(
-            self.id, self.model, delta, reason, created=self.created, token_ids=ids, index=index
+            self.id,
+            self.model,
+            delta,
+            reason,
+            created=self.created,
+            token_ids=ids,
+            index=index,
+            logprobs=lps,
         )
 
     def usage_chunk(self, use: dict) -> dict:
@@ -136,8 +225,16 @@ class ChatAnswer(Answer):
             self.id, self.model, {}, None, use, with_choice=False, created=self.created
         )
 
-    def response(self, choices: list[tuple[int, str, list[int], str]], use: dict) -> dict:
+    def response(
+        self,
+        choices: list[tuple[int, str, list[int], str]],
+        use: dict,
+        finals: list[StreamChunk] | None = None,
+    ) -> dict:
         ((_, text, token_ids, reason),) = choices  # one prompt, n == 1
         ids = token_ids if self.with_ids else None
         prompt = self.prompt_ids[0] if self.with_ids else None
-        return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids)
+        lps = None
+        if self.lp is not None and finals and finals[0].logprobs is not None:
+            lps = self.lp.chat(token_ids, list(finals[0].logprobs))
+        return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids, lps)

@@ -40,6 +40,7 @@ from .discovery import (
 )
 from .errors import ApiError
 from .inputs import backend_of, check_model, client_error, encode, parse_body, render_chat
+from .logprobs import LogprobFormatter
 from .sampling import sampling_params
 from .sse import SSEResponse
 from .streams import collect, open_all, sse_events, usage_of
@@ -79,7 +80,10 @@ async def serve_completions(request: Request, raw: bytes) -> Response:
             client_error(check_token_ids, ids, backend.meta.vocab_size, param)
         prompts.append(ids)
     params = [param for param, _ in items]
-    return await _serve(request, backend, body, prompts, TextAnswer, params)
+    echo = None
+    if body.echo:  # the prompt's own text (a token-id prompt's decoded)
+        echo = [p if isinstance(p, str) else backend.meta.tokenizer.decode(p) for _, p in items]
+    return await _serve(request, backend, body, prompts, TextAnswer, params, echo)
 
 
 async def serve_chat(request: Request, raw: bytes) -> Response:
@@ -122,6 +126,7 @@ async def _serve(
     prompts: list[list[int]],
     answer_cls: type[TextAnswer] | type[ChatAnswer],
     prompt_params: list[str],
+    echo: list[str] | None = None,
 ) -> Response:
     """Serve one request of one or more prompts: each prompt is its own ``GenerateRequest``
     (placed by the backend on its own, all opened at once), answered as one response whose
@@ -132,7 +137,12 @@ async def _serve(
     ]
     max_tokens = limits[0]
     params = sampling_params(body, max_tokens, backend.meta.vocab_size)
-    answer = answer_cls(backend.meta.name, prompts if body.return_token_ids else None)
+    ids_back = prompts if body.return_token_ids else None
+    lp = LogprobFormatter(backend.meta.tokenizer) if params.logprobs is not None else None
+    if answer_cls is TextAnswer:
+        answer = TextAnswer(backend.meta.name, ids_back, lp, echo, prompts)
+    else:
+        answer = answer_cls(backend.meta.name, ids_back, lp)
     reqs = [
         GenerateRequest(
             answer.request_id(i),
@@ -156,7 +166,7 @@ async def _serve(
         (answer.index(i), text, token_ids, final.finish_reason)
         for i, (text, token_ids, final) in enumerate(results)
     ]
-    return JSONResponse(answer.response(choices, usage_of(finals)), headers=headers)
+    return JSONResponse(answer.response(choices, usage_of(finals), finals), headers=headers)
 
 
 def _max_tokens(backend: Backend, num_prompt: int, requested: int | None, prompt_param: str) -> int:

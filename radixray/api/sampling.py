@@ -40,9 +40,22 @@ def sampling_params(body, max_tokens: int, vocab_size: int) -> SamplingParams:
             repetition_penalty=given(body.repetition_penalty, 1.0),
             logit_bias={int(k): v for k, v in bias.items()},
             min_tokens=given(body.min_tokens, 0),
+            **_logprob_counts(body),
         )
         check_sampling_tokens(params, vocab_size)
     except InvalidRequest as e:
         message = e.message.removeprefix("SamplingParams.")
         raise ApiError(400, message, param=e.param) from None
     return params
+
+
+def _logprob_counts(body) -> dict:
+    """``logprobs`` and ``prompt_logprobs`` of SamplingParams: chat's ``logprobs`` (bool) with
+    ``top_logprobs`` alternatives; completions' ``logprobs`` (the count), of the prompt too
+    with ``echo``."""
+    if hasattr(body, "echo"):
+        k = body.logprobs
+        return {"logprobs": k, "prompt_logprobs": k if body.echo else None}
+    if body.top_logprobs and not body.logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    return {"logprobs": (body.top_logprobs or 0) if body.logprobs else None}

@@ -61,6 +61,19 @@ def _top_k(v: int) -> int:
     return v
 
 
+def _count(hi: int):
+    """An int count in [0, hi] whose 400 states the range."""
+
+    def check(v: int) -> int:
+        if not 0 <= v <= hi:
+            raise ValueError(f"must be an int in [0, {hi}], got {v}")
+        return v
+
+    return Annotated[
+        StrictInt, AfterValidator(check), Field(json_schema_extra={"minimum": 0, "maximum": hi})
+    ]
+
+
 _Penalty = _range(-2.0, 2.0)
 _RepetitionPenalty = _range(0.0, math.inf, "a finite number > 0", open_low=True)
 _MinP = _range(0.0, 1.0)
@@ -149,8 +162,9 @@ class CompletionRequest(_Sampling):
     # lists), as OpenAI accepts; each prompt of a list is its own request (``prompt_items``).
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
-    echo: Literal[False] = False
-    logprobs: None = None
+    # The prompt's text before the completion; with logprobs, its tokens' logprobs too.
+    echo: StrictBool = False
+    logprobs: _count(5) | None = None  # OpenAI's range (vLLM allows 20)
     suffix: None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
 
@@ -255,7 +269,8 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: _count(20) | None = None
 
     @property
     def token_limit(self) -> int | None:
@@ -297,8 +312,9 @@ def completion_choice(
     finish: str | None,
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
-    choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+    choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
     return _ids(choice, prompt_token_ids, token_ids)
 
 
@@ -317,8 +333,9 @@ def completion_chunk(
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
     index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
-    choices = [completion_choice(index, text, finish, prompt_token_ids, token_ids)]
+    choices = [completion_choice(index, text, finish, prompt_token_ids, token_ids, logprobs)]
     return _envelope(rid, "text_completion", model, choices, created, use)
 
 
@@ -355,12 +372,13 @@ def chat_response(
     use: dict,
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": text},
         "finish_reason": finish,
-        "logprobs": None,
+        "logprobs": logprobs,
     }
     choices = [_ids(choice, None, token_ids)]
     return _envelope(rid, "chat.completion", model, choices, None, use, prompt_token_ids)
@@ -377,7 +395,8 @@ def chat_chunk(
     prompt_token_ids: list[int] | None = None,
     token_ids: list[int] | None = None,
     index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
-    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     choices = [_ids(choice, None, token_ids)] if with_choice else []
     return _envelope(rid, "chat.completion.chunk", model, choices, created, use, prompt_token_ids)

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+import msgspec
 from fastapi import Request
 
 from radixray.protocol import GenerateRequest, RequestError, StreamChunk
@@ -71,13 +72,28 @@ def usage_of(finals: list[StreamChunk]) -> dict:
 
 
 async def _drain(stream: TokenStream) -> tuple[str, list[int], StreamChunk]:
-    """A stream run to its end: its text, its token ids, its final chunk."""
+    """A stream run to its end: its text, its token ids, its final chunk (with logprobs, the
+    final chunk carries all the tokens, their logprobs and the prompt's)."""
     parts: list[str] = []
     token_ids: list[int] = []
+    logprobs: list | None = None
+    prompt_logprobs = None
     async for c in stream:
         parts.append(c.text)
         token_ids.extend(c.token_ids)
+        if c.logprobs is not None:
+            logprobs = logprobs if logprobs is not None else []
+            logprobs.extend(c.logprobs)
+        if c.prompt_logprobs is not None:
+            prompt_logprobs = c.prompt_logprobs
         if c.final:
+            if logprobs is not None or prompt_logprobs is not None:
+                c = msgspec.structs.replace(
+                    c,
+                    token_ids=token_ids,
+                    logprobs=logprobs or [],
+                    prompt_logprobs=prompt_logprobs,
+                )
             return "".join(parts), token_ids, c
     raise ApiError(502, "the worker ended the stream without a final chunk")
 
@@ -150,9 +166,9 @@ def _render(answer: Answer, prompt_index: int, c: StreamChunk) -> bytes | None:
     """The event of prompt ``prompt_index``'s chunk ``c`` (None: nothing to send)."""
     index = answer.index(prompt_index)
     if c.final:
-        return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index))
-    if answer.with_ids:  # every token's id, even one that ends no character
-        return event(answer.chunk(c.text, None, c.token_ids, index))
+        return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index, c))
+    if answer.needs_dict(index):  # every token's id or logprob, even one that ends no character
+        return event(answer.chunk(c.text, None, c.token_ids, index, c))
     return answer.text_event(c.text, index) if c.text else None
 
 
