@@ -61,19 +61,6 @@ def _top_k(v: int) -> int:
     return v
 
 
-def _count(hi: int):
-    """An int count in [0, hi] whose 400 states the range."""
-
-    def check(v: int) -> int:
-        if not 0 <= v <= hi:
-            raise ValueError(f"must be an int in [0, {hi}], got {v}")
-        return v
-
-    return Annotated[
-        StrictInt, AfterValidator(check), Field(json_schema_extra={"minimum": 0, "maximum": hi})
-    ]
-
-
 _Penalty = _range(-2.0, 2.0)
 _RepetitionPenalty = _range(0.0, math.inf, "a finite number > 0", open_low=True)
 _MinP = _range(0.0, 1.0)
@@ -164,7 +151,7 @@ class CompletionRequest(_Sampling):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
     # The prompt's text before the completion; with logprobs, its tokens' logprobs too.
     echo: StrictBool = False
-    logprobs: _count(5) | None = None  # OpenAI's range (vLLM allows 20)
+    logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None  # OpenAI's range
     suffix: None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
 
@@ -270,7 +257,7 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: _count(20) | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
 
     @property
     def token_limit(self) -> int | None:

@@ -29,6 +29,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from .errors import ErrorKind, InvalidRequest, RequestError, error_for
+from .logprobs import MAX_LOGPROBS, TokenLogprob, join_logprobs
 
 __all__ = [
     "MISS_CAUSES",
@@ -54,10 +55,8 @@ __all__ = [
 ]
 
 # 2: SamplingParams gained min_p, the penalties, logit_bias and min_tokens.
-# 3: SamplingParams gained logprobs and prompt_logprobs, StreamChunk logprobs and
-#    prompt_logprobs (TokenLogprob).
+# 3: SamplingParams and StreamChunk gained logprobs and prompt_logprobs.
 PROTOCOL_VERSION = 3
-MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat range; vLLM's default cap)
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -183,9 +182,7 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
             bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (
-                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS
-            ):
+            if v is not None and (type(v) is not int or not 0 <= v <= MAX_LOGPROBS):
                 bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
 
     @property
@@ -218,15 +215,6 @@ class GenerateRequest(Struct, frozen=True, array_like=True, tag=_tag("generate")
     extra_key: Annotated[str, Meta(max_length=256)] | None = None
 
 
-class TokenLogprob(Struct, frozen=True, array_like=True):
-    """One token's log-probability and its ``top_ids`` alternatives (most likely first) with
-    their ``top_logprobs``: the raw model's log-softmax (SamplingParams.logprobs)."""
-
-    logprob: float
-    top_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[float] = field(default_factory=list)
-
-
 class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     """New tokens of one request: every token sampled since the previous chunk (several when the
     reader fell behind the engine, never fewer than one per chunk except in a final one).
@@ -243,8 +231,7 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     prompt_tokens: NonNegInt = 0
     completion_tokens: NonNegInt = 0
     miss: dict[str, int] | None = None
-    # One per token of ``token_ids`` when the request asked for logprobs; ``prompt_logprobs``
-    # (one per prompt token, the first None) with the first token's chunk.
+    # One per token of ``token_ids`` (asked for); the prompt's with the first token's chunk.
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
@@ -262,9 +249,7 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
             later.prompt_tokens,
             later.completion_tokens,
             later.miss,
-            None
-            if self.logprobs is None and later.logprobs is None
-            else (self.logprobs or []) + (later.logprobs or []),
+            join_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 

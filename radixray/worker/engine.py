@@ -39,11 +39,12 @@ from radixray.sysinfo import cpu_model
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
+from .logprobs import keep_prompt_logprobs, token_logprobs, with_logprobs
 from .memory_pool import KVPool
 from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
-from .sampler import Sampler, token_logprobs
+from .sampler import Sampler
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -66,8 +67,7 @@ class _Live:
     sink: Sink | None = None
     admitted: bool = False
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
-    # prompt_logprobs: entry q is prompt token q + 1's (sent with the first token's chunk)
-    prompt_logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)  # until its first token (logprobs.py)
 
 
 class Engine:
@@ -180,8 +180,7 @@ class Engine:
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
-        if self.runner.prompt_logits:
-            self._keep_prompt_logprobs()
+        keep_prompt_logprobs(self.runner.prompt_logits, self._live)
         out = self._emit(batch, logits)
         end = time.perf_counter()
         # the step's share of the engine's time: from the last step's end if the engine had
@@ -222,27 +221,8 @@ class Engine:
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)
-            prompt_lps = None
-            if req.params.prompt_logprobs is not None and len(req.output_ids) == 1:
-                prompt_lps = [None, *live.prompt_logprobs]
-                live.prompt_logprobs = []
-            lps_of = None if lp is None else [lp]
-            out.append(self._chunk(live, [tok], delta, reason, lps_of, prompt_lps))
+            out.append(self._chunk(live, [tok], delta, reason, *with_logprobs(live, lp)))
         return out
-
-    def _keep_prompt_logprobs(self) -> None:
-        """The step's prompt logprobs, kept per request until its first token's chunk (a chunk
-        recomputed after a preemption replaces what it covers)."""
-        for req, start, rows in self.runner.prompt_logits:
-            live = self._live.get(req.request_id)
-            if live is None:
-                continue
-            n = rows.shape[0]
-            tokens = req.prompt_ids[start + 1 : start + 1 + n]
-            entries = token_logprobs(rows, [req.params.prompt_logprobs] * n, tokens)
-            del live.prompt_logprobs[start:]
-            live.prompt_logprobs.extend(entries)
-        self.runner.prompt_logits = []
 
     def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
         p = req.params
@@ -253,21 +233,12 @@ class Engine:
         return None
 
     def _chunk(
-        self,
-        live: _Live,
-        toks: list[int],
-        text: str,
-        reason: str | None,
-        logprobs: list | None = None,
-        prompt_logprobs: list | None = None,
+        self, live: _Live, toks: list[int], text: str, reason: str | None, *lp: list | None
     ) -> StreamChunk:
         req = live.req
-        if logprobs is None and req.params.logprobs is not None:
-            logprobs = []  # an abort's final chunk: no tokens, an empty list
+        lps, plps = lp or ([] if req.params.logprobs is not None else None, None)  # an abort
         if reason is None:
-            chunk = StreamChunk(
-                toks, text, req.cached_tokens, None, 0, 0, None, logprobs, prompt_logprobs
-            )
+            chunk = StreamChunk(toks, text, req.cached_tokens, None, 0, 0, None, lps, plps)
         else:
             miss = dict(req.miss) if req.miss else {}
             chunk = StreamChunk(
@@ -278,8 +249,8 @@ class Engine:
                 req.num_prompt,
                 len(req.output_ids),
                 miss,
-                logprobs,
-                prompt_logprobs,
+                lps,
+                plps,
             )
             self.sampler.forget(req.request_id)
             self.meter.requests_finished += 1

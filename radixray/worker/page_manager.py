@@ -53,6 +53,14 @@ class PageManager:
             return self.cache.match_prefix([], req.extra_key)
         return self.cache.match_prefix(req.all_ids[: req.num_tokens - 1], req.extra_key)
 
+    def peek(self, req: Request) -> int:
+        """Tokens of ``req``'s prompt that ``match`` would find, read-only (no access counted):
+        from the prompt's page hashes, O(edges)."""
+        if req.needs_prompt_logits:
+            return 0
+        hashes = req.block_hashes[: (req.num_tokens - 1) // self.P]
+        return self.cache.peek_prefix(req.prompt_ids, hashes, req.extra_key)
+
     def admit(self, req: Request, m: MatchResult, upto: int) -> bool:
         """Lock ``m`` for ``req`` and give it pages for positions < ``upto``; the request's
         whole prompt must fit in what is available. False (nothing changed) when it does not."""

@@ -7,11 +7,11 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from radixray.protocol import SamplingParams, TokenLogprob
+from radixray.protocol import SamplingParams
 
 from .logits_controls import apply_controls, apply_min_p
 
-__all__ = ["Sampler", "token_logprobs"]
+__all__ = ["Sampler"]
 
 _MIN_TEMPERATURE = 1e-5
 
@@ -83,31 +83,3 @@ class Sampler:
             gen = self._generator(request_ids[i], p)
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         return out
-
-
-def token_logprobs(
-    logits: torch.Tensor, counts: Sequence[int | None], tokens: Sequence[int]
-) -> list[TokenLogprob | None]:
-    """Each row's ``tokens[i]`` log-probability and its ``counts[i]`` most likely alternatives
-    (None for a row whose count is None), from the raw logits: one log-softmax and one top-k
-    over the rows that ask (none when no row does), one copy to the host."""
-    out: list[TokenLogprob | None] = [None] * len(counts)
-    rows = [i for i, k in enumerate(counts) if k is not None]
-    if not rows:
-        return out
-    dev = logits.device
-    idx = torch.tensor(rows, device=dev)
-    lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=dev)[:, None])[:, 0]
-    k = max(counts[i] for i in rows)
-    if k:
-        top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
-        top_vals, top_ids = top.values.tolist(), top.indices.tolist()
-    chosen = chosen.tolist()
-    for j, i in enumerate(rows):
-        n = counts[i]
-        if n:
-            out[i] = TokenLogprob(chosen[j], top_ids[j][:n], top_vals[j][:n])
-        else:
-            out[i] = TokenLogprob(chosen[j])
-    return out

@@ -296,10 +296,7 @@ class Scheduler:
 
     def _peek_cached(self, req: Request) -> int:
         """Tokens of ``req``'s prompt the cache holds, read-only (see ``_admission_order``)."""
-        if req.needs_prompt_logits:
-            return 0  # it matches nothing (PageManager.match)
-        hashes = req.block_hashes[: (req.num_tokens - 1) // self.P]
-        return self.cache.peek_prefix(req.prompt_ids, hashes, req.extra_key)
+        return self.pages.peek(req)
 
     def _in_flight_hashes(self) -> set[int]:
         """Block hashes of prompt pages that running requests are computing right now."""

@@ -10,7 +10,7 @@ import torch
 
 from radixray.protocol import InvalidRequest, SamplingParams, StreamChunk, TokenLogprob
 from radixray.worker import Engine, EngineConfig
-from radixray.worker.sampler import token_logprobs
+from radixray.worker.logprobs import token_logprobs
 
 TOL = 1e-5
 
