@@ -1,0 +1,52 @@
+"""Logprobs of the real model (SmolLM2-135M-Instruct) against HF transformers' logits of the
+same GGUF (the stored reference of tests/worker/model/hf_reference.py: per position HF's top-64
+logits and the row's logsumexp), prompt logprobs (echo) and the first sampled token's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixray.worker import Engine, EngineConfig, SamplingParams
+from radixray.worker.model_runner import load_for_engine
+
+from .model.hf_reference import PROMPTS, load_reference
+
+pytestmark = pytest.mark.slow
+
+# HF's logits and ours differ by up to ~2e-4 (test_smollm2.py); a logprob adds the logsumexp's.
+ATOL = 5e-4
+K = 5
+
+
+def test_prompt_and_token_logprobs_match_transformers():
+    cfg = EngineConfig(model="smollm2", page_size=16, num_pages=64, max_batch_tokens=17)
+    e = Engine(cfg, loaded=load_for_engine(cfg, torch.device("cpu")))
+    ref = load_reference()
+    for i in range(len(PROMPTS)):
+        ids = ref[f"{i}.ids"].tolist()
+        hf = ref[f"{i}.top_logits"] - ref[f"{i}.logsumexp"][:, None]  # [n, 64] logprobs
+        hf_ids = ref[f"{i}.top_ids"]
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=K, prompt_logprobs=K)
+        e.add_request(ids, params, request_id=f"r{i}")
+        chunks = []
+        while e.has_work():
+            chunks += e.step()
+        (chunk,) = chunks
+        plp = chunk.prompt_logprobs
+        assert plp[0] is None and len(plp) == len(ids)
+        # the logits at position p: prompt token p + 1's entry, or the sampled token's at the end
+        entries = [*plp[1:], chunk.logprobs[0]]
+        for p, entry in enumerate(entries):
+            at = dict(zip(hf_ids[p].tolist(), hf[p].tolist(), strict=True))
+            torch.testing.assert_close(
+                torch.tensor(entry.top_logprobs), hf[p, :K], atol=ATOL, rtol=0
+            )
+            for t, v in zip(entry.top_ids, entry.top_logprobs, strict=True):
+                assert abs(at[t] - v) < ATOL
+            token = ids[p + 1] if p + 1 < len(ids) else chunk.token_ids[0]
+            if token in at:
+                assert abs(at[token] - entry.logprob) < ATOL
+        # greedy: the sampled token is HF's most likely, its logprob the top one
+        assert chunk.token_ids[0] == hf_ids[-1, 0].item()
+        assert abs(chunk.logprobs[0].logprob - hf[-1, 0].item()) < ATOL
