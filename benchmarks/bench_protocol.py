@@ -69,6 +69,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radixray.protocol import (  # noqa: E402
+    PROTOCOL_VERSION,
     GenerateRequest,
     InvalidRequest,
     LoadReport,
@@ -81,6 +82,7 @@ from radixray.protocol import (  # noqa: E402
     encode,
 )
 from radixray.protocol.codec import MAX_MESSAGE_BYTES  # noqa: E402
+from radixray.protocol.logprobs import MAX_LOGPROBS
 from radixray.sysinfo import cpu_model  # noqa: E402
 
 VOCAB = 32000
@@ -112,6 +114,8 @@ class DcSamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # radixray.protocol.SamplingParams.__post_init__, line for line (object.__setattr__ for
@@ -195,6 +199,10 @@ class DcSamplingParams:
             bad("min_tokens", "an int >= 0")
         if m > self.max_tokens:
             bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (type(v) is not int or not 0 <= v <= MAX_LOGPROBS):
+                bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +214,13 @@ class DcGenerateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class DcTokenLogprob:
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True, slots=True)
 class DcStreamChunk:
     token_ids: list[int]
     text: str
@@ -214,6 +229,8 @@ class DcStreamChunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     miss: dict[str, int] | None = None
+    logprobs: list[DcTokenLogprob] | None = None
+    prompt_logprobs: list[DcTokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +304,8 @@ def dc_encode_generate(m: DcGenerateRequest) -> bytes:
                 p.repetition_penalty,
                 p.logit_bias,
                 p.min_tokens,
+                p.logprobs,
+                p.prompt_logprobs,
             ],
             m.extra_key,
         ],
@@ -305,6 +324,8 @@ def dc_encode_chunk(m: DcStreamChunk) -> bytes:
             m.prompt_tokens,
             m.completion_tokens,
             m.miss,
+            _dc_lp_out(m.logprobs),
+            _dc_lp_out(m.prompt_logprobs),
         ],
         use_bin_type=True,
     )
@@ -359,11 +380,11 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
 # --- decode: unpack, then check everything msgspec checks ---------------------------------------
 
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
-_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0]
+_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0, None, None]
 _SP_FLOATS = (
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"
 )  # fmt: skip
-_CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None]  # [0:3] are required
+_CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None]  # [0:3] are required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
 _LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15)
 _LOAD_OPT_FLOATS = (8, 9, 11, 12)
@@ -399,7 +420,7 @@ def _dc_params(p: Any) -> DcSamplingParams:
     if len(p) < n_fields:
         p = p + _SP_DEFAULTS[len(p) :]
     max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos = p[:8]
-    min_p, presence, frequency, repetition, logit_bias, min_tokens = p[8:]
+    min_p, presence, frequency, repetition, logit_bias, min_tokens, logprobs, prompt_lp = p[8:]
     floats = [temperature, top_p, min_p, presence, frequency, repetition]
     for i, (name, v) in enumerate(zip(_SP_FLOATS, floats, strict=True)):
         if type(v) is not float:
@@ -436,6 +457,8 @@ def _dc_params(p: Any) -> DcSamplingParams:
             repetition,
             tuple((t, float(b)) for t, b in logit_bias),
             min_tokens,
+            logprobs,
+            prompt_lp,
         )
     except InvalidRequest as e:
         raise _bad(TAG_GENERATE, str(e)) from None
@@ -467,11 +490,11 @@ def dc_decode_generate(data: bytes) -> DcGenerateRequest:
 def dc_decode_chunk(data: bytes) -> DcStreamChunk:
     o = _unpack(data, TAG_CHUNK)
     n = len(o)
-    if n != 8:
+    if n != 10:
         if n < 3:
             raise _bad(TAG_CHUNK, f"expected an array of at least 3 elements, got {n}")
-        o = (o + _CHUNK_DEFAULTS[n:])[:8]
-    _, ids, text, cached, finish, prompt_tokens, completion_tokens, miss = o
+        o = (o + _CHUNK_DEFAULTS[n:])[:10]
+    _, ids, text, cached, finish, prompt_tokens, completion_tokens, miss, lps, prompt_lps = o
     if type(ids) is not list or list(map(type, ids)).count(int) != len(ids):
         raise _bad(TAG_CHUNK, "token_ids must be an array of ints")
     if type(text) is not str:
@@ -486,7 +509,49 @@ def dc_decode_chunk(data: bytes) -> DcStreamChunk:
         raise _bad(TAG_CHUNK, "completion_tokens must be an int >= 0")
     if miss is not None and not _is_str_int_dict(miss):
         raise _bad(TAG_CHUNK, "miss must be None or a map of str to int")
-    return DcStreamChunk(ids, text, cached, finish, prompt_tokens, completion_tokens, miss)
+    return DcStreamChunk(
+        ids,
+        text,
+        cached,
+        finish,
+        prompt_tokens,
+        completion_tokens,
+        miss,
+        _dc_lp_in(lps, "logprobs", False),
+        _dc_lp_in(prompt_lps, "prompt_logprobs", True),
+    )
+
+
+def _dc_lp_out(lps: list | None) -> list | None:
+    if lps is None:
+        return None
+    return [None if e is None else [e.logprob, e.top_ids, e.top_logprobs] for e in lps]
+
+
+def _dc_lp_in(v: Any, name: str, nullable: bool) -> list | None:
+    """A list of TokenLogprob arrays ``[logprob, top_ids, top_logprobs]`` (entries may be null
+    in prompt logprobs), checked as msgspec checks them."""
+    if v is None:
+        return None
+    if type(v) is not list:
+        raise _bad(TAG_CHUNK, f"{name} must be None or an array")
+    out = []
+    for e in v:
+        if e is None and nullable:
+            out.append(None)
+            continue
+        if type(e) is not list or not 1 <= len(e) <= 3:
+            raise _bad(TAG_CHUNK, f"{name} entries must be arrays of 1 to 3 elements")
+        e = e + [[], []][len(e) - 1 :]
+        lp, ids, vals = e
+        if type(lp) is not float and type(lp) is not int:
+            raise _bad(TAG_CHUNK, f"{name}: logprob must be a float")
+        if type(ids) is not list or any(type(t) is not int for t in ids):
+            raise _bad(TAG_CHUNK, f"{name}: top_ids must be an array of ints")
+        if type(vals) is not list or any(type(x) not in (float, int) for x in vals):
+            raise _bad(TAG_CHUNK, f"{name}: top_logprobs must be an array of floats")
+        out.append(DcTokenLogprob(float(lp), ids, [float(x) for x in vals]))
+    return out
 
 
 def _dc_load(f: Any) -> DcLoadReport:
@@ -778,7 +843,7 @@ def check_same_validation() -> int:
     ]
     refuse = [
         (GenerateRequest, with_(gen, (0,), TAG_CHUNK)),
-        (GenerateRequest, with_(gen, (0,), "generate/3")),
+        (GenerateRequest, with_(gen, (0,), f"generate/{PROTOCOL_VERSION + 1}")),  # a later version
         (GenerateRequest, with_(gen, (0,), "generate/1")),
         (GenerateRequest, gen[:3]),
         (GenerateRequest, with_(gen, (1,), "")),
@@ -812,7 +877,9 @@ def check_same_validation() -> int:
         (GenerateRequest, with_(gen, (3, 12), [[3]])),
         (GenerateRequest, with_(gen, (3, 13), 513)),
         (GenerateRequest, with_(gen, (3, 13), -1)),
-        (GenerateRequest, with_(gen, (3,), [*sp, 1])),
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, 1])),  # one field too many
+        (GenerateRequest, with_(gen, (3,), [*sp, 21])),  # logprobs over MAX_LOGPROBS
+        (GenerateRequest, with_(gen, (3,), [*sp, None, -1])),
         (GenerateRequest, with_(gen, (4,), "k" * 257)),
         (GenerateRequest, with_(gen, (4,), 7)),
         (StreamChunk, with_(chunk, (1,), [True])),
@@ -823,6 +890,8 @@ def check_same_validation() -> int:
         (StreamChunk, with_(chunk, (7,), {"cold": 1.5})),
         (StreamChunk, with_(chunk, (7,), {"cold": False})),
         (StreamChunk, chunk[:2]),
+        (StreamChunk, [*chunk, [[1.0, ["a"], []]]]),
+        (StreamChunk, [*chunk, [None]]),  # a null entry: only prompt logprobs have them
         (PollResult, with_(poll, (3,), True)),
         (PollResult, with_(poll, (4,), 0)),
         (PollResult, with_(poll, (5,), "ev")),
