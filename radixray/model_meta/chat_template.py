@@ -138,14 +138,15 @@ def hermes_call(call: Mapping[str, Any]) -> str:
     """One earlier tool call as the model writes it: ``<tool_call>\n{json}\n</tool_call>``."""
     fn = call.get("function", call)
     return (
-        '<tool_call>\n{"name": "' + fn["name"] + '", "arguments": '
-        + _tojson(fn.get("arguments")) + "}\n</tool_call>"
+        '<tool_call>\n{"name": "'
+        + fn["name"]
+        + '", "arguments": '
+        + _tojson(fn.get("arguments"))
+        + "}\n</tool_call>"
     )
 
 
-def hermes_messages(
-    messages: list[dict], tools: Sequence[Mapping[str, Any]] | None
-) -> list[dict]:
+def hermes_messages(messages: list[dict], tools: Sequence[Mapping[str, Any]] | None) -> list[dict]:
     """Messages with tools, calls and results written as text, for a template without tool
     syntax, the way Qwen2.5's template writes them: the tools prompt after the system
     message's text (a system message of its own if there is none), an assistant's calls after

@@ -43,7 +43,11 @@ CASES = {
         [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": None, "tool_calls": [call("get_weather", {"city": "Paris"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("get_weather", {"city": "Paris"})],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
         ],
         [WEATHER],
@@ -51,9 +55,17 @@ CASES = {
     "two turns of calls": (
         [
             {"role": "user", "content": "Weather in Paris, and the time?"},
-            {"role": "assistant", "content": None, "tool_calls": [call("get_weather", {"city": "Paris", "unit": "c"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("get_weather", {"city": "Paris", "unit": "c"})],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
-            {"role": "assistant", "content": "Now the time.", "tool_calls": [call("now", {}, "call_2")]},
+            {
+                "role": "assistant",
+                "content": "Now the time.",
+                "tool_calls": [call("now", {}, "call_2")],
+            },
             {"role": "tool", "tool_call_id": "call_2", "content": "12:00"},
             {"role": "assistant", "content": "21 C at noon."},
             {"role": "user", "content": "Thanks"},
@@ -89,9 +101,7 @@ def hf_render(source: str, messages, tools, add_generation_prompt=True) -> str:
     transformers = pytest.importorskip("transformers")
     vocab = {"<unk>": 0, "<|begin_of_text|>": 1, "<|eot_id|>": 2}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", **SPECIALS
-    )
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", **SPECIALS)
     fast.chat_template = source
     return fast.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
