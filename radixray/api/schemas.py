@@ -19,8 +19,11 @@ from pydantic import (
     StrictBool,
     StrictInt,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from .tool_schemas import NamedToolChoice, Tool, ToolCall, check_tools
 
 __all__ = [
     "CompletionRequest",
@@ -240,12 +243,17 @@ class _ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[_ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Required but for an assistant message with tool_calls (``plain_messages`` checks it).
+    content: str | list[_ContentPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None  # assistant's
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
@@ -256,21 +264,83 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = None
+    # OpenAI's function tools (docs/openai_api.md, "Tools"): rendered through the model's chat
+    # template, its answer read back into tool_calls by the template family's parser.
+    tools: Annotated[list[Tool], Field(min_length=1)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _tools(self):
+        check_tools(self.tools, self.tool_choice)
+        return self
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def plain_messages(self) -> list[dict[str, str]]:
+    @property
+    def tools_on(self) -> bool:
+        """Tools are rendered and the answer parsed: tools given, tool_choice not "none"."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as a chat template takes them (None when off)."""
+        if not self.tools_on:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def plain_messages(self) -> list[dict]:
         return plain_messages(self.messages)
 
 
-def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as a chat template takes them."""
-    # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
-    return [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages
-    ]
+def _message_error(param: str, reason: str) -> ValueError:
+    from .errors import ApiError  # the edge's 400; imported here to keep schemas standalone
+
+    return ApiError(400, reason, param=param)
+
+
+def plain_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as a chat template takes them. An assistant's tool calls carry their arguments
+    as objects (transformers' convention), a tool message its ``tool_call_id``; content is
+    required but for an assistant message with tool calls (None then, if not given)."""
+    out = []
+    for i, m in enumerate(messages):
+        # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
+        msg: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+        if m.tool_calls is not None:
+            if m.role != "assistant":
+                raise _message_error(
+                    f"messages[{i}].tool_calls", "only an assistant message has tool_calls"
+                )
+            param = f"messages[{i}].tool_calls"
+            msg["tool_calls"] = []
+            for j, c in enumerate(m.tool_calls):
+                if (call := c.for_template()) is None:
+                    raise _message_error(
+                        f"{param}[{j}].function.arguments",
+                        f"{param}[{j}].function.arguments must be a JSON object as a string, "
+                        f"got {c.function.arguments!r:.100}",
+                    )
+                msg["tool_calls"].append(call)
+            if m.content is None:
+                msg["content"] = None
+        elif m.content is None:
+            raise _message_error(
+                f"messages[{i}].content", f"Missing required parameter: messages[{i}].content"
+            )
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise _message_error(
+                    f"messages[{i}].tool_call_id", "a tool message needs tool_call_id"
+                )
+            msg["tool_call_id"] = m.tool_call_id
+        elif m.tool_call_id is not None:
+            raise _message_error(
+                f"messages[{i}].tool_call_id", "only a tool message has tool_call_id"
+            )
+        out.append(msg)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
