@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .tool_schemas import NamedToolChoice, Tool, ToolCall, check_tools
+from .tool_schemas import NamedToolChoice, Tool, ToolCall, check_tools, template_messages
 
 __all__ = [
     "CompletionRequest",
@@ -252,10 +252,8 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(p.text for p in self.content)
 
 
@@ -279,68 +277,16 @@ class ChatCompletionRequest(_Sampling):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    @property
-    def tools_on(self) -> bool:
-        """Tools are rendered and the answer parsed: tools given, tool_choice not "none"."""
-        return bool(self.tools) and self.tool_choice != "none"
-
     def tool_dicts(self) -> list[dict] | None:
-        """The tools as a chat template takes them (None when off)."""
-        if not self.tools_on:
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        """The tools as a chat template takes them; None without any or with choice "none"."""
+        on = self.tools and self.tool_choice != "none"
+        return [t.model_dump(exclude_none=True) for t in self.tools] if on else None
 
     def plain_messages(self) -> list[dict]:
         return plain_messages(self.messages)
 
 
-def _message_error(param: str, reason: str) -> ValueError:
-    from .errors import ApiError  # the edge's 400; imported here to keep schemas standalone
-
-    return ApiError(400, reason, param=param)
-
-
-def plain_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as a chat template takes them. An assistant's tool calls carry their arguments
-    as objects (transformers' convention), a tool message its ``tool_call_id``; content is
-    required but for an assistant message with tool calls (None then, if not given)."""
-    out = []
-    for i, m in enumerate(messages):
-        # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
-        msg: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-        if m.tool_calls is not None:
-            if m.role != "assistant":
-                raise _message_error(
-                    f"messages[{i}].tool_calls", "only an assistant message has tool_calls"
-                )
-            param = f"messages[{i}].tool_calls"
-            msg["tool_calls"] = []
-            for j, c in enumerate(m.tool_calls):
-                if (call := c.for_template()) is None:
-                    raise _message_error(
-                        f"{param}[{j}].function.arguments",
-                        f"{param}[{j}].function.arguments must be a JSON object as a string, "
-                        f"got {c.function.arguments!r:.100}",
-                    )
-                msg["tool_calls"].append(call)
-            if m.content is None:
-                msg["content"] = None
-        elif m.content is None:
-            raise _message_error(
-                f"messages[{i}].content", f"Missing required parameter: messages[{i}].content"
-            )
-        if m.role == "tool":
-            if not m.tool_call_id:
-                raise _message_error(
-                    f"messages[{i}].tool_call_id", "a tool message needs tool_call_id"
-                )
-            msg["tool_call_id"] = m.tool_call_id
-        elif m.tool_call_id is not None:
-            raise _message_error(
-                f"messages[{i}].tool_call_id", "only a tool message has tool_call_id"
-            )
-        out.append(msg)
-    return out
+plain_messages = template_messages  # messages as a chat template takes them
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

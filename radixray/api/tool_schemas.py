@@ -10,7 +10,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["FunctionDef", "NamedToolChoice", "Tool", "ToolCall", "check_tools", "field_error"]
+from .errors import ApiError
+
+__all__ = [
+    "FunctionDef",
+    "NamedToolChoice",
+    "Tool",
+    "ToolCall",
+    "check_tools",
+    "field_error",
+    "template_messages",
+]
 
 MAX_TOOLS = 128  # OpenAI's limit on tools per request
 
@@ -101,3 +111,50 @@ def check_tools(tools: list[Tool] | None, choice: str | NamedToolChoice | None) 
             )
     elif choice == "required" and not names:
         raise field_error("tool_choice", "tool_choice 'required' needs tools")
+
+
+def _message_error(param: str, reason: str) -> ValueError:
+    return ApiError(400, reason, param=param)
+
+
+def template_messages(messages: list) -> list[dict]:
+    """Messages as a chat template takes them. An assistant's tool calls carry their arguments
+    as objects (transformers' convention), a tool message its ``tool_call_id``; content is
+    required but for an assistant message with tool calls (None then, if not given)."""
+    out = []
+    for i, m in enumerate(messages):
+        # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
+        msg: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+        if m.tool_calls is not None:
+            if m.role != "assistant":
+                raise _message_error(
+                    f"messages[{i}].tool_calls", "only an assistant message has tool_calls"
+                )
+            param = f"messages[{i}].tool_calls"
+            msg["tool_calls"] = []
+            for j, c in enumerate(m.tool_calls):
+                if (call := c.for_template()) is None:
+                    raise _message_error(
+                        f"{param}[{j}].function.arguments",
+                        f"{param}[{j}].function.arguments must be a JSON object as a string, "
+                        f"got {c.function.arguments!r:.100}",
+                    )
+                msg["tool_calls"].append(call)
+            if m.content is None:
+                msg["content"] = None
+        elif m.content is None:
+            raise _message_error(
+                f"messages[{i}].content", f"Missing required parameter: messages[{i}].content"
+            )
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise _message_error(
+                    f"messages[{i}].tool_call_id", "a tool message needs tool_call_id"
+                )
+            msg["tool_call_id"] = m.tool_call_id
+        elif m.tool_call_id is not None:
+            raise _message_error(
+                f"messages[{i}].tool_call_id", "only a tool message has tool_call_id"
+            )
+        out.append(msg)
+    return out
