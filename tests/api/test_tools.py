@@ -294,3 +294,25 @@ def test_the_official_client_streams_a_tool_request_from_a_real_worker(router_ur
     # The tiny model's greedy answer is no tool call: content, the same both ways.
     assert (text or None) == whole.choices[0].message.content
     assert whole.usage.prompt_tokens > 300  # the tools block is in the prompt
+
+
+def test_streamed_tool_calls_carry_every_token_id(scripted):
+    """With ``return_token_ids``, every chunk's ids reach the client once, calls or not."""
+    backend, client = scripted
+    body = {"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "stream": True}
+    body["return_token_ids"] = True
+    url = str(client.base_url) + "chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=30) as r:
+        lines = [x[5:].strip() for x in r.iter_lines() if x.startswith("data:")]
+    chunks = [json.loads(x) for x in lines[:-1]]
+    ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids") or []]
+    chunk_count = len(range(0, len(ANSWER), max(1, len(ANSWER) // backend.pieces)))
+    assert len(ids) == chunk_count  # one id per scripted chunk
+    names = [
+        tc["function"]["name"]
+        for c in chunks
+        for ch in c["choices"]
+        for tc in ch["delta"].get("tool_calls") or []
+        if "id" in tc
+    ]
+    assert names == ["get_weather", "now"]
