@@ -12,6 +12,7 @@ from radixray.protocol import StreamChunk
 
 from . import schemas as oa
 from .logprobs import LogprobFormatter
+from .tool_calls import ToolCallParser, ToolCallStream
 
 __all__ = ["Answer", "ChatAnswer", "TextAnswer", "event"]
 
@@ -176,15 +177,20 @@ class TextAnswer(Answer):
 
 
 class ChatAnswer(Answer):
-    """The shape of a /v1/chat/completions answer (a first chunk names the role)."""
+    """The shape of a /v1/chat/completions answer (a first chunk names the role). With a
+    ``tools`` parser, the answer's text is read for tool calls (``tool_calls.py``): whole, or
+    streamed as OpenAI's tool-call deltas (``tool_event``)."""
 
     def __init__(
         self,
         model: str,
         prompt_ids: list[list[int]] | None = None,
         logprobs: LogprobFormatter | None = None,
+        tools: ToolCallParser | None = None,
     ):
         super().__init__("chatcmpl", model, prompt_ids, logprobs)
+        self.tools = tools
+        self._tool_streams: dict[int, ToolCallStream] = {}
         # The role chunk carries the prompt's ids (beside the choices, chat's place for them).
         self.first = oa.chat_chunk(
             self.id,
@@ -237,4 +243,43 @@ class ChatAnswer(Answer):
         lps = None
         if self.lp is not None and finals and finals[0].logprobs is not None:
             lps = self.lp.chat(token_ids, list(finals[0].logprobs))
-        return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids, lps)
+        if self.tools is None:
+            return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids, lps)
+        content, calls = self.tools.parse(text)
+        out = oa.chat_response(
+            self.id, self.model, content, _reason(reason, calls), use, prompt, ids, lps
+        )
+        if calls:
+            out["choices"][0]["message"]["tool_calls"] = calls
+        return out
+
+    def tool_event(self, index: int, text: str, reason: str | None, token_ids) -> bytes | None:
+        """The events of one streamed chunk read for tool calls: content and tool-call deltas
+        (several events in one), the finish reason on the last (``tool_calls`` if any)."""
+        stream = self._tool_streams.get(index)
+        if stream is None:
+            stream = self._tool_streams[index] = self.tools.stream()
+        deltas = stream.feed(text) if text else []
+        if reason is not None:
+            deltas += stream.finish()
+        ids = list(token_ids or ()) if self.with_ids else None
+        events = []
+        for d in deltas:
+            c = oa.chat_chunk(self.id, self.model, d, None, created=self.created, index=index)
+            events.append(event(c))
+        if reason is not None or (ids and not events):
+            reason = _reason(reason, [None] * stream.calls) if reason else None
+            c = oa.chat_chunk(
+                self.id, self.model, {}, reason, created=self.created, token_ids=ids, index=index
+            )
+            events.append(event(c))
+        elif ids:  # the tokens' ids ride on the chunk's first event
+            first = json.loads(events[0][6:])
+            first["choices"][0]["token_ids"] = ids
+            events[0] = event(first)
+        return b"".join(events) or None
+
+
+def _reason(reason: str, calls: list) -> str:
+    """OpenAI's finish reason for an answer that called tools: ``tool_calls``."""
+    return "tool_calls" if calls and reason == "stop" else reason

@@ -54,10 +54,16 @@ def check_model(backend: Backend, model: str) -> None:
         )
 
 
-def render_chat(backend: Backend, messages: list[dict], add_generation_prompt: bool) -> str:
+def render_chat(
+    backend: Backend,
+    messages: list[dict],
+    add_generation_prompt: bool,
+    tools: list[dict] | None = None,
+) -> str:
+    kw = {"tools": tools} if tools else {}  # a tokenizer without tool support still renders
     try:
         return backend.meta.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt
+            messages, add_generation_prompt=add_generation_prompt, **kw
         )
     except ValueError as e:
         raise ApiError(400, f"messages cannot be rendered: {e}", param="messages") from None

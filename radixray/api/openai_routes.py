@@ -17,6 +17,7 @@ each from it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import NamedTuple
 
 import msgspec
@@ -24,6 +25,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from radixray.model_meta.chat_template import tool_family
 from radixray.protocol import GenerateRequest, InvalidRequest
 from radixray.protocol.rules import check_context, check_token_ids
 
@@ -44,6 +46,7 @@ from .logprobs import LogprobFormatter
 from .sampling import sampling_params
 from .sse import SSEResponse
 from .streams import collect, open_all, sse_events, usage_of
+from .tool_calls import parser_for
 
 __all__ = [
     "PostRoute",
@@ -90,8 +93,15 @@ async def serve_chat(request: Request, raw: bytes) -> Response:
     backend = backend_of(request)
     body = parse_body(raw, oa.ChatCompletionRequest)
     check_model(backend, body.model)
-    prompt_ids = await encode(backend, render_chat(backend, body.plain_messages(), True))
-    return await _serve(request, backend, body, [prompt_ids], ChatAnswer, ["messages"])
+    tools = body.tool_dicts()
+    text = render_chat(backend, body.plain_messages(), True, tools)
+    prompt_ids = await encode(backend, text)
+    answer_cls = ChatAnswer
+    if tools:  # the answer is read for tool calls by the template family's parser
+        family = tool_family(getattr(backend.meta.tokenizer, "chat_template", None) or "")
+        parser = parser_for(family, body.parallel_tool_calls is not False)
+        answer_cls = partial(ChatAnswer, tools=parser)
+    return await _serve(request, backend, body, [prompt_ids], answer_cls, ["messages"])
 
 
 class PostRoute(NamedTuple):

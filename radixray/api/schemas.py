@@ -1,4 +1,5 @@
-"""OpenAI request schemas (pydantic, at the HTTP edge only) and response builders.
+"""OpenAI request schemas (pydantic, at the HTTP edge only); the response builders are in
+``responses.py`` and re-exported here.
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a 400
 whose error names the parameter, as OpenAI's API does. Responses are plain dicts in OpenAI's
@@ -8,7 +9,6 @@ shape so that the official ``openai`` client parses them.
 from __future__ import annotations
 
 import math
-import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,8 +19,19 @@ from pydantic import (
     StrictBool,
     StrictInt,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from .responses import (
+    chat_chunk,
+    chat_response,
+    completion_choice,
+    completion_chunk,
+    completion_response,
+    usage,
+)
+from .tool_schemas import NamedToolChoice, Tool, ToolCall, check_tools, template_messages
 
 __all__ = [
     "CompletionRequest",
@@ -241,14 +252,17 @@ class _ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[_ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Required but for an assistant message with tool_calls (``plain_messages`` checks it).
+    content: str | list[_ContentPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None  # assistant's
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(p.text for p in self.content)
 
 
@@ -258,132 +272,28 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    # OpenAI's function tools (docs/openai_api.md, "Tools"): rendered through the model's chat
+    # template, its answer read back into tool_calls by the template family's parser.
+    tools: Annotated[list[Tool], Field(min_length=1)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _tools(self):
+        check_tools(self.tools, self.tool_choice)
+        return self
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def plain_messages(self) -> list[dict[str, str]]:
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as a chat template takes them; None without any or with choice "none"."""
+        on = self.tools and self.tool_choice != "none"
+        return [t.model_dump(exclude_none=True) for t in self.tools] if on else None
+
+    def plain_messages(self) -> list[dict]:
         return plain_messages(self.messages)
 
 
-def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as a chat template takes them."""
-    # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
-    return [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages
-    ]
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def _ids(choice: dict, prompt_token_ids: list[int] | None, token_ids: list[int] | None) -> dict:
-    """``return_token_ids``' fields on a completion choice (vLLM's names and places)."""
-    if prompt_token_ids is not None:
-        choice["prompt_token_ids"] = prompt_token_ids
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
-
-
-def completion_choice(
-    index: int,
-    text: str,
-    finish: str | None,
-    prompt_token_ids: list[int] | None = None,
-    token_ids: list[int] | None = None,
-    logprobs: dict | None = None,
-) -> dict:
-    choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
-    return _ids(choice, prompt_token_ids, token_ids)
-
-
-def completion_response(rid: str, model: str, choices: list[dict], use: dict) -> dict:
-    """A whole answer: its choices (``completion_choice``, in index order) and usage."""
-    return _envelope(rid, "text_completion", model, choices, None, use)
-
-
-def completion_chunk(
-    rid: str,
-    model: str,
-    text: str,
-    finish: str | None,
-    use: dict | None = None,
-    created: int | None = None,
-    prompt_token_ids: list[int] | None = None,
-    token_ids: list[int] | None = None,
-    index: int = 0,
-    logprobs: dict | None = None,
-) -> dict:
-    choices = [completion_choice(index, text, finish, prompt_token_ids, token_ids, logprobs)]
-    return _envelope(rid, "text_completion", model, choices, created, use)
-
-
-def _envelope(
-    rid: str,
-    obj: str,
-    model: str,
-    choices: list[dict],
-    created: int | None,
-    use: dict | None,
-    prompt_token_ids: list[int] | None = None,
-) -> dict:
-    """What every answer and chunk has around its choices; ``prompt_token_ids`` beside them is
-    chat's place for them (a completion has them on its choice)."""
-    out = {
-        "id": rid,
-        "object": obj,
-        "created": created or int(time.time()),
-        "model": model,
-        "choices": choices,
-    }
-    if prompt_token_ids is not None:
-        out["prompt_token_ids"] = prompt_token_ids
-    if use is not None:
-        out["usage"] = use
-    return out
-
-
-def chat_response(
-    rid: str,
-    model: str,
-    text: str,
-    finish: str,
-    use: dict,
-    prompt_token_ids: list[int] | None = None,
-    token_ids: list[int] | None = None,
-    logprobs: dict | None = None,
-) -> dict:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish,
-        "logprobs": logprobs,
-    }
-    choices = [_ids(choice, None, token_ids)]
-    return _envelope(rid, "chat.completion", model, choices, None, use, prompt_token_ids)
-
-
-def chat_chunk(
-    rid: str,
-    model: str,
-    delta: dict,
-    finish: str | None,
-    use: dict | None = None,
-    with_choice: bool = True,
-    created: int | None = None,
-    prompt_token_ids: list[int] | None = None,
-    token_ids: list[int] | None = None,
-    index: int = 0,
-    logprobs: dict | None = None,
-) -> dict:
-    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-    choices = [_ids(choice, None, token_ids)] if with_choice else []
-    return _envelope(rid, "chat.completion.chunk", model, choices, created, use, prompt_token_ids)
+plain_messages = template_messages  # messages as a chat template takes them

@@ -165,6 +165,10 @@ async def sse_events(
 def _render(answer: Answer, prompt_index: int, c: StreamChunk) -> bytes | None:
     """The event of prompt ``prompt_index``'s chunk ``c`` (None: nothing to send)."""
     index = answer.index(prompt_index)
+    if getattr(answer, "tools", None) is not None:  # read for tool calls (``ChatAnswer``)
+        return answer.tool_event(
+            index, c.text, (c.finish_reason or "stop") if c.final else None, c.token_ids
+        )
     if c.final:
         return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index, c))
     if answer.needs_dict(index):  # every token's id or logprob, even one that ends no character

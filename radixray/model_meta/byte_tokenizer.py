@@ -71,6 +71,9 @@ class ByteTokenizer:
         return "".join(out)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt)
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)

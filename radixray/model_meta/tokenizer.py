@@ -49,7 +49,10 @@ class TokenizerProtocol(Protocol):
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str: ...
 
 
@@ -204,12 +207,15 @@ class BPETokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         """The prompt text for ``messages``, rendered with the checkpoint's own template."""
         if self._chat is None:
             raise ValueError("this checkpoint ships no chat template; send a plain text prompt")
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt)
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
