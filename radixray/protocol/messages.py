@@ -72,6 +72,30 @@ def _tag(name: str) -> str:
     return f"{name}/{PROTOCOL_VERSION}"
 
 
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
+class GrammarSpec(Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Structured output: the worker constrains sampling to this grammar. ``kind`` names how
+    ``spec`` reads: "json_object" (spec ""), "json_schema" (a JSON schema as text), "regex",
+    "choice" (a JSON list of strings), "grammar" (Lark, llguidance's dialect). Checked for shape
+    here; the grammar library (worker only) compiles it at admission."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequest(
+                f"GrammarSpec.kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}",
+                "response_format",
+            )
+        if not isinstance(self.spec, str) or len(self.spec) > 1 << 20:
+            raise InvalidRequest(
+                "GrammarSpec.spec must be a string of at most 1 MiB", "response_format"
+            )
+
+
 class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """How to sample one request. Built once at the edge, validated on construction (and on
     decode), carried as this object to the engine."""
@@ -91,6 +115,7 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
     repetition_penalty: float = 1.0  # over prompt + generated tokens; 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     min_tokens: int = 0  # EOS and stop_token_ids cannot end the request before this many
+    grammar: GrammarSpec | None = None  # structured output (radixray.worker.grammar)
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str):

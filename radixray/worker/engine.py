@@ -65,6 +65,7 @@ class _Live:
     detok: IncrementalDetokenizer
     sink: Sink | None = None
     admitted: bool = False
+    matcher: object = None  # structured output: a grammar.GrammarMatcher, or None
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
 
 
@@ -110,6 +111,7 @@ class Engine:
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
         self._stop_ids = stop_ids
+        self._structured = None  # grammar.StructuredOutput, made on the first grammar request
         self.loop = EngineLoop(self)
 
     # ------------------------------------------------------------------ the core
@@ -118,10 +120,20 @@ class Engine:
         """Queue a built request; its chunks go to ``sink`` (on the driving thread)."""
         if req.request_id in self._live:
             raise InvalidRequest(f"request_id {req.request_id!r} is already in use", "request_id")
+        matcher = None
+        if req.params.grammar is not None:  # compiled at admission: a bad spec is a 400 here
+            if self._structured is None:
+                from .grammar import StructuredOutput  # the grammar library: worker-only, lazy
+
+                self._structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size)
+            matcher = self._structured.matcher(req.params.grammar)
         self.scheduler.add(req)
         decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
         self._live[req.request_id] = _Live(
-            req, IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens), sink
+            req,
+            IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens),
+            sink,
+            matcher=matcher,
         )
 
     def add_request(
@@ -174,11 +186,12 @@ class Engine:
                 live.admitted = True
                 self.meter.record_admission(it.req.num_prompt, it.req.miss)
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
+        masks = self._start_masks(batch)  # computed on a helper thread during the forward
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
-        out = self._emit(batch, logits)
+        out = self._emit(batch, logits, masks)
         end = time.perf_counter()
         # the step's share of the engine's time: from the last step's end if the engine had
         # work since (the loop's own time and any wait for the cores are this step's), else
@@ -190,17 +203,31 @@ class Engine:
             self.scheduler.check_integrity()
         return out
 
-    def _emit(self, batch: Batch, logits: torch.Tensor) -> list[StreamChunk]:
+    def _start_masks(self, batch: Batch):
+        """(rows, future bitmask) of the sampled rows under a grammar, or None."""
+        if self._structured is None:
+            return None
+        rows, matchers = [], []
+        for i, it in enumerate(it for it in batch.items if it.sample):
+            m = self._live[it.req.request_id].matcher
+            if m is not None:
+                rows.append(i)
+                matchers.append(m)
+        return (rows, self._structured.masks(matchers)) if rows else None
+
+    def _emit(self, batch: Batch, logits: torch.Tensor, masks=None) -> list[StreamChunk]:
         items = [it for it in batch.items if it.sample]
         if not items:
             return []
         reqs = [it.req for it in items]
+        grammar = {"grammar_mask": (masks[0], masks[1].result())} if masks else {}
         tokens = self.sampler.sample(
             logits,
             [r.request_id for r in reqs],
             [r.params for r in reqs],
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
+            **grammar,
         )
         now = time.monotonic()
         out = []
@@ -214,6 +241,11 @@ class Engine:
                 )
             delta = live.detok.update(req.output_ids)
             reason = self._finish_reason(req, tok, live.detok.stopped)
+            if live.matcher is not None and not live.matcher.accept(tok) and reason is None:
+                log.warning("request %s left its grammar: %s", req.request_id, live.matcher.error)
+                reason = "stop"
+            if reason is None and live.matcher is not None and live.matcher.done:
+                reason = "stop"  # the grammar is complete: nothing but EOS could follow
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)

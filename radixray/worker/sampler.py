@@ -11,9 +11,26 @@ from radixray.protocol import SamplingParams
 
 from .logits_controls import apply_controls, apply_min_p
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "apply_token_bitmask"]
 
 _MIN_TEMPERATURE = 1e-5
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows=None) -> None:
+    """Sets to -inf, in place, every logit whose bit is 0 in ``bitmask`` [m, ceil(vocab/32)]
+    (int32 words, bit j of word w allows id 32*w + j: xgrammar's and llguidance's layout).
+    ``rows``: the m rows of ``logits`` the mask is for (default all); the others are untouched."""
+    vocab = logits.shape[-1]
+    bits = bitmask.to(logits.device).unsqueeze(-1) >> _BITS.to(logits.device)
+    allowed = (bits & 1).bool().flatten(1)[:, :vocab]
+    if rows is None:
+        logits.masked_fill_(~allowed, float("-inf"))
+    else:
+        idx = torch.as_tensor(rows, device=logits.device)
+        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
 
 
 class Sampler:
@@ -47,10 +64,16 @@ class Sampler:
         params: list[SamplingParams],
         prompt_ids: Sequence[Sequence[int]] | None = None,
         output_ids: Sequence[Sequence[int]] | None = None,
+        grammar_mask: tuple[list[int], torch.Tensor] | None = None,
     ) -> list[int]:
         """logits [n, vocab] (any device) -> n token ids. ``prompt_ids`` and ``output_ids``
-        (each row's tokens so far) are needed only by the penalties and ``min_tokens``."""
-        logits = logits.float()
+        (each row's tokens so far) are needed only by the penalties and ``min_tokens``.
+        ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied before all else."""
+        given, logits = logits, logits.float()
+        if grammar_mask is not None:
+            if logits is given:  # float() made no copy: leave the caller's tensor alone
+                logits = logits.clone()
+            apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
         if any(p.uses_controls for p in params):
             if prompt_ids is None or output_ids is None:
                 empty = [()] * len(params)
