@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .structured import ResponseFormat, StructuredOutputs
+
 __all__ = [
     "CompletionRequest",
     "ChatCompletionRequest",
@@ -119,6 +121,16 @@ class _Sampling(BaseModel):
     # sampled: a client can resend them without re-tokenizing (RL rollouts), a replay can
     # rebuild the cache the engine had.
     return_token_ids: StrictBool = False
+    # Structured output (radixray/api/structured.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* aliases; at most one per request.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: Annotated[str, Field(min_length=1)] | None = None
+    guided_choice: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None
+    ) = None
+    guided_grammar: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("stop")
     @classmethod
