@@ -167,6 +167,33 @@ def _measure(cls, meta, docs: int) -> dict:
     }
 
 
+def _engine_cost(model: str, batch: int, tokens: int, runs: int) -> tuple[float, float]:
+    """Decode ms per step of ``batch`` requests, free vs under a regex that forces exactly
+    ``tokens`` lowercase letters (the same number of steps), best of ``runs``."""
+    from radixray.protocol import GrammarSpec, SamplingParams
+    from radixray.worker import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=model, device="cpu", seed=0))
+    free = SamplingParams(max_tokens=tokens, temperature=1.0, seed=1, ignore_eos=True)
+    # One letter per token: on a BPE vocabulary a grammar of letters still forces `tokens`
+    # steps only if each token carries one letter, so cap by max_tokens too.
+    regex = GrammarSpec("regex", f"[a-z]{{{tokens}}}")
+    ruled = free.replace(grammar=regex)
+    prompts = [f"request {i}: write" for i in range(batch)]
+    out = []
+    for params in (free, ruled):
+        best = float("inf")
+        for _ in range(runs + 1):  # the first run warms up (and compiles the grammar)
+            t0 = time.perf_counter()
+            res = engine.generate_batch(prompts, params)
+            dt = time.perf_counter() - t0
+            steps = max(len(r.token_ids) for r in res)
+            best = min(best, dt / steps * 1e3)
+        out.append(best)
+    engine.shutdown()
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 import run, 1 document, tiny only")
@@ -191,6 +218,12 @@ def main() -> None:
                 f"| {cls.name} | {size:.1f} | {imp:.0f} | {model} | {r['setup_ms']:.1f} | "
                 f"{r['compile_ms']:.1f} | {r['first_ms']:.1f} | {r['mask_us_p50']:.1f} |"
             )
+    print()
+    print("engine (llguidance), batch 8, ms per decode step: free | under a grammar | ratio")
+    print("|---|---|---|---|")
+    for model in models:
+        free, ruled = _engine_cost(model, 8, 8 if args.quick else 32, 1 if args.quick else 3)
+        print(f"| {model} | {free:.2f} | {ruled:.2f} | {ruled / free:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,17 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows=None) 
     allowed = (bits & 1).bool().flatten(1)[:, :vocab]
     if rows is None:
         logits.masked_fill_(~allowed, float("-inf"))
+        masked = logits
     else:
         idx = torch.as_tensor(rows, device=logits.device)
-        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+        masked = logits[idx].masked_fill(~allowed, float("-inf"))
+    # A row the controls and the grammar together leave empty (min_tokens holds back the stop
+    # token that is all the grammar allows): the grammar wins, uniform over what it allows.
+    empty = torch.isneginf(masked).all(dim=-1)
+    if empty.any():
+        masked[empty] = torch.zeros_like(masked[empty]).masked_fill(~allowed[empty], float("-inf"))
+    if rows is not None:
+        logits[idx] = masked
 
 
 class Sampler:
@@ -68,12 +76,9 @@ class Sampler:
     ) -> list[int]:
         """logits [n, vocab] (any device) -> n token ids. ``prompt_ids`` and ``output_ids``
         (each row's tokens so far) are needed only by the penalties and ``min_tokens``.
-        ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied before all else."""
+        ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied after the
+        controls."""
         given, logits = logits, logits.float()
-        if grammar_mask is not None:
-            if logits is given:  # float() made no copy: leave the caller's tensor alone
-                logits = logits.clone()
-            apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
         if any(p.uses_controls for p in params):
             if prompt_ids is None or output_ids is None:
                 empty = [()] * len(params)
@@ -81,6 +86,10 @@ class Sampler:
                 output_ids = empty if output_ids is None else output_ids
             logits = apply_controls(logits, params, prompt_ids, output_ids, self.eos_ids)
             logits = apply_min_p(logits, params, _MIN_TEMPERATURE)
+        if grammar_mask is not None:  # after the controls: see apply_token_bitmask
+            if logits is given:  # no copy was made: leave the caller's tensor alone
+                logits = logits.clone()
+            apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
         out = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if p.greedy:

@@ -167,3 +167,22 @@ def test_apply_token_bitmask_masks_only_the_given_rows():
     assert torch.isinf(logits[1]).sum() == 37
     assert logits[1, [3, 31, 34]].tolist() == [0.0, 0.0, 0.0]
     assert not torch.isinf(logits[0]).any() and not torch.isinf(logits[2]).any()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_past_the_grammars_end_lets_the_grammar_win(engine, temperature):
+    choices = ["ok", "no"]
+    spec = GrammarSpec("choice", json.dumps(choices))
+    p = SamplingParams(max_tokens=20, min_tokens=10, temperature=temperature, seed=1, grammar=spec)
+    out = engine.generate_batch(["?"], [p])[0]
+    assert out.text in choices and out.finish_reason == "stop"
+
+
+def test_a_row_left_empty_by_the_controls_gets_the_grammars_tokens():
+    logits = torch.zeros(2, 40)
+    logits[1, 5] = float("-inf")  # the only id the grammar allows, held back by a control
+    mask = torch.zeros(1, 2, dtype=torch.int32)
+    mask[0, 0] = 1 << 5
+    apply_token_bitmask(logits, mask, [1])
+    assert logits[1].argmax() == 5 and torch.isinf(logits[1]).sum() == 39
+    assert not torch.isinf(logits[0]).any()
