@@ -168,16 +168,15 @@ def _measure(cls, meta, docs: int) -> dict:
 
 
 def _engine_cost(model: str, batch: int, tokens: int, runs: int) -> tuple[float, float]:
-    """Decode ms per step of ``batch`` requests, free vs under a regex that forces exactly
-    ``tokens`` lowercase letters (the same number of steps), best of ``runs``."""
+    """Ms per step of ``batch`` requests of ``tokens`` tokens each (prefill included), free vs
+    under a regex of lowercase letters too long to complete in ``tokens`` tokens (so both take
+    the same steps), best of ``runs``."""
     from radixray.protocol import GrammarSpec, SamplingParams
     from radixray.worker import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=model, device="cpu", seed=0))
     free = SamplingParams(max_tokens=tokens, temperature=1.0, seed=1, ignore_eos=True)
-    # One letter per token: on a BPE vocabulary a grammar of letters still forces `tokens`
-    # steps only if each token carries one letter, so cap by max_tokens too.
-    regex = GrammarSpec("regex", f"[a-z]{{{tokens}}}")
+    regex = GrammarSpec("regex", f"[a-z]{{{tokens * 32}}}")
     ruled = free.replace(grammar=regex)
     prompts = [f"request {i}: write" for i in range(batch)]
     out = []
@@ -188,6 +187,7 @@ def _engine_cost(model: str, batch: int, tokens: int, runs: int) -> tuple[float,
             res = engine.generate_batch(prompts, params)
             dt = time.perf_counter() - t0
             steps = max(len(r.token_ids) for r in res)
+            assert all(len(r.token_ids) == tokens for r in res), "not the same steps"
             best = min(best, dt / steps * 1e3)
         out.append(best)
     engine.shutdown()
