@@ -46,6 +46,7 @@ from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .stats import EngineStats
+from .structured import StructuredOutput
 
 __all__ = ["Engine", "EngineError", "Sink"]
 
@@ -111,7 +112,7 @@ class Engine:
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
         self._stop_ids = stop_ids
-        self._structured = None  # grammar.StructuredOutput, made on the first grammar request
+        self.structured = StructuredOutput(tokenizer, mcfg.vocab_size)
         self.loop = EngineLoop(self)
 
     # ------------------------------------------------------------------ the core
@@ -120,21 +121,13 @@ class Engine:
         """Queue a built request; its chunks go to ``sink`` (on the driving thread)."""
         if req.request_id in self._live:
             raise InvalidRequest(f"request_id {req.request_id!r} is already in use", "request_id")
-        matcher = None
-        if req.params.grammar is not None:  # compiled at admission: a bad spec is a 400 here
-            if self._structured is None:
-                from .grammar import StructuredOutput  # the grammar library: worker-only, lazy
-
-                self._structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size)
-            matcher = self._structured.matcher(req.params.grammar)
+        matcher = self.structured.matcher(req.params.grammar)  # a bad grammar is a 400 here
         self.scheduler.add(req)
         decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
         self._live[req.request_id] = _Live(
-            req,
-            IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens),
-            sink,
-            matcher=matcher,
+            req, IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens), sink
         )
+        self._live[req.request_id].matcher = matcher
 
     def add_request(
         self,
@@ -186,7 +179,8 @@ class Engine:
                 live.admitted = True
                 self.meter.record_admission(it.req.num_prompt, it.req.miss)
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
-        masks = self._start_masks(batch)  # computed on a helper thread during the forward
+        ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
+        masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
@@ -203,31 +197,18 @@ class Engine:
             self.scheduler.check_integrity()
         return out
 
-    def _start_masks(self, batch: Batch):
-        """(rows, future bitmask) of the sampled rows under a grammar, or None."""
-        if self._structured is None:
-            return None
-        rows, matchers = [], []
-        for i, it in enumerate(it for it in batch.items if it.sample):
-            m = self._live[it.req.request_id].matcher
-            if m is not None:
-                rows.append(i)
-                matchers.append(m)
-        return (rows, self._structured.masks(matchers)) if rows else None
-
     def _emit(self, batch: Batch, logits: torch.Tensor, masks=None) -> list[StreamChunk]:
         items = [it for it in batch.items if it.sample]
         if not items:
             return []
         reqs = [it.req for it in items]
-        grammar = {"grammar_mask": (masks[0], masks[1].result())} if masks else {}
         tokens = self.sampler.sample(
             logits,
             [r.request_id for r in reqs],
             [r.params for r in reqs],
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
-            **grammar,
+            **self.structured.sampler_kwargs(masks),
         )
         now = time.monotonic()
         out = []
@@ -241,11 +222,7 @@ class Engine:
                 )
             delta = live.detok.update(req.output_ids)
             reason = self._finish_reason(req, tok, live.detok.stopped)
-            if live.matcher is not None and not live.matcher.accept(tok) and reason is None:
-                log.warning("request %s left its grammar: %s", req.request_id, live.matcher.error)
-                reason = "stop"
-            if reason is None and live.matcher is not None and live.matcher.done:
-                reason = "stop"  # the grammar is complete: nothing but EOS could follow
+            reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import torch
@@ -25,7 +24,6 @@ from .grammar_vocab import Vocab, vocab_of
 __all__ = [
     "GrammarCompiler",
     "GrammarMatcher",
-    "StructuredOutput",
     "fill_bitmask",
     "llg_tokenizer",
 ]
@@ -170,36 +168,3 @@ class GrammarCompiler:
 def fill_bitmask(matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor) -> None:
     for i, m in enumerate(matchers):
         m.fill(bitmask[i])
-
-
-class StructuredOutput:
-    """The engine's structured-output side: a matcher per request at admission (compiling on
-    first use of a spec), and the batch's bitmasks computed on a helper thread while the model
-    runs (the forward does not need them; the sampler waits for them after it)."""
-
-    def __init__(self, tokenizer, model_vocab_size: int):
-        self._tokenizer = tokenizer
-        self._vocab_size = model_vocab_size
-        self._compiler: GrammarCompiler | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-
-    def matcher(self, spec) -> GrammarMatcher:
-        """A fresh matcher for ``spec`` (a GrammarSpec); InvalidRequest if it is rejected."""
-        if self._compiler is None:
-            if self._tokenizer is None:
-                raise InvalidRequest(
-                    "structured output needs the model's tokenizer", "response_format"
-                )
-            self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size)
-        return self._compiler.matcher(spec.kind, spec.spec)
-
-    def masks(self, matchers: Sequence[GrammarMatcher]) -> Future:
-        """Starts computing the next-token bitmask of each matcher; the future gives [n, words]."""
-        assert self._compiler is not None
-        bitmask = self._compiler.new_bitmask(len(matchers))
-
-        def run() -> torch.Tensor:
-            fill_bitmask(matchers, bitmask)
-            return bitmask
-
-        return self._pool.submit(run)

@@ -186,3 +186,19 @@ def test_a_row_left_empty_by_the_controls_gets_the_grammars_tokens():
     apply_token_bitmask(logits, mask, [1])
     assert logits[1].argmax() == 5 and torch.isinf(logits[1]).sum() == 39
     assert not torch.isinf(logits[0]).any()
+
+
+def test_the_grammar_crosses_the_codec_and_a_bad_kind_does_not():
+    import msgspec
+
+    from radixray.protocol.codec import ProtocolError, decode, encode
+    from radixray.protocol.messages import GenerateRequest
+
+    p = SamplingParams(max_tokens=4, grammar=GrammarSpec("regex", "[a-z]+"))
+    req = GenerateRequest("r1", [1, 2, 3], p)
+    assert decode(encode(req), GenerateRequest).params == p
+    raw = msgspec.msgpack.decode(encode(req))  # [tag, request_id, prompt_ids, params, ...]
+    assert raw[3][-1] == ["regex", "[a-z]+"]  # appended last: the field order is the protocol
+    raw[3][-1] = ["yaml", ""]
+    with pytest.raises((ProtocolError, InvalidRequest)):
+        decode(msgspec.msgpack.encode(raw), GenerateRequest)
