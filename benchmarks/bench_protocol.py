@@ -82,6 +82,7 @@ from radixray.protocol import (  # noqa: E402
     encode,
 )
 from radixray.protocol.codec import MAX_MESSAGE_BYTES  # noqa: E402
+from radixray.protocol.grammar_spec import GRAMMAR_KINDS
 from radixray.protocol.logprobs import MAX_LOGPROBS
 from radixray.sysinfo import cpu_model  # noqa: E402
 
@@ -116,6 +117,7 @@ class DcSamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    grammar: tuple[str, str] | None = None  # (kind, spec), as GrammarSpec
 
     def __post_init__(self) -> None:
         # radixray.protocol.SamplingParams.__post_init__, line for line (object.__setattr__ for
@@ -203,6 +205,12 @@ class DcSamplingParams:
             v = getattr(self, name)
             if v is not None and (type(v) is not int or not 0 <= v <= MAX_LOGPROBS):
                 bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
+        g = self.grammar
+        if g is not None:
+            if g[0] not in GRAMMAR_KINDS:
+                raise InvalidRequest(f"GrammarSpec.kind must be one of ..., got {g[0]!r}", "x")
+            if not isinstance(g[1], str) or len(g[1]) > 1 << 20:
+                raise InvalidRequest("GrammarSpec.spec must be a string of at most 1 MiB", "x")
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +314,7 @@ def dc_encode_generate(m: DcGenerateRequest) -> bytes:
                 p.min_tokens,
                 p.logprobs,
                 p.prompt_logprobs,
+                None if p.grammar is None else list(p.grammar),
             ],
             m.extra_key,
         ],
@@ -380,7 +389,7 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
 # --- decode: unpack, then check everything msgspec checks ---------------------------------------
 
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
-_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0, None, None]
+_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0, None, None, None]
 _SP_FLOATS = (
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"
 )  # fmt: skip
@@ -420,7 +429,13 @@ def _dc_params(p: Any) -> DcSamplingParams:
     if len(p) < n_fields:
         p = p + _SP_DEFAULTS[len(p) :]
     max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos = p[:8]
-    min_p, presence, frequency, repetition, logit_bias, min_tokens, logprobs, prompt_lp = p[8:]
+    min_p, presence, frequency, repetition, logit_bias, min_tokens, logprobs, prompt_lp, g = p[8:]
+    if g is not None:
+        if type(g) is not list or not 1 <= len(g) <= 2 or type(g[0]) is not str:
+            raise _bad(TAG_GENERATE, "params.grammar must be None or an array [kind, spec]")
+        if len(g) == 2 and type(g[1]) is not str:
+            raise _bad(TAG_GENERATE, "params.grammar spec must be a str")
+        g = (g[0], g[1] if len(g) == 2 else "")
     floats = [temperature, top_p, min_p, presence, frequency, repetition]
     for i, (name, v) in enumerate(zip(_SP_FLOATS, floats, strict=True)):
         if type(v) is not float:
@@ -459,6 +474,7 @@ def _dc_params(p: Any) -> DcSamplingParams:
             min_tokens,
             logprobs,
             prompt_lp,
+            g,
         )
     except InvalidRequest as e:
         raise _bad(TAG_GENERATE, str(e)) from None
@@ -830,6 +846,7 @@ def check_same_validation() -> int:
         (GenerateRequest, with_(gen, (3,), [])),  # every SamplingParams default
         (GenerateRequest, with_(gen, (3, 1), 1)),  # an int for a float
         (GenerateRequest, with_(gen, (3,), sp[:8])),  # the logits controls left out
+        (GenerateRequest, with_(gen, (3,), [*sp, 2, None, ["json_schema", "{}"]])),
         (GenerateRequest, with_(gen, (3, 12), [[9, 1], [3, 2.5]])),  # unsorted, an int bias
         (GenerateRequest, with_(gen, (2,), [0, 2**31 - 1])),
         (StreamChunk, chunk),
@@ -877,7 +894,9 @@ def check_same_validation() -> int:
         (GenerateRequest, with_(gen, (3, 12), [[3]])),
         (GenerateRequest, with_(gen, (3, 13), 513)),
         (GenerateRequest, with_(gen, (3, 13), -1)),
-        (GenerateRequest, with_(gen, (3,), [*sp, None, None, 1])),  # one field too many
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, None, 1])),  # one field too many
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, ["yaml", ""]])),
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, "json"])),
         (GenerateRequest, with_(gen, (3,), [*sp, 21])),  # logprobs over MAX_LOGPROBS
         (GenerateRequest, with_(gen, (3,), [*sp, None, -1])),
         (GenerateRequest, with_(gen, (4,), "k" * 257)),

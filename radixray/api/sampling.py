@@ -12,6 +12,7 @@ from radixray.protocol import InvalidRequest, SamplingParams
 from radixray.protocol.rules import check_sampling_tokens
 
 from .errors import ApiError
+from .structured import grammar_spec
 
 __all__ = ["sampling_params"]
 
@@ -41,6 +42,7 @@ def sampling_params(body, max_tokens: int, vocab_size: int) -> SamplingParams:
             logit_bias={int(k): v for k, v in bias.items()},
             min_tokens=given(body.min_tokens, 0),
             **_logprob_counts(body),
+            grammar=grammar_spec(body),
         )
         check_sampling_tokens(params, vocab_size)
     except InvalidRequest as e:

@@ -31,6 +31,7 @@ from .responses import (
     completion_response,
     usage,
 )
+from .structured import ResponseFormat, StructuredOutputs
 from .tool_schemas import NamedToolChoice, Tool, ToolCall, check_tools, template_messages
 
 __all__ = [
@@ -130,6 +131,16 @@ class _Sampling(BaseModel):
     # sampled: a client can resend them without re-tokenizing (RL rollouts), a replay can
     # rebuild the cache the engine had.
     return_token_ids: StrictBool = False
+    # Structured output (radixray/api/structured.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* aliases; at most one per request.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: Annotated[str, Field(min_length=1)] | None = None
+    guided_choice: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None
+    ) = None
+    guided_grammar: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("stop")
     @classmethod

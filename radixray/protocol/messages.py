@@ -29,6 +29,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from .errors import ErrorKind, InvalidRequest, RequestError, error_for
+from .grammar_spec import GRAMMAR_KINDS, GrammarSpec  # noqa: F401 (re-exported)
 from .logprobs import MAX_LOGPROBS, TokenLogprob, join_logprobs
 
 __all__ = [
@@ -54,9 +55,7 @@ __all__ = [
     "Empty",
 ]
 
-# 2: SamplingParams gained min_p, the penalties, logit_bias and min_tokens.
-# 3: SamplingParams and StreamChunk gained logprobs and prompt_logprobs.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -99,6 +98,7 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
     # k: each sampled (prompt) token's logprob and its k most likely alternatives.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    grammar: GrammarSpec | None = None  # structured output (radixray.worker.grammar)
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str):

@@ -34,7 +34,6 @@ from radixray.protocol import (
     StreamChunk,
     WorkerCounters,
 )
-from radixray.sysinfo import cpu_model
 
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
@@ -46,7 +45,8 @@ from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
 from .scheduler import Batch, Scheduler, SchedulerConfig
-from .stats import EngineStats
+from .stats import EngineStats, perf_class
+from .structured import StructuredOutput
 
 __all__ = ["Engine", "EngineError", "Sink"]
 
@@ -66,6 +66,7 @@ class _Live:
     detok: IncrementalDetokenizer
     sink: Sink | None = None
     admitted: bool = False
+    matcher: object = None  # structured output: a grammar.GrammarMatcher, or None
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
     prompt_logprobs: list = field(default_factory=list)  # until its first token (logprobs.py)
 
@@ -112,6 +113,7 @@ class Engine:
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live: dict[str, _Live] = {}
         self._stop_ids = stop_ids
+        self.structured = StructuredOutput(tokenizer, mcfg.vocab_size)
         self.loop = EngineLoop(self)
 
     # ------------------------------------------------------------------ the core
@@ -120,11 +122,13 @@ class Engine:
         """Queue a built request; its chunks go to ``sink`` (on the driving thread)."""
         if req.request_id in self._live:
             raise InvalidRequest(f"request_id {req.request_id!r} is already in use", "request_id")
+        matcher = self.structured.matcher(req.params.grammar)  # a bad grammar is a 400 here
         self.scheduler.add(req)
         decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
         self._live[req.request_id] = _Live(
             req, IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens), sink
         )
+        self._live[req.request_id].matcher = matcher
 
     def add_request(
         self,
@@ -176,12 +180,14 @@ class Engine:
                 live.admitted = True
                 self.meter.record_admission(it.req.num_prompt, it.req.miss)
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
+        ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
+        masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
         self.scheduler.postprocess(batch)
         keep_prompt_logprobs(self.runner.prompt_logits, self._live)
-        out = self._emit(batch, logits)
+        out = self._emit(batch, logits, masks)
         end = time.perf_counter()
         # the step's share of the engine's time: from the last step's end if the engine had
         # work since (the loop's own time and any wait for the cores are this step's), else
@@ -193,7 +199,7 @@ class Engine:
             self.scheduler.check_integrity()
         return out
 
-    def _emit(self, batch: Batch, logits: torch.Tensor) -> list[StreamChunk]:
+    def _emit(self, batch: Batch, logits: torch.Tensor, masks=None) -> list[StreamChunk]:
         items = [it for it in batch.items if it.sample]
         if not items:
             return []
@@ -204,6 +210,7 @@ class Engine:
             [r.params for r in reqs],
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
+            **self.structured.sampler_kwargs(masks),
         )
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
@@ -218,6 +225,7 @@ class Engine:
                 )
             delta = live.detok.update(req.output_ids)
             reason = self._finish_reason(req, tok, live.detok.stopped)
+            reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)
@@ -353,16 +361,8 @@ class Engine:
 
     @property
     def perf_class(self) -> str:
-        """What sets this worker's speed: workers that share it run at the same speed, so a
-        router pools their step-time measurements instead of routing on the noise between them.
-        """
-        dev = self.device
-        if dev.type == "cuda":
-            hw = torch.cuda.get_device_name(dev)
-        else:
-            hw = f"{cpu_model()} x{torch.get_num_threads()} threads"
-        c = self.config
-        return " | ".join((c.model, c.dtype, hw, self.runner.attention.name))
+        """What sets this worker's speed (``worker.stats.perf_class``)."""
+        return perf_class(self.config, self.device, self.runner.attention.name)
 
     def stats(self) -> dict:
         """Counters, load and measured rates in one dict (keys: ``WorkerCounters`` and

@@ -11,9 +11,34 @@ from radixray.protocol import SamplingParams
 
 from .logits_controls import apply_controls, apply_min_p
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "apply_token_bitmask"]
 
 _MIN_TEMPERATURE = 1e-5
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows=None) -> None:
+    """Sets to -inf, in place, every logit whose bit is 0 in ``bitmask`` [m, ceil(vocab/32)]
+    (int32 words, bit j of word w allows id 32*w + j: xgrammar's and llguidance's layout).
+    ``rows``: the m rows of ``logits`` the mask is for (default all); the others are untouched."""
+    vocab = logits.shape[-1]
+    bits = bitmask.to(logits.device).unsqueeze(-1) >> _BITS.to(logits.device)
+    allowed = (bits & 1).bool().flatten(1)[:, :vocab]
+    if rows is None:
+        logits.masked_fill_(~allowed, float("-inf"))
+        masked = logits
+    else:
+        idx = torch.as_tensor(rows, device=logits.device)
+        masked = logits[idx].masked_fill(~allowed, float("-inf"))
+    # A row the controls and the grammar together leave empty (min_tokens holds back the stop
+    # token that is all the grammar allows): the grammar wins, uniform over what it allows.
+    empty = torch.isneginf(masked).all(dim=-1)
+    if empty.any():
+        masked[empty] = torch.zeros_like(masked[empty]).masked_fill(~allowed[empty], float("-inf"))
+    if rows is not None:
+        logits[idx] = masked
 
 
 class Sampler:
@@ -47,10 +72,13 @@ class Sampler:
         params: list[SamplingParams],
         prompt_ids: Sequence[Sequence[int]] | None = None,
         output_ids: Sequence[Sequence[int]] | None = None,
+        grammar_mask: tuple[list[int], torch.Tensor] | None = None,
     ) -> list[int]:
         """logits [n, vocab] (any device) -> n token ids. ``prompt_ids`` and ``output_ids``
-        (each row's tokens so far) are needed only by the penalties and ``min_tokens``."""
-        logits = logits.float()
+        (each row's tokens so far) are needed only by the penalties and ``min_tokens``.
+        ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied after the
+        controls."""
+        given, logits = logits, logits.float()
         if any(p.uses_controls for p in params):
             if prompt_ids is None or output_ids is None:
                 empty = [()] * len(params)
@@ -58,6 +86,10 @@ class Sampler:
                 output_ids = empty if output_ids is None else output_ids
             logits = apply_controls(logits, params, prompt_ids, output_ids, self.eos_ids)
             logits = apply_min_p(logits, params, _MIN_TEMPERATURE)
+        if grammar_mask is not None:  # after the controls: see apply_token_bitmask
+            if logits is given:  # no copy was made: leave the caller's tensor alone
+                logits = logits.clone()
+            apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
         out = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if p.greedy:

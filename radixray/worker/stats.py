@@ -8,8 +8,9 @@ from collections import deque
 from radixray.numbers import Ewma
 from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel
+from radixray.sysinfo import cpu_model
 
-__all__ = ["EngineStats", "STEP_FIELDS"]
+__all__ = ["EngineStats", "STEP_FIELDS", "perf_class"]
 
 # One entry of EngineStats.step_log.
 STEP_FIELDS = (
@@ -105,3 +106,15 @@ def _since(log: deque, total: int, seen: int) -> list[tuple]:
     """The entries of ``log`` (the last of ``total`` appended) after the first ``seen``."""
     k = min(total - seen, len(log))
     return list(log)[-k:] if k > 0 else []
+
+
+def perf_class(config, device, attention: str) -> str:
+    """What sets a worker's speed: workers that share it run at the same speed, so a router
+    pools their step-time measurements instead of routing on the noise between them."""
+    import torch
+
+    if device.type == "cuda":
+        hw = torch.cuda.get_device_name(device)
+    else:
+        hw = f"{cpu_model()} x{torch.get_num_threads()} threads"
+    return " | ".join((config.model, config.dtype, hw, attention))

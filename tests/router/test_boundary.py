@@ -38,12 +38,16 @@ async def main(url):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
         body = {"model": "tiny", "prompt": "across the boundary", "max_tokens": 3}
         r = await c.post("/v1/completions", json=body)
+        structured = body | {"max_tokens": 40, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"enum": ["yes", "no"]}}}}
+        rs = await c.post("/v1/completions", json=structured)
     numpy_for_tiny = "numpy" in sys.modules  # a tiny-model router needs no numpy (~11 MB RSS)
     load_model_meta("smollm2")  # a real tokenizer and chat template, from the GGUF metadata
     await service.close()
-    heavy = ("torch", "radixray.worker")
+    heavy = ("torch", "radixray.worker", "llguidance", "xgrammar")
     loaded = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith(heavy))
     print(json.dumps({"status": r.status_code, "body": r.json(), "loaded": loaded,
+                      "structured": rs.json(),
                       "numpy_for_tiny": numpy_for_tiny}))
 
 asyncio.run(main(sys.argv[1]))
@@ -69,7 +73,8 @@ def test_a_router_process_never_loads_torch_or_the_worker(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"] == 200, result
     assert result["body"]["usage"]["completion_tokens"] == 3
-    assert result["loaded"] == []  # no torch, no radixray.worker
+    assert json.loads(result["structured"]["choices"][0]["text"]) in ("yes", "no")
+    assert result["loaded"] == []  # no torch, no radixray.worker, no grammar library
     assert result["numpy_for_tiny"] is False
 
 

@@ -53,3 +53,34 @@ def test_real_model_reuse_is_exact(loaded):
     assert first[1].cached_tokens > 0 or first[2].cached_tokens > 0
     assert all(o.cached_tokens >= o.prompt_tokens - 16 for o in second)
     warm.check_integrity()
+
+
+def test_structured_output_on_the_real_vocabulary(loaded):
+    """A 49k BPE vocabulary (multi-byte tokens): the answer follows the schema and still says
+    what the model knows."""
+    import json
+
+    import jsonschema
+
+    from radixray.protocol import GrammarSpec
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "country": {"type": "string", "maxLength": 20},
+            "capital": {"type": "string", "maxLength": 20},
+            "continent": {"enum": ["Europe", "Asia", "Africa", "America", "Oceania"]},
+        },
+        "required": ["country", "capital", "continent"],
+        "additionalProperties": False,
+    }
+    e = Engine(EngineConfig(model="smollm2", page_size=16, num_pages=256), loaded=loaded)
+    q = "Answer in JSON with country, capital and continent: what is the capital of France?"
+    params = SamplingParams(
+        max_tokens=80, temperature=0.0, grammar=GrammarSpec("json_schema", json.dumps(schema))
+    )
+    out = e.generate_batch([chat(e.tokenizer, q)], params)[0]
+    assert out.finish_reason == "stop", out.text
+    value = json.loads(out.text)
+    jsonschema.validate(value, schema)
+    assert value["capital"] == "Paris" and value["continent"] == "Europe", value
