@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from radixray.model_meta.chat_template import tool_family
-from radixray.protocol import GenerateRequest, InvalidRequest
+from radixray.protocol import GenerateRequest, GrammarSpec, InvalidRequest
 from radixray.protocol.rules import check_context, check_token_ids
 
 from . import schemas as oa
@@ -47,6 +47,7 @@ from .sampling import sampling_params
 from .sse import SSEResponse
 from .streams import collect, open_all, sse_events, usage_of
 from .tool_calls import parser_for
+from .tool_grammar import tool_choice_grammar
 
 __all__ = [
     "PostRoute",
@@ -96,12 +97,17 @@ async def serve_chat(request: Request, raw: bytes) -> Response:
     tools = body.tool_dicts()
     text = render_chat(backend, body.plain_messages(), True, tools)
     prompt_ids = await encode(backend, text)
-    answer_cls = ChatAnswer
+    answer_cls, forced = ChatAnswer, None
     if tools:  # the answer is read for tool calls by the template family's parser
         family = tool_family(getattr(backend.meta.tokenizer, "chat_template", None) or "")
-        parser = parser_for(family, body.parallel_tool_calls is not False)
+        parallel = body.parallel_tool_calls is not False
+        parser = parser_for(family, parallel)
         answer_cls = partial(ChatAnswer, tools=parser)
-    return await _serve(request, backend, body, [prompt_ids], answer_cls, ["messages"])
+        # "required" or a named function: structured output makes the answer those calls.
+        forced = tool_choice_grammar(body.tools, body.tool_choice, family, parallel)
+    return await _serve(
+        request, backend, body, [prompt_ids], answer_cls, ["messages"], tool_grammar=forced
+    )
 
 
 class PostRoute(NamedTuple):
@@ -137,6 +143,7 @@ async def _serve(
     answer_cls: type[TextAnswer] | type[ChatAnswer],
     prompt_params: list[str],
     echo: list[str] | None = None,
+    tool_grammar: GrammarSpec | None = None,
 ) -> Response:
     """Serve one request of one or more prompts: each prompt is its own ``GenerateRequest``
     (placed by the backend on its own, all opened at once), answered as one response whose
@@ -146,7 +153,7 @@ async def _serve(
         for ids, param in zip(prompts, prompt_params, strict=True)
     ]
     max_tokens = limits[0]
-    params = sampling_params(body, max_tokens, backend.meta.vocab_size)
+    params = sampling_params(body, max_tokens, backend.meta.vocab_size, tool_grammar)
     ids_back = prompts if body.return_token_ids else None
     lp = LogprobFormatter(backend.meta.tokenizer) if params.logprobs is not None else None
     if answer_cls is TextAnswer:

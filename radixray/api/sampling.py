@@ -8,7 +8,7 @@ or the other fields is checked here, once, at the edge: token ids in the vocabul
 
 from __future__ import annotations
 
-from radixray.protocol import InvalidRequest, SamplingParams
+from radixray.protocol import GrammarSpec, InvalidRequest, SamplingParams
 from radixray.protocol.rules import check_sampling_tokens
 
 from .errors import ApiError
@@ -17,8 +17,12 @@ from .structured import grammar_spec
 __all__ = ["sampling_params"]
 
 
-def sampling_params(body, max_tokens: int, vocab_size: int) -> SamplingParams:
-    """``body``: a ``CompletionRequest`` or ``ChatCompletionRequest``."""
+def sampling_params(
+    body, max_tokens: int, vocab_size: int, tool_grammar: GrammarSpec | None = None
+) -> SamplingParams:
+    """``body``: a ``CompletionRequest`` or ``ChatCompletionRequest``. ``tool_grammar``: the
+    grammar that enforces a chat request's ``tool_choice`` (``tool_grammar.py``), which leaves
+    no room for the request's own structured output."""
     bias = body.logit_bias or {}
     top_k = body.top_k if body.top_k not in (None, 0) else -1  # vLLM: 0 and -1 both mean off
 
@@ -42,13 +46,31 @@ def sampling_params(body, max_tokens: int, vocab_size: int) -> SamplingParams:
             logit_bias={int(k): v for k, v in bias.items()},
             min_tokens=given(body.min_tokens, 0),
             **_logprob_counts(body),
-            grammar=grammar_spec(body),
+            grammar=_grammar(body, tool_grammar),
         )
         check_sampling_tokens(params, vocab_size)
     except InvalidRequest as e:
         message = e.message.removeprefix("SamplingParams.")
         raise ApiError(400, message, param=e.param) from None
     return params
+
+
+def _grammar(body, tool_grammar: GrammarSpec | None) -> GrammarSpec | None:
+    asked = grammar_spec(body)
+    if tool_grammar is None:
+        return asked
+    if asked is not None:
+        raise ApiError(
+            400,
+            f"tool_choice {_choice_text(body.tool_choice)} constrains the answer to tool calls: "
+            "it cannot be combined with response_format or other structured output",
+            param="tool_choice",
+        )
+    return tool_grammar
+
+
+def _choice_text(choice) -> str:
+    return repr(choice) if isinstance(choice, str) else f"function {choice.function.name!r}"
 
 
 def _logprob_counts(body) -> dict:

@@ -65,9 +65,11 @@ class ScriptedBackend:
         self.meta = load_model_meta("tiny")
         self.text, self.pieces = text, pieces
         self.prompts: list[list[int]] = []
+        self.grammars: list = []  # each request's SamplingParams.grammar
 
     async def open(self, req, session_key):
         self.prompts.append(list(req.prompt_ids))
+        self.grammars.append(req.params.grammar)
         return _Stream(self.text, self.pieces, len(req.prompt_ids))
 
 
@@ -138,13 +140,23 @@ def test_tool_choice_none_neither_renders_nor_parses(scripted):
     assert "<tools>" not in prompt
 
 
-def test_required_and_named_are_accepted_rendered_and_parsed(scripted):
-    _, client = scripted
-    for choice in ("required", {"type": "function", "function": {"name": "now"}}):
+def test_required_and_named_are_enforced_by_a_grammar(scripted):
+    """ "required" and a named function send a grammar (kind "grammar") with the request; "auto"
+    sends none. (The scripted model ignores it: the real worker's tests below obey it.)"""
+    backend, client = scripted
+    for choice, grammar in (
+        ("required", True),
+        ({"type": "function", "function": {"name": "now"}}, True),
+        ("auto", False),
+    ):
         r = client.chat.completions.create(
             model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice
         )
         assert len(r.choices[0].message.tool_calls) == 2
+        spec = backend.grammars[-1]
+        assert (spec is not None and spec.kind == "grammar") == grammar, spec
+    named = backend.grammars[-2].spec  # the named function's: that function alone
+    assert '"const": "now"' in named and '"const": "get_weather"' not in named
 
 
 def test_parallel_tool_calls_false_keeps_one(scripted):
@@ -205,6 +217,18 @@ BAD = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "now"}}}, "tool_choice"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    (
+        {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+    ),
+    (
+        {
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "now"}},
+            "structured_outputs": {"regex": "a+"},
+        },
+        "tool_choice",
+    ),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     (
         {"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]},
@@ -316,3 +340,105 @@ def test_streamed_tool_calls_carry_every_token_id(scripted):
         if "id" in tc
     ]
     assert names == ["get_weather", "now"]
+
+
+# Tools whose every call closes within a few dozen tokens, whatever random weights say.
+FORCED_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                    "unit": {"enum": ["c", "f"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "b": {"$ref": "#/$defs/small"},
+                },
+                "required": ["a", "b"],
+                "additionalProperties": False,
+                "$defs": {"small": {"type": "integer", "minimum": 0, "maximum": 9}},
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "now"}},  # no parameters: arguments are {}
+]
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _forced_calls(client, stream: bool, **kw) -> tuple[str | None, list[tuple[str, str]], str]:
+    """(content, [(name, arguments)], finish_reason) of one answer, streamed or whole."""
+    kw = {"model": "tiny", "messages": MESSAGES, "tools": FORCED_TOOLS, "max_tokens": 400} | kw
+    if not stream:
+        choice = client.chat.completions.create(**kw).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return choice.message.content, calls, choice.finish_reason
+    content, calls, reasons = "", {}, []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                if tc.id:
+                    calls[tc.index] = [tc.function.name, tc.function.arguments or ""]
+                else:
+                    calls[tc.index][1] += tc.function.arguments
+            reasons.append(ch.finish_reason)
+    finish = [r for r in reasons if r]
+    assert len(finish) == 1, finish
+    return content or None, [tuple(c) for c in calls.values()], finish[0]
+
+
+NAMED = {"type": "function", "function": {"name": "add"}}
+FORCING = [
+    ("required", None),
+    ("required", False),
+    (NAMED, None),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 3}])
+@pytest.mark.parametrize(("choice", "parallel"), FORCING, ids=["required", "one", "named"])
+def test_a_forced_tool_choice_always_gives_valid_calls(
+    router_url, stream, sampling, choice, parallel
+):
+    """The tiny model's random weights call no tool of their own accord: the grammar alone
+    makes its answer calls that parse, of the tools given (the named one when named), with
+    arguments that validate against the tool's parameters."""
+    import jsonschema
+
+    client = openai.OpenAI(base_url=f"{router_url}/v1", api_key="x", max_retries=0, timeout=60)
+    kw = {"tool_choice": choice} | sampling
+    if parallel is not None:
+        kw["parallel_tool_calls"] = parallel
+    if choice == "required" and parallel is None:
+        # One or more calls: random weights, greedy, would go on calling until max_tokens
+        # (the grammar allows another call or the end after each). The stop token, favoured,
+        # ends the answer as soon as the grammar allows it: after the first whole call.
+        # (Several calls are parsed from sampled answers in test_tool_grammar.py.)
+        (eos,) = load_model_meta("tiny").tokenizer.encode("<|im_end|>")
+        kw["logit_bias"] = {str(eos): 100}
+    content, calls, finish = _forced_calls(client, stream, **kw)
+    assert finish == "tool_calls"
+    assert content is None
+    assert calls
+    if choice != "required" or parallel is False:
+        assert len(calls) == 1
+    schemas = {t["function"]["name"]: t["function"].get("parameters") for t in FORCED_TOOLS}
+    for name, arguments in calls:
+        assert name == ("add" if choice == NAMED else name) and name in schemas
+        jsonschema.validate(json.loads(arguments), schemas[name] or NO_ARGUMENTS)
