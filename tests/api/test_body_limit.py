@@ -18,7 +18,7 @@ import pytest
 from radixray.api import BodyLimit
 from radixray.api.body import BodyTooLarge, read_body
 
-from ..router.serving import LiveServer, inprocess_service, worker_server
+from ..router.serving import served
 
 LIMIT = 4 << 20  # the router's and the worker's default
 BIG = 5 << 20  # a long prompt, over the limit
@@ -90,16 +90,8 @@ def test_read_body_whole_and_client_gone():
 
 @pytest.fixture(scope="module", params=["router", "worker"])
 def url(request):
-    if request.param == "router":
-        service, hosts, clients = inprocess_service(1)
-        server = LiveServer(service, clients)
-    else:
-        server, host = worker_server("w0")
-        hosts = [host]
-    with server as u:
+    with served(request.param, n_workers=1) as (u, _):
         yield u
-    for h in hosts:
-        h.shutdown()
 
 
 def test_the_official_client_receives_the_413_and_does_not_retry(url):

@@ -12,8 +12,6 @@ import pytest
 from radixray.model_meta import load_model_meta
 from radixray.worker import Engine, EngineConfig, SamplingParams
 
-from ..router.serving import LiveServer, inprocess_service, worker_server
-
 PROMPT = "the quick brown fox jumps over the lazy dog"
 MESSAGES = [{"role": "user", "content": "Say something."}]
 TOL = 1e-5  # batches differ in shape between the two engines
@@ -41,21 +39,6 @@ def reference():
         return out, [x for c in chunks for x in c.logprobs], chunks[0].prompt_logprobs
 
     return run
-
-
-@pytest.fixture(scope="module", params=["router", "worker"])
-def client(request):
-    if request.param == "router":
-        service, hosts, clients = inprocess_service(2, policy="ttft")
-        server = LiveServer(service, clients)
-    else:
-        server, host = worker_server("w0")
-        hosts = [host]
-    with server as u:
-        yield openai.OpenAI(base_url=f"{u}/v1", api_key="x", max_retries=0, timeout=60)
-    for h in hosts:
-        assert h.engine.cache.protected_tokens == 0
-        h.shutdown()
 
 
 def text_of(tok, t: int) -> str:

@@ -20,7 +20,7 @@ from radixray.api.streams import sse_events
 from radixray.model_meta import load_model_meta
 from radixray.protocol import Overloaded, StreamChunk, WorkerUnavailable
 
-from ..router.serving import LiveServer, inprocess_service, worker_server
+from ..router.serving import served
 
 PROMPTS = ["The cache", "a longer prompt that shares nothing with the others", "x", "The cache!"]
 GREEDY = {"model": "tiny", "max_tokens": 6, "temperature": 0}
@@ -28,18 +28,10 @@ GREEDY = {"model": "tiny", "max_tokens": 6, "temperature": 0}
 
 @pytest.fixture(scope="module", params=["router", "worker"])
 def live(request):
-    if request.param == "router":
-        service, hosts, clients = inprocess_service(2, policy="ttft")
-        server = LiveServer(service, clients)
-    else:
-        server, host = worker_server("w0")
-        hosts = [host]
-    with server as url:
+    with served(request.param) as (url, hosts):
         yield url, request.param
-    for h in hosts:
-        assert h.engine.cache.protected_tokens == 0
-        h.engine.check_integrity()
-        h.shutdown()
+        for h in hosts:
+            h.engine.check_integrity()
 
 
 @pytest.fixture(scope="module")

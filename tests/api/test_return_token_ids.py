@@ -14,7 +14,7 @@ import pytest
 from radixray.model_meta import load_model_meta
 from radixray.worker import Engine, EngineConfig, SamplingParams
 
-from ..router.serving import LiveServer, inprocess_service, worker_server
+from ..router.serving import served
 
 PROMPT = "token ids, please: the engine's own, not a re-tokenization of the text. "
 MESSAGES = [
@@ -34,16 +34,8 @@ def reference():
 
 @pytest.fixture(scope="module", params=["router", "worker"])
 def url(request):
-    if request.param == "router":
-        service, hosts, clients = inprocess_service(2, policy="ttft")
-        server = LiveServer(service, clients)
-    else:
-        server, host = worker_server("w0")
-        hosts = [host]
-    with server as u:
+    with served(request.param) as (u, _):
         yield u
-    for h in hosts:
-        h.shutdown()
 
 
 def sse(url: str, path: str, body: dict) -> list[dict]:

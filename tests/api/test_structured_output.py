@@ -12,8 +12,6 @@ import jsonschema
 import openai
 import pytest
 
-from ..router.serving import LiveServer, inprocess_service, worker_server
-
 WORD = {"type": "string", "pattern": "^[a-z]{1,8}$"}
 SCHEMA = {
     "type": "object",
@@ -37,21 +35,6 @@ SCHEMA = {
 }
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}
 MESSAGES = [{"role": "user", "content": "Describe a record as JSON."}]
-
-
-@pytest.fixture(scope="module", params=["router", "worker"])
-def client(request):
-    if request.param == "router":
-        service, hosts, clients = inprocess_service(2, policy="ttft")
-        server = LiveServer(service, clients)
-    else:
-        server, host = worker_server("s0")
-        hosts = [host]
-    with server as u:
-        yield openai.OpenAI(base_url=f"{u}/v1", api_key="x", max_retries=0, timeout=60)
-    for h in hosts:
-        assert h.engine.cache.protected_tokens == 0
-        h.shutdown()
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -196,3 +197,24 @@ def worker_server(worker_id: str, num_pages: int | None = 512, token: str | None
     cfg = {"model": "tiny", "page_size": 16, "num_pages": num_pages} | engine
     host = WorkerHost(cfg, worker_id)
     return LiveApp(WorkerServer(host, token=token)), host
+
+
+@contextlib.contextmanager
+def served(kind: str, n_workers: int = 2, **worker_engine):
+    """``(url, hosts)``: a router (``kind="router"``: ttft over ``n_workers`` in-process workers)
+    or one worker's own server (``kind="worker"``), serving the OpenAI API on 127.0.0.1. On a
+    clean exit every request has given its pages back; the hosts are shut down either way."""
+    if kind == "router":
+        service, hosts, clients = inprocess_service(n_workers, policy="ttft")
+        server = LiveServer(service, clients)
+    else:
+        server, host = worker_server("w0", **worker_engine)
+        hosts = [host]
+    try:
+        with server as url:
+            yield url, hosts
+        for h in hosts:
+            assert h.engine.cache.protected_tokens == 0
+    finally:
+        for h in hosts:
+            h.shutdown()

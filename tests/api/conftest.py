@@ -1,0 +1,13 @@
+"""The OpenAI edge under test: the official client against a router and against a worker's own
+server (each test module gets its own pair, started once)."""
+
+import openai
+import pytest
+
+from ..router.serving import served
+
+
+@pytest.fixture(scope="module", params=["router", "worker"])
+def client(request):
+    with served(request.param) as (url, _):
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
