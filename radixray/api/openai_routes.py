@@ -149,7 +149,7 @@ async def _serve(
     (placed by the backend on its own, all opened at once), answered as one response whose
     choice ``prompt_index * n + j`` is sample j of prompt ``prompt_index``."""
     limits = [
-        _max_tokens(backend, len(ids), body.token_limit, param)
+        _max_tokens(backend, len(ids), body.token_limit, param, body.default_max_tokens)
         for ids, param in zip(prompts, prompt_params, strict=True)
     ]
     max_tokens = limits[0]
@@ -186,9 +186,11 @@ async def _serve(
     return JSONResponse(answer.response(choices, usage_of(finals), finals), headers=headers)
 
 
-def _max_tokens(backend: Backend, num_prompt: int, requested: int | None, prompt_param: str) -> int:
-    """The request's max_tokens, or the room left in the context (at most the server's cap);
-    the context-length rule is the workers' own (``check_context``)."""
+def _max_tokens(
+    backend: Backend, num_prompt: int, requested: int | None, prompt_param: str, default=None
+) -> int:
+    """The request's max_tokens, or else ``default`` or the room left in the context, at most the
+    server's cap either way; the context-length rule is the workers' own (``check_context``)."""
     limit, cap = backend.meta.max_model_len, backend.max_tokens_limit
     if requested is not None and requested > cap:
         raise ApiError(
@@ -202,4 +204,6 @@ def _max_tokens(backend: Backend, num_prompt: int, requested: int | None, prompt
     except InvalidRequest as e:
         param = prompt_param if e.param == "prompt" else e.param
         raise ApiError(400, e.message, param=param, code="context_length_exceeded") from None
-    return requested if requested is not None else min(limit - num_prompt, cap)
+    if requested is not None:
+        return requested
+    return min(limit - num_prompt, cap, default or cap)

@@ -9,7 +9,7 @@ shape so that the official ``openai`` client parses them.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -179,7 +179,11 @@ class CompletionRequest(_Sampling):
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        """The client's max_tokens; None when it sent none (OpenAI's default of 16 then applies,
+        bounded by what the server allows, instead of a 400 for a value nobody asked for)."""
+        return self.max_tokens if "max_tokens" in self.model_fields_set else None
+
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's, for completions
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -261,8 +265,22 @@ class _ContentPart(BaseModel):
     text: str
 
 
+# What the one message model cannot say in its field types, said in its JSON schema (so that
+# /openapi.json, and the fuzzing that reads it, know): content is required but for an assistant
+# message, a tool message names the call it answers.
+_MESSAGE_RULES = {
+    "allOf": [
+        {
+            "if": {"properties": {"role": {"enum": ["system", "developer", "user", "tool"]}}},
+            "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        },
+        {"if": {"properties": {"role": {"const": "tool"}}}, "then": {"required": ["tool_call_id"]}},
+    ]
+}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_MESSAGE_RULES)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # Required but for an assistant message with tool_calls (``plain_messages`` checks it).
     content: str | list[_ContentPart] | None = None
@@ -293,6 +311,8 @@ class ChatCompletionRequest(_Sampling):
     def _tools(self):
         check_tools(self.tools, self.tool_choice)
         return self
+
+    default_max_tokens: ClassVar[int | None] = None  # the room left in the context
 
     @property
     def token_limit(self) -> int | None:

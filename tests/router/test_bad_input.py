@@ -260,3 +260,26 @@ def test_server_still_serves_after_the_battery(url):
         url + C, json=comp(prompt=["x", "y", "z"], max_tokens=2, ignore_eos=True), timeout=30
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+
+
+def test_a_completion_without_max_tokens_gets_the_default_within_the_servers_cap():
+    # OpenAI's completions default is 16 tokens; a server that allows fewer answers with its cap
+    # rather than refusing a value the client never sent. An explicit value over it is refused.
+    service, hosts, clients = inprocess_service(1, max_tokens_limit=8)
+    try:
+        with LiveServer(service, clients) as u:
+            r = httpx.post(u + C, json=comp(ignore_eos=True), timeout=30)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+            r = httpx.post(u + C, json=comp(max_tokens=9), timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    finally:
+        for h in hosts:
+            h.shutdown()
+    service, hosts, clients = inprocess_service(1, max_tokens_limit=64)
+    try:
+        with LiveServer(service, clients) as u:
+            r = httpx.post(u + C, json=comp(ignore_eos=True), timeout=30)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+    finally:
+        for h in hosts:
+            h.shutdown()
