@@ -2,7 +2,9 @@
 
 Each script runs in a subprocess (as a reader runs it), with this checkout first on the path,
 its working directory and every output it writes in a temporary folder, never in the repository.
-The ones that start servers, worker processes or child processes are integration tests.
+All of them are in the integration tier (`make test`, CI), not in `make test-fast`: each is a fresh
+interpreter that imports torch, seconds apiece of the inner loop; the marks per script below
+say which also start servers, worker processes or child processes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 
 integration = pytest.mark.integration
+pytestmark = integration
 
 
 def _have_trace() -> bool:
