@@ -84,6 +84,7 @@ from radixray.protocol import (  # noqa: E402
 from radixray.protocol.codec import MAX_MESSAGE_BYTES  # noqa: E402
 from radixray.protocol.grammar_spec import GRAMMAR_KINDS
 from radixray.protocol.logprobs import MAX_LOGPROBS
+from radixray.protocol.sampling_checks import MAX_SAMPLES
 from radixray.sysinfo import cpu_model  # noqa: E402
 
 VOCAB = 32000
@@ -118,6 +119,7 @@ class DcSamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     grammar: tuple[str, str] | None = None  # (kind, spec), as GrammarSpec
+    n: int = 1
 
     def __post_init__(self) -> None:
         # radixray.protocol.SamplingParams.__post_init__, line for line (object.__setattr__ for
@@ -211,6 +213,9 @@ class DcSamplingParams:
                 raise InvalidRequest(f"GrammarSpec.kind must be one of ..., got {g[0]!r}", "x")
             if not isinstance(g[1], str) or len(g[1]) > 1 << 20:
                 raise InvalidRequest("GrammarSpec.spec must be a string of at most 1 MiB", "x")
+        n = self.n
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+            bad("n", f"an int in [1, {MAX_SAMPLES}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +244,8 @@ class DcStreamChunk:
     miss: dict[str, int] | None = None
     logprobs: list[DcTokenLogprob] | None = None
     prompt_logprobs: list[DcTokenLogprob | None] | None = None
+    index: int = 0
+    samples_open: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +322,7 @@ def dc_encode_generate(m: DcGenerateRequest) -> bytes:
                 p.logprobs,
                 p.prompt_logprobs,
                 None if p.grammar is None else list(p.grammar),
+                p.n,
             ],
             m.extra_key,
         ],
@@ -335,6 +343,8 @@ def dc_encode_chunk(m: DcStreamChunk) -> bytes:
             m.miss,
             _dc_lp_out(m.logprobs),
             _dc_lp_out(m.prompt_logprobs),
+            m.index,
+            m.samples_open,
         ],
         use_bin_type=True,
     )
@@ -389,11 +399,12 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
 # --- decode: unpack, then check everything msgspec checks ---------------------------------------
 
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
-_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0, None, None, None]
+_SP_DEFAULTS = [16, 1.0, 1.0, -1, None, [], [], False, 0.0, 0.0, 0.0, 1.0, [], 0]
+_SP_DEFAULTS += [None, None, None, 1]
 _SP_FLOATS = (
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"
 )  # fmt: skip
-_CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None]  # [0:3] are required
+_CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None, 0, 0]  # [0:3] required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
 _LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15)
 _LOAD_OPT_FLOATS = (8, 9, 11, 12)
@@ -429,7 +440,8 @@ def _dc_params(p: Any) -> DcSamplingParams:
     if len(p) < n_fields:
         p = p + _SP_DEFAULTS[len(p) :]
     max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos = p[:8]
-    min_p, presence, frequency, repetition, logit_bias, min_tokens, logprobs, prompt_lp, g = p[8:]
+    min_p, presence, frequency, repetition, logit_bias, min_tokens, logprobs, prompt_lp, g = p[8:17]
+    n = p[17]
     if g is not None:
         if type(g) is not list or not 1 <= len(g) <= 2 or type(g[0]) is not str:
             raise _bad(TAG_GENERATE, "params.grammar must be None or an array [kind, spec]")
@@ -475,6 +487,7 @@ def _dc_params(p: Any) -> DcSamplingParams:
             logprobs,
             prompt_lp,
             g,
+            n,
         )
     except InvalidRequest as e:
         raise _bad(TAG_GENERATE, str(e)) from None
@@ -506,11 +519,14 @@ def dc_decode_generate(data: bytes) -> DcGenerateRequest:
 def dc_decode_chunk(data: bytes) -> DcStreamChunk:
     o = _unpack(data, TAG_CHUNK)
     n = len(o)
-    if n != 10:
+    if n != 12:
         if n < 3:
             raise _bad(TAG_CHUNK, f"expected an array of at least 3 elements, got {n}")
-        o = (o + _CHUNK_DEFAULTS[n:])[:10]
-    _, ids, text, cached, finish, prompt_tokens, completion_tokens, miss, lps, prompt_lps = o
+        o = (o + _CHUNK_DEFAULTS[n:])[:12]
+    _, ids, text, cached, finish, prompt_tokens, completion_tokens, miss, lps, prompt_lps = o[:10]
+    index, samples_open = o[10:]
+    if type(index) is not int or index < 0 or type(samples_open) is not int or samples_open < 0:
+        raise _bad(TAG_CHUNK, "index and samples_open must be ints >= 0")
     if type(ids) is not list or list(map(type, ids)).count(int) != len(ids):
         raise _bad(TAG_CHUNK, "token_ids must be an array of ints")
     if type(text) is not str:
@@ -535,6 +551,8 @@ def dc_decode_chunk(data: bytes) -> DcStreamChunk:
         miss,
         _dc_lp_in(lps, "logprobs", False),
         _dc_lp_in(prompt_lps, "prompt_logprobs", True),
+        index,
+        samples_open,
     )
 
 
@@ -894,7 +912,9 @@ def check_same_validation() -> int:
         (GenerateRequest, with_(gen, (3, 12), [[3]])),
         (GenerateRequest, with_(gen, (3, 13), 513)),
         (GenerateRequest, with_(gen, (3, 13), -1)),
-        (GenerateRequest, with_(gen, (3,), [*sp, None, None, None, 1])),  # one field too many
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, None, 1, 1])),  # a field too many
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, None, 0])),  # n below 1
+        (GenerateRequest, with_(gen, (3,), [*sp, None, None, None, True])),
         (GenerateRequest, with_(gen, (3,), [*sp, None, None, ["yaml", ""]])),
         (GenerateRequest, with_(gen, (3,), [*sp, None, None, "json"])),
         (GenerateRequest, with_(gen, (3,), [*sp, 21])),  # logprobs over MAX_LOGPROBS
@@ -911,6 +931,7 @@ def check_same_validation() -> int:
         (StreamChunk, chunk[:2]),
         (StreamChunk, [*chunk, [[1.0, ["a"], []]]]),
         (StreamChunk, [*chunk, [None]]),  # a null entry: only prompt logprobs have them
+        (StreamChunk, [*chunk, None, None, -1]),  # a negative sample index
         (PollResult, with_(poll, (3,), True)),
         (PollResult, with_(poll, (4,), 0)),
         (PollResult, with_(poll, (5,), "ev")),

@@ -31,13 +31,10 @@ class Answer:
     each token's text is escaped into it (``text_event``), instead of building and serializing
     a dict.
 
-    Choices: sample j of prompt i is choice ``i * n + j`` (OpenAI's order; ``n`` is 1 today).
+    Choices: sample j of prompt i is choice ``i * n + j`` (OpenAI's order).
     ``prompt_ids`` (``return_token_ids``), one list per prompt: each choice carries its prompt's
     token ids once (in its first chunk when streaming) and every chunk its tokens' ids; such
     chunks are built as dicts."""
-
-    first: dict | None = None
-    n = 1  # samples per prompt
 
     def __init__(
         self,
@@ -45,7 +42,10 @@ class Answer:
         model: str,
         prompt_ids: list[list[int]] | None = None,
         logprobs: LogprobFormatter | None = None,
+        n: int = 1,
     ):
+        self.n = n  # samples per prompt
+        self.opening: list[dict] = []  # chunks streamed before any token (chat's roles)
         self.lp = logprobs  # set when the request asked for logprobs
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.model = model
@@ -108,8 +108,9 @@ class TextAnswer(Answer):
         logprobs: LogprobFormatter | None = None,
         echo: list[str] | None = None,
         echo_ids: list[list[int]] | None = None,
+        n: int = 1,
     ):
-        super().__init__("cmpl", model, prompt_ids, logprobs)
+        super().__init__("cmpl", model, prompt_ids, logprobs, n)
         self.echo = echo
         self.echo_ids = echo_ids
         self._echoed: set[int] = set()
@@ -187,20 +188,26 @@ class ChatAnswer(Answer):
         prompt_ids: list[list[int]] | None = None,
         logprobs: LogprobFormatter | None = None,
         tools: ToolCallParser | None = None,
+        n: int = 1,
     ):
-        super().__init__("chatcmpl", model, prompt_ids, logprobs)
+        super().__init__("chatcmpl", model, prompt_ids, logprobs, n)
         self.tools = tools
         self._tool_streams: dict[int, ToolCallStream] = {}
-        # The role chunk carries the prompt's ids (beside the choices, chat's place for them).
-        self.first = oa.chat_chunk(
-            self.id,
-            model,
-            {"role": "assistant", "content": ""},
-            None,
-            created=self.created,
-            prompt_token_ids=prompt_ids[0] if prompt_ids else None,
-            token_ids=[] if self.with_ids else None,
-        )
+        # A role chunk per choice; the first carries the prompt's ids (beside the choices,
+        # chat's place for them).
+        self.opening = [
+            oa.chat_chunk(
+                self.id,
+                model,
+                {"role": "assistant", "content": ""},
+                None,
+                created=self.created,
+                prompt_token_ids=prompt_ids[0] if prompt_ids and j == 0 else None,
+                token_ids=[] if self.with_ids else None,
+                index=j,
+            )
+            for j in range(n)
+        ]
 
     def chunk(
         self,
@@ -237,21 +244,22 @@ class ChatAnswer(Answer):
         use: dict,
         finals: list[StreamChunk] | None = None,
     ) -> dict:
-        ((_, text, token_ids, reason),) = choices  # one prompt, n == 1
-        ids = token_ids if self.with_ids else None
+        out = []
+        finals = finals or [None] * len(choices)
+        for (index, text, token_ids, reason), final in sorted(
+            zip(choices, finals, strict=True), key=lambda c: c[0][0]
+        ):
+            lps = None
+            if self.lp is not None and final is not None and final.logprobs is not None:
+                lps = self.lp.chat(token_ids, list(final.logprobs))
+            calls = None
+            if self.tools is not None:
+                text, calls = self.tools.parse(text)
+                reason = _reason(reason, calls)
+            ids = token_ids if self.with_ids else None
+            out.append(oa.chat_choice(index, text, reason, ids, lps, calls))
         prompt = self.prompt_ids[0] if self.with_ids else None
-        lps = None
-        if self.lp is not None and finals and finals[0].logprobs is not None:
-            lps = self.lp.chat(token_ids, list(finals[0].logprobs))
-        if self.tools is None:
-            return oa.chat_response(self.id, self.model, text, reason, use, prompt, ids, lps)
-        content, calls = self.tools.parse(text)
-        out = oa.chat_response(
-            self.id, self.model, content, _reason(reason, calls), use, prompt, ids, lps
-        )
-        if calls:
-            out["choices"][0]["message"]["tool_calls"] = calls
-        return out
+        return oa.chat_response(self.id, self.model, out, use, prompt)
 
     def tool_event(self, index: int, text: str, reason: str | None, token_ids) -> bytes | None:
         """The events of one streamed chunk read for tool calls: content and tool-call deltas

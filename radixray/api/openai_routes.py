@@ -157,9 +157,9 @@ async def _serve(
     ids_back = prompts if body.return_token_ids else None
     lp = LogprobFormatter(backend.meta.tokenizer) if params.logprobs is not None else None
     if answer_cls is TextAnswer:
-        answer = TextAnswer(backend.meta.name, ids_back, lp, echo, prompts)
+        answer = TextAnswer(backend.meta.name, ids_back, lp, echo, prompts, n=params.n)
     else:
-        answer = answer_cls(backend.meta.name, ids_back, lp)
+        answer = answer_cls(backend.meta.name, ids_back, lp, n=params.n)
     reqs = [
         GenerateRequest(
             answer.request_id(i),
@@ -177,13 +177,15 @@ async def _serve(
     if body.stream:
         return SSEResponse(sse_events(streams, answer, body.include_usage), headers)
     results = await collect(request, streams)
-    finals = [final for _, _, final in results]
-    headers["x-radixray-cached-tokens"] = str(sum(f.cached_tokens for f in finals))
+    ends = [last for samples in results for *_, last in samples]
+    usage = usage_of(ends)
+    headers["x-radixray-cached-tokens"] = str(usage["prompt_tokens_details"]["cached_tokens"])
     choices = [
-        (answer.index(i), text, token_ids, final.finish_reason)
-        for i, (text, token_ids, final) in enumerate(results)
+        (answer.index(i, j), text, token_ids, last.finish_reason)
+        for i, samples in enumerate(results)
+        for j, text, token_ids, last in samples
     ]
-    return JSONResponse(answer.response(choices, usage_of(finals), finals), headers=headers)
+    return JSONResponse(answer.response(choices, usage, ends), headers=headers)
 
 
 def _max_tokens(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 __all__ = [
+    "chat_choice",
     "chat_chunk",
     "chat_response",
     "completion_choice",
@@ -91,23 +92,29 @@ def _envelope(
     return out
 
 
+def chat_choice(
+    index: int,
+    text: str,
+    finish: str,
+    token_ids: list[int] | None = None,
+    logprobs: dict | None = None,
+    tool_calls: list[dict] | None = None,
+) -> dict:
+    message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    return _ids(choice, None, token_ids)
+
+
 def chat_response(
     rid: str,
     model: str,
-    text: str,
-    finish: str,
+    choices: list[dict],
     use: dict,
     prompt_token_ids: list[int] | None = None,
-    token_ids: list[int] | None = None,
-    logprobs: dict | None = None,
 ) -> dict:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish,
-        "logprobs": logprobs,
-    }
-    choices = [_ids(choice, None, token_ids)]
+    """A whole chat answer of ``choices`` (``chat_choice``)."""
     return _envelope(rid, "chat.completion", model, choices, None, use, prompt_token_ids)
 
 

@@ -47,6 +47,7 @@ def sampling_params(
             min_tokens=given(body.min_tokens, 0),
             **_logprob_counts(body),
             grammar=_grammar(body, tool_grammar),
+            n=body.n or 1,
         )
         check_sampling_tokens(params, vocab_size)
     except InvalidRequest as e:

@@ -23,7 +23,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from radixray.protocol import MAX_SAMPLES
+
 from .responses import (
+    chat_choice,
     chat_chunk,
     chat_response,
     completion_choice,
@@ -39,6 +42,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "MAX_PROMPTS",
+    "chat_choice",
     "completion_choice",
     "completion_response",
     "completion_chunk",
@@ -108,7 +112,7 @@ class _Sampling(BaseModel):
     user: str | None = None
     stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_SAMPLES)] | None = 1  # null: 1
     # Extensions vLLM and SGLang accept too: generate exactly max_tokens (benchmarks).
     ignore_eos: StrictBool = False
     # The sampling controls (docs/openai_api.md): OpenAI's penalties and logit_bias, vLLM's

@@ -62,47 +62,70 @@ async def _open(backend: Backend, req: GenerateRequest, session_key: str | None)
         raise api_error(e, backend.retry_after_s) from None
 
 
-def usage_of(finals: list[StreamChunk]) -> dict:
-    """Usage of a request: its prompts' and completions' tokens summed."""
+def usage_of(ends: list[StreamChunk]) -> dict:
+    """Usage of a request from its samples' last chunks: each prompt's tokens once (every
+    sample of a prompt reports them: its sample 0 counts), every completion's tokens."""
+    firsts = [f for f in ends if f.index == 0]
     return oa.usage(
-        sum(f.prompt_tokens for f in finals),
-        sum(f.completion_tokens for f in finals),
-        sum(f.cached_tokens for f in finals),
+        sum(f.prompt_tokens for f in firsts),
+        sum(f.completion_tokens for f in ends),
+        sum(f.cached_tokens for f in firsts),
     )
 
 
-async def _drain(stream: TokenStream) -> tuple[str, list[int], StreamChunk]:
-    """A stream run to its end: its text, its token ids, its final chunk (with logprobs, the
-    final chunk carries all the tokens, their logprobs and the prompt's)."""
-    parts: list[str] = []
-    token_ids: list[int] = []
-    logprobs: list | None = None
-    prompt_logprobs = None
-    async for c in stream:
-        parts.append(c.text)
-        token_ids.extend(c.token_ids)
+Sample = tuple[int, str, list[int], StreamChunk]  # index, text, token ids, last chunk
+
+
+class _Gathered:
+    """One sample's chunks, gathered: its text, token ids and logprobs."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list | None = None
+        self.prompt_logprobs = None
+
+    def add(self, c: StreamChunk) -> None:
+        self.parts.append(c.text)
+        self.token_ids.extend(c.token_ids)
         if c.logprobs is not None:
-            logprobs = logprobs if logprobs is not None else []
-            logprobs.extend(c.logprobs)
+            self.logprobs = self.logprobs if self.logprobs is not None else []
+            self.logprobs.extend(c.logprobs)
         if c.prompt_logprobs is not None:
-            prompt_logprobs = c.prompt_logprobs
+            self.prompt_logprobs = c.prompt_logprobs
+
+    def sample(self, last: StreamChunk) -> Sample:
+        """With logprobs, the last chunk carries all the tokens, their logprobs and the
+        prompt's."""
+        if self.logprobs is not None or self.prompt_logprobs is not None:
+            last = msgspec.structs.replace(
+                last,
+                token_ids=self.token_ids,
+                logprobs=self.logprobs or [],
+                prompt_logprobs=self.prompt_logprobs,
+            )
+        return last.index, "".join(self.parts), self.token_ids, last
+
+
+async def _drain(stream: TokenStream) -> list[Sample]:
+    """A stream run to its end: each of its samples, by index."""
+    samples: dict[int, _Gathered] = {}
+    done: list[Sample] = []
+    async for c in stream:
+        g = samples.get(c.index)
+        if g is None:
+            g = samples[c.index] = _Gathered()
+        g.add(c)
+        if c.ended:
+            done.append(g.sample(c))
         if c.final:
-            if logprobs is not None or prompt_logprobs is not None:
-                c = msgspec.structs.replace(
-                    c,
-                    token_ids=token_ids,
-                    logprobs=logprobs or [],
-                    prompt_logprobs=prompt_logprobs,
-                )
-            return "".join(parts), token_ids, c
+            return sorted(done, key=lambda s: s[0])
     raise ApiError(502, "the worker ended the stream without a final chunk")
 
 
-async def collect(
-    request: Request, streams: list[TokenStream]
-) -> list[tuple[str, list[int], StreamChunk]]:
-    """Run the streams to their ends (each one's text, token ids and final chunk, in order);
-    abort them if the client goes away meanwhile."""
+async def collect(request: Request, streams: list[TokenStream]) -> list[list[Sample]]:
+    """Run the streams to their ends (each one's samples, in order); abort them if the client
+    goes away meanwhile."""
     try:
         if all(s.first.final for s in streams):  # the whole answers are here: nothing to wait for
             return [await _drain(s) for s in streams]
@@ -133,26 +156,27 @@ async def sse_events(
     """The events of every stream, interleaved as they come, each chunk with its choice's
     index; the usage of all of them (``include_usage``) and one [DONE] at the end."""
     try:
-        if answer.first is not None:
-            yield event(answer.first)
-        finals: list[StreamChunk] = []
+        for opening in answer.opening:
+            yield event(opening)
+        ends: list[StreamChunk] = []
         try:
             if len(streams) == 1:  # the common case, straight from the stream
                 async for c in streams[0]:
                     if (e := _render(answer, 0, c)) is not None:
                         yield e
+                    if c.ended:
+                        ends.append(c)
                     if c.final:
-                        finals.append(c)
                         break
             else:
                 async with aclosing(_merge(streams)) as merged:
                     async for i, c in merged:
                         if (e := _render(answer, i, c)) is not None:
                             yield e
-                        if c.final:
-                            finals.append(c)
+                        if c.ended:
+                            ends.append(c)
             if include_usage:
-                yield event(answer.usage_chunk(usage_of(finals)))
+                yield event(answer.usage_chunk(usage_of(ends)))
         except RequestError as e:  # a worker failed after the response started
             yield event(error_body(e.message, "server_error", code="worker_failed"))
         yield b"data: [DONE]\n\n"
@@ -164,12 +188,10 @@ async def sse_events(
 
 def _render(answer: Answer, prompt_index: int, c: StreamChunk) -> bytes | None:
     """The event of prompt ``prompt_index``'s chunk ``c`` (None: nothing to send)."""
-    index = answer.index(prompt_index)
+    index = answer.index(prompt_index, c.index)
     if getattr(answer, "tools", None) is not None:  # read for tool calls (``ChatAnswer``)
-        return answer.tool_event(
-            index, c.text, (c.finish_reason or "stop") if c.final else None, c.token_ids
-        )
-    if c.final:
+        return answer.tool_event(index, c.text, c.finish_reason, c.token_ids)
+    if c.ended:
         return event(answer.chunk(c.text, c.finish_reason, c.token_ids, index, c))
     if answer.needs_dict(index):  # every token's id or logprob, even one that ends no character
         return event(answer.chunk(c.text, None, c.token_ids, index, c))

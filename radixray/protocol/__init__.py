@@ -19,6 +19,7 @@ from .errors import (
 from .messages import (
     FINISH_REASONS,
     MAX_LOGPROBS,
+    MAX_SAMPLES,
     MISS_CAUSES,
     PROTOCOL_VERSION,
     TRAFFIC_FIELDS,
@@ -47,6 +48,7 @@ __all__ = [
     "METHODS",
     "MISS_CAUSES",
     "MAX_LOGPROBS",
+    "MAX_SAMPLES",
     "PROTOCOL_VERSION",
     "TRAFFIC_FIELDS",
     "AbortRequest",

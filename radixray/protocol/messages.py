@@ -22,15 +22,15 @@ checks them in ~45 us, most of it creating the int objects, which any decoder mu
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct, field
 
-from .errors import ErrorKind, InvalidRequest, RequestError, error_for
+from .errors import ErrorKind, RequestError, error_for
 from .grammar_spec import GRAMMAR_KINDS, GrammarSpec  # noqa: F401 (re-exported)
 from .logprobs import MAX_LOGPROBS, TokenLogprob, join_logprobs
+from .sampling_checks import MAX_SAMPLES, check_sampling_params
 
 __all__ = [
     "MISS_CAUSES",
@@ -42,6 +42,7 @@ __all__ = [
     "StreamChunk",
     "TokenLogprob",
     "MAX_LOGPROBS",
+    "MAX_SAMPLES",
     "ErrorInfo",
     "AbortRequest",
     "Ack",
@@ -55,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 4  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 5  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -99,91 +100,11 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     grammar: GrammarSpec | None = None  # structured output (radixray.worker.grammar)
+    # Samples of the prompt: one prefill, then n sequences (sample i seeded seed + i).
+    n: int = 1
 
     def __post_init__(self) -> None:
-        def bad(name: str, want: str):
-            raise InvalidRequest(
-                f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}", name
-            )
-
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            bad("max_tokens", "an int >= 1")
-        if self.max_tokens < 1:
-            bad("max_tokens", "an int >= 1")
-        for name, lo, hi, want in (
-            ("temperature", 0.0, 100.0, "a number in [0, 100]"),
-            ("top_p", 0.0, 1.0, "a number in (0, 1]"),
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                bad(name, want)
-            if not (lo <= v <= hi) or (name == "top_p" and v == 0.0):
-                bad(name, want)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            bad("top_k", "-1 (off) or an int >= 1")
-        if self.top_k == 0 or self.top_k < -1:
-            bad("top_k", "-1 (off) or an int >= 1")
-        if self.seed is not None and (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not -(2**63) <= self.seed < 2**63
-        ):
-            bad("seed", "None or an int in the 64-bit signed range")
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if not isinstance(stop, tuple):
-            stop = tuple(stop)
-        if stop is not self.stop:
-            msgspec.structs.force_setattr(self, "stop", stop)
-        if any(not isinstance(s, str) or not s for s in stop):
-            bad("stop", "a list of non-empty strings")
-        if not isinstance(self.stop_token_ids, tuple):
-            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "a list of token ids >= 0")
-        self._check_controls(bad)
-
-    def _check_controls(self, bad) -> None:
-        for name, lo, hi, want in (
-            ("min_p", 0.0, 1.0, "a number in [0, 1]"),
-            ("presence_penalty", -2.0, 2.0, "a number in [-2, 2]"),
-            ("frequency_penalty", -2.0, 2.0, "a number in [-2, 2]"),
-            ("repetition_penalty", 0.0, math.inf, "a finite number > 0"),
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
-                bad(name, want)
-            if name == "repetition_penalty" and not 0.0 < v < math.inf:
-                bad(name, want)
-        bias = self.logit_bias
-        want = "token id -> a number in [-100, 100]"
-        try:
-            pairs = sorted(bias.items() if isinstance(bias, dict) else (tuple(b) for b in bias))
-        except (TypeError, ValueError):
-            bad("logit_bias", want)
-        for pair in pairs:
-            if len(pair) != 2:
-                bad("logit_bias", want)
-            t, v = pair
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31:
-                bad("logit_bias", want)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-                bad("logit_bias", want)
-        if len({t for t, _ in pairs}) != len(pairs):
-            bad("logit_bias", "a token id at most once")
-        pairs = tuple((t, float(v)) for t, v in pairs)
-        if pairs != bias:
-            msgspec.structs.force_setattr(self, "logit_bias", pairs)
-        m = self.min_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            bad("min_tokens", "an int >= 0")
-        if m > self.max_tokens:
-            bad("min_tokens", f"at most max_tokens ({self.max_tokens})")
-        for name in ("logprobs", "prompt_logprobs"):
-            v = getattr(self, name)
-            if v is not None and (type(v) is not int or not 0 <= v <= MAX_LOGPROBS):
-                bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
+        check_sampling_params(self)
 
     @property
     def uses_controls(self) -> bool:
@@ -220,8 +141,13 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     reader fell behind the engine, never fewer than one per chunk except in a final one).
 
     ``cached_tokens`` is known from admission on, so every chunk carries it (a router puts it in
-    response headers with the first token). The final chunk has ``finish_reason`` and the
+    response headers with the first token). A sample's last chunk has ``finish_reason`` and the
     usage: prompt and completion tokens and ``miss``, the prompt tokens by cause (MISS_CAUSES).
+
+    A request with ``n`` samples streams all of them on one stream: each chunk is one sample's
+    (``index``), and ``samples_open`` counts the request's samples not finished after it. The
+    stream ends with the chunk that finishes the last sample (``final``); every sample reports
+    the same prompt, ``cached_tokens`` and ``miss`` (the prompt was computed once).
     """
 
     token_ids: list[int]
@@ -234,13 +160,24 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
     # One per token of ``token_ids`` (asked for); the prompt's with the first token's chunk.
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    index: NonNegInt = 0  # the sample (0 .. n - 1)
+    samples_open: NonNegInt = 0  # the request's samples still generating after this chunk
+
+    @property
+    def ended(self) -> bool:
+        """This chunk ends its sample."""
+        return self.finish_reason is not None
 
     @property
     def final(self) -> bool:
-        return self.finish_reason is not None
+        """This chunk ends the stream: its sample, and with it the request's last, is done."""
+        return self.finish_reason is not None and self.samples_open == 0
 
     def merge(self, later: StreamChunk) -> StreamChunk:
-        """This chunk followed by ``later``, as one (the final fields come from ``later``)."""
+        """This chunk followed by ``later`` of the same sample, as one (the final fields come
+        from ``later``)."""
+        if later.index != self.index:
+            raise ValueError(f"cannot merge sample {later.index}'s chunk into {self.index}'s")
         return StreamChunk(
             self.token_ids + later.token_ids,
             self.text + later.text,
@@ -251,6 +188,8 @@ class StreamChunk(Struct, frozen=True, array_like=True, tag=_tag("chunk")):
             later.miss,
             join_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+            later.index,
+            later.samples_open,
         )
 
 

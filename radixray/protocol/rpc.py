@@ -132,7 +132,7 @@ async def serve_frames(
         return
     try:
         async for chunk in stream:
-            yield encode(chunk), chunk.finish_reason is not None
+            yield encode(chunk), chunk.final
     except RequestError as e:
         yield encode(ErrorInfo.of(e)), True
     except Exception as e:  # a bug in the handler, or a chunk that cannot be encoded
@@ -217,7 +217,7 @@ class WorkerClient:
             async for data in stream:
                 chunk = self._reply("generate", data)
                 yield chunk
-                if chunk.finish_reason is not None:
+                if chunk.final:
                     return
             raise WorkerUnavailable(
                 f"worker {self.worker_id} ended request {req.request_id}'s stream early"

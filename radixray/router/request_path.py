@@ -148,7 +148,8 @@ class RoutedRequest:
     decision record and its admission slot, released exactly once (``_end``).
 
     Read ``worker_id``, ``record``, ``first`` (chunk) and ``cached_tokens`` once routed;
-    iterating yields the first chunk, then the rest, up to the final one. A worker that fails
+    iterating yields the first chunk, then the rest, up to the final one (a request with ``n``
+    samples streams them all, each sample's end marked, the last one final). A worker that fails
     mid-stream raises its ``RequestError`` (the edge ends the answer with an error event).
     """
 
@@ -165,6 +166,7 @@ class RoutedRequest:
         self._agen = None
         self._first_pending = True
         self._done = False
+        self._completion_tokens = 0  # of the samples ended so far
 
     @property
     def cached_tokens(self) -> int:
@@ -280,8 +282,10 @@ class RoutedRequest:
                 raise
         if chunk.token_ids and self._tally is not None:
             self._tally.tokens(self.request_id, len(chunk.token_ids))
-        if chunk.finish_reason is not None:
-            self._end(chunk, None)
+        if chunk.ended:  # one sample's end (a request with n samples has n)
+            self._completion_tokens += chunk.completion_tokens
+            if chunk.final:
+                self._end(chunk, None)
         return chunk
 
     async def aclose(self) -> None:
@@ -315,7 +319,7 @@ class RoutedRequest:
             rec.error = error
         else:
             rec.finish_reason = final.finish_reason
-            rec.completion_tokens = final.completion_tokens
+            rec.completion_tokens = self._completion_tokens
             rec.miss = dict(final.miss) if final.miss else None
             if router.dispatch.complete(rec, self.request_id, final.cached_tokens):
                 # The index promised blocks the worker did not have: its view of this worker is

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 
 import torch
 
@@ -29,7 +28,6 @@ from radixray.protocol import (
     EngineFailure,
     InvalidRequest,
     LoadReport,
-    RequestError,
     SamplingParams,
     StreamChunk,
     WorkerCounters,
@@ -38,37 +36,23 @@ from radixray.protocol import (
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
+from .live import Live, LiveRequests, Sink
 from .logprobs import keep_prompt_logprobs, token_logprobs, with_logprobs
 from .memory_pool import KVPool
 from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
+from .samples import expand_mask, follower
 from .scheduler import Batch, Scheduler, SchedulerConfig
-from .stats import EngineStats, perf_class
+from .stats import EngineStats, engine_stats, perf_class
 from .structured import StructuredOutput
 
 __all__ = ["Engine", "EngineError", "Sink"]
 
 log = logging.getLogger(__name__)
 
-# Where a request's chunks go as they are produced (on the stepping thread); a failed request
-# gets its RequestError instead of a final chunk.
-Sink = Callable[[StreamChunk | RequestError], None]
 EngineError = EngineFailure  # the engine failed, not the request: another worker may serve it
-
-
-@dataclass(eq=False)
-class _Live:
-    """A request the engine is serving: its scheduler state, its text so far, where it goes."""
-
-    req: Request
-    detok: IncrementalDetokenizer
-    sink: Sink | None = None
-    admitted: bool = False
-    matcher: object = None  # structured output: a grammar.GrammarMatcher, or None
-    queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
-    prompt_logprobs: list = field(default_factory=list)  # until its first token (logprobs.py)
 
 
 class Engine:
@@ -111,7 +95,7 @@ class Engine:
         self.meter = EngineStats()  # counters, step cost fit, rates
         self._busy_since: float | None = None  # the last step's end, if work was left
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
-        self._live: dict[str, _Live] = {}
+        self._live = LiveRequests(self.meter, self.sampler)  # what it serves, by sample id
         self._stop_ids = stop_ids
         self.structured = StructuredOutput(tokenizer, mcfg.vocab_size)
         self.loop = EngineLoop(self)
@@ -124,11 +108,11 @@ class Engine:
             raise InvalidRequest(f"request_id {req.request_id!r} is already in use", "request_id")
         matcher = self.structured.matcher(req.params.grammar)  # a bad grammar is a 400 here
         self.scheduler.add(req)
+        self._live.add(Live(req, self._detokenizer(req), sink, matcher=matcher))
+
+    def _detokenizer(self, req: Request) -> IncrementalDetokenizer:
         decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
-        self._live[req.request_id] = _Live(
-            req, IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens), sink
-        )
-        self._live[req.request_id].matcher = matcher
+        return IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens)
 
     def add_request(
         self,
@@ -145,15 +129,16 @@ class Engine:
         return req.request_id
 
     def abort(self, request_id: str) -> StreamChunk | None:
-        """End a request at once and free its pages (on the driving thread; from any other
-        thread use ``loop.abort``, applied at the next step boundary). Returns its final chunk,
-        or None if it was not running here."""
-        live = self._live.get(request_id)
-        if live is None or self.scheduler.abort(request_id) is None:
-            return None
+        """End a request (every sample) at once and free its pages (on the driving thread; from
+        any other thread use ``loop.abort``, applied at the next step boundary). Returns its
+        final chunk, or None if it was not running here."""
+        last = None
+        for live in self._live.samples(request_id):
+            if self.scheduler.abort(live.req.request_id) is not None:
+                last = self._live.end(live, [], live.detok.flush(live.req.output_ids), "abort")
         if not self.scheduler.has_work():
             self._busy_since = None
-        return self._chunk(live, [], live.detok.flush(live.req.output_ids), "abort")
+        return last
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -204,13 +189,20 @@ class Engine:
         if not items:
             return []
         reqs = [it.req for it in items]
+        grammar = self.structured.sampler_kwargs(masks)
+        if self._live.groups:  # forks sample their first token from their leader's row
+            rows, reqs = self._fork(reqs)
+            if len(reqs) > len(items):
+                logits = logits[torch.tensor(rows, device=logits.device)]
+                if grammar:
+                    grammar["grammar_mask"] = expand_mask(grammar["grammar_mask"], rows, len(items))
         tokens = self.sampler.sample(
             logits,
             [r.request_id for r in reqs],
             [r.params for r in reqs],
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
-            **self.structured.sampler_kwargs(masks),
+            **grammar,
         )
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
@@ -220,6 +212,7 @@ class Engine:
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now
+            if len(req.output_ids) == 1 and live.index == 0:
                 self.meter.record_first_token(
                     req.num_prompt, req.cached_tokens, now - live.queued_at
                 )
@@ -229,8 +222,33 @@ class Engine:
             if reason:
                 self.scheduler.finish(req, reason)
                 delta += live.detok.flush(req.output_ids)
-            out.append(self._chunk(live, [tok], delta, reason, *with_logprobs(live, lp)))
+            out.append(self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp)))
         return out
+
+    def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
+        """Start the other samples of each leader in ``reqs`` sampling its first token
+        (``samples.py``). Returns each sampled request's logits row and the requests, forks
+        (the ones that got pages now) appended."""
+        rows, out, copies = list(range(len(reqs))), list(reqs), []
+        for row, req in enumerate(reqs):
+            live = self._live[req.request_id]
+            group = live.group
+            if group is None or group.forked or live.index != 0:
+                continue
+            group.forked = True
+            for i in range(1, group.n):
+                f = follower(req, i)
+                fl = Live(f, self._detokenizer(f), live.sink, True, index=i, group=group)
+                fl.matcher = self.structured.matcher(f.params.grammar)
+                fl.queued_at, fl.prompt_logprobs = live.queued_at, list(live.prompt_logprobs)
+                self._live.add(fl)
+                pairs = self.scheduler.fork(req, f)
+                if pairs is not None:
+                    copies += pairs
+                    rows.append(row)
+                    out.append(f)
+        self.pool.copy_pages(copies)
+        return rows, out
 
     def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
         p = req.params
@@ -240,41 +258,12 @@ class Engine:
             return "length"
         return None
 
-    def _chunk(
-        self, live: _Live, toks: list[int], text: str, reason: str | None, *lp: list | None
-    ) -> StreamChunk:
-        req = live.req
-        lps, plps = lp or ([] if req.params.logprobs is not None else None, None)  # an abort
-        if reason is None:
-            chunk = StreamChunk(toks, text, req.cached_tokens, None, 0, 0, None, lps, plps)
-        else:
-            miss = dict(req.miss) if req.miss else {}
-            chunk = StreamChunk(
-                toks,
-                text,
-                req.cached_tokens,
-                reason,
-                req.num_prompt,
-                len(req.output_ids),
-                miss,
-                lps,
-                plps,
-            )
-            self.sampler.forget(req.request_id)
-            self.meter.requests_finished += 1
-            self.meter.completion_tokens += len(req.output_ids)
-            if reason == "abort":
-                self.meter.requests_aborted += 1
-            del self._live[req.request_id]
-        if live.sink is not None:
-            live.sink(chunk)
-        return chunk
-
     def fail_all(self, message: str) -> None:
         """End every request with an engine failure and free its pages. If freeing fails too,
         the engine's state is unknown: it marks itself ``broken`` (the loop stops, health says
         so, new requests are refused) rather than keep failing every step."""
-        for rid, live in list(self._live.items()):
+        told: set[int] = set()  # the samples of a request share its sink: tell it once
+        for rid, live in self._live.clear():
             if self.broken is None and live.req.status is not RequestStatus.FINISHED:
                 try:
                     self.scheduler.abort(rid)
@@ -283,8 +272,8 @@ class Engine:
                     self.broken = (
                         f"freeing request {rid} after a failed step raised {type(e).__name__}: {e}"
                     )
-            del self._live[rid]
-            if live.sink is not None:
+            if live.sink is not None and id(live.sink) not in told:
+                told.add(id(live.sink))
                 live.sink(EngineFailure(message))
 
     # ------------------------------------------------------------------ public API
@@ -296,7 +285,8 @@ class Engine:
         extra_keys: Sequence[str | None] | None = None,
     ) -> list[Completion]:
         """Submit all prompts together (they share batches) and run until all finish: on the
-        loop's thread while it runs, else on this one (the loop's own ``turn``, run here)."""
+        loop's thread while it runs, else on this one (the loop's own ``turn``, run here).
+        One completion per prompt and sample, in order (prompt i's sample j at i * n + j)."""
         self.check_alive()
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -309,7 +299,7 @@ class Engine:
         ]
         builders = [CompletionBuilder(r.request_id) for r in reqs]
         self.loop.run(zip(reqs, builders, strict=True))
-        return [b.result() for b in builders]
+        return [c for b in builders for c in b.results()]
 
     def generate(
         self,
@@ -365,26 +355,8 @@ class Engine:
         return perf_class(self.config, self.device, self.runner.attention.name)
 
     def stats(self) -> dict:
-        """Counters, load and measured rates in one dict (keys: ``WorkerCounters`` and
-        ``LoadReport`` fields, plus ``page_size``)."""
-        s = self.meter.as_dict()
-        sched, alloc = self.scheduler, self.pool.allocator
-        running, waiting, queued, decoding = sched.load()
-        s.update(
-            running=running,
-            # Requests still in the inbox are waiting too: they are accepted, not yet queued.
-            waiting=waiting + self.loop.pending,
-            queued_prefill_tokens=queued,
-            active_decode_tokens=decoding,
-            free_pages=alloc.num_free,
-            total_pages=alloc.num_pages,
-            cached_pages=self.cache.total_tokens // self.page_size,
-            evictable_pages=self.cache.evictable_tokens // self.page_size,
-            page_size=self.page_size,
-            preemptions=sched.num_preemptions,
-            evicted_pages=sched.num_evicted_pages,
-        )
-        return s
+        """Counters, load and measured rates in one dict (``stats.engine_stats``)."""
+        return engine_stats(self)
 
     def report(self) -> tuple[LoadReport, WorkerCounters]:
         """The load and the counters a worker sends in its poll result."""

@@ -231,16 +231,18 @@ class EngineLoop:
                 if isinstance(item, RequestError):
                     finished = True
                     raise item
-                error = None
+                ready, error = [item], None
                 while not item.final and not q.empty():
-                    nxt = q.get_nowait()
-                    if isinstance(nxt, RequestError):
-                        error = nxt
+                    item = q.get_nowait()
+                    if isinstance(item, RequestError):
+                        error = item
                         break
-                    item = item.merge(nxt)
-                finished = item.final or error is not None
-                yield item
+                    ready.append(item)
+                for chunk in _coalesce(ready):
+                    finished = finished or chunk.final
+                    yield chunk
                 if error is not None:
+                    finished = True
                     raise error
                 if finished:
                     return
@@ -260,3 +262,16 @@ def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Sink:
             pass
 
     return sink
+
+
+def _coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
+    """Each sample's ready chunks merged into one, in the order of their last chunks (so the
+    chunk that ends the stream stays last)."""
+    if len(chunks) == 1:
+        return chunks
+    merged: dict[int, StreamChunk] = {}
+    last: dict[int, int] = {}
+    for pos, c in enumerate(chunks):
+        merged[c.index] = merged[c.index].merge(c) if c.index in merged else c
+        last[c.index] = pos
+    return [merged[i] for i in sorted(merged, key=last.__getitem__)]

@@ -99,3 +99,14 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) page's K and V, every layer (a sample forked from
+        another gets its own copy of the partial page it will write)."""
+        if not pairs:
+            return
+        dev = self.k_cache.device
+        src = torch.tensor([a for a, _ in pairs], device=dev)
+        dst = torch.tensor([b for _, b in pairs], device=dev)
+        self.k_cache[:, dst] = self.k_cache[:, src]
+        self.v_cache[:, dst] = self.v_cache[:, src]

@@ -8,6 +8,7 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
     admit(req, m, upto)     lock the prefix, pages for positions < upto -> False: nothing changed
     grow(req, upto)         more pages (evicting cached ones) -> False: nothing changed (preempt)
     commit(req, upto)       hand computed full pages to the cache; the request keeps them locked
+    fork(src, dst)          dst shares src's cached pages and gets copies of its private ones
     release(req)            give everything back: full computed pages cached, the rest freed
 
 Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 
 from radixray.cache_index import ChunkCache, PrefixCache
 from radixray.cache_index.prefix_cache import MatchResult
+from radixray.protocol import MISS_CAUSES
 
 from .request import Request
 
@@ -122,6 +124,44 @@ class PageManager:
         req.num_tree_pages = k
         if dups:
             self.alloc.free(dups)
+
+    def attribute(self, req: Request, cached: int, in_flight: set[int]) -> dict[str, int]:
+        """Split the prompt's tokens by why they were (not) reused (``cached`` of them were);
+        the values sum to the prompt length."""
+        miss = dict.fromkeys(MISS_CAUSES, 0)
+        L, P = req.num_prompt, self.P
+        if not self.reuse:
+            miss["disabled"] = L
+            return miss
+        cached = min(cached, L)
+        reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
+        miss["cached"] = cached
+        miss["page_tail"] = L - max(reusable * P, cached)
+        for j in range(cached // P, reusable):
+            h = req.block_hashes[j]
+            if h in in_flight:
+                miss["in_flight"] += P
+            elif self.cache.was_evicted((h,)):
+                miss["evicted"] += P
+            else:
+                miss["cold"] += P
+        return miss
+
+    def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
+        """Give ``dst`` what ``src`` computed: ``src``'s cached pages (locked for ``dst`` too)
+        and a copy of each private page holding computed tokens (the partial last page, or with
+        reuse off every page). Returns the (source, copy) pairs, whose KV the caller copies; None
+        (nothing changed) when the copies do not fit."""
+        private = src.pages[src.num_tree_pages : _cdiv(src.num_computed, self.P)]
+        copies = self._take(len(private))
+        if copies is None:
+            return None
+        self.cache.lock(src.node)
+        dst.pages = src.pages[: src.num_tree_pages] + copies
+        dst.num_tree_pages = src.num_tree_pages
+        dst.node = src.node
+        dst.num_computed = src.num_computed
+        return list(zip(private, copies, strict=True))
 
     def release(self, req: Request) -> None:
         """Give every page back: computed full pages to the cache (kept for reuse), the rest to

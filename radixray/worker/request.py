@@ -27,54 +27,67 @@ class Completion:
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "abort"
     miss: dict[str, int]  # cause -> prompt tokens (keys: radixray.protocol.MISS_CAUSES)
+    index: int = 0  # the sample, of a request's n
 
 
 class CompletionBuilder:
-    """A sink (``engine.Sink``) that gathers one request's chunks into its ``Completion``.
+    """A sink (``engine.Sink``) that gathers one request's chunks into its ``Completion``s, one
+    per sample (``SamplingParams.n``).
 
-    The text is the chunks' texts joined (the detokenizer releases every character once, the
-    last ones with the final chunk); the counts and ``miss`` come with the final chunk.
-    ``on_done`` is called once, after the final chunk or the request's error."""
+    A sample's text is its chunks' texts joined (the detokenizer releases every character
+    once, the last ones with the sample's last chunk), which also carries the counts and
+    ``miss``. ``on_done`` is called once, after the final chunk or the request's error."""
 
     def __init__(self, request_id: str, on_done: Callable[[], None] | None = None):
         self.request_id = request_id
         self._on_done = on_done
-        self._texts: list[str] = []
-        self._tokens: list[int] = []
-        self._result: Completion | RequestError | None = None
+        self._parts: dict[int, tuple[list[str], list[int]]] = {}
+        self._ended: list[Completion] = []
+        self._error: RequestError | None = None
+        self._done = False
 
     @property
     def done(self) -> bool:
-        return self._result is not None
+        return self._done
 
     def __call__(self, item: StreamChunk | RequestError) -> None:
         if isinstance(item, RequestError):
-            self._result = item
+            self._error = item
         else:
-            self._texts.append(item.text)
-            self._tokens += item.token_ids
+            texts, tokens = self._parts.setdefault(item.index, ([], []))
+            texts.append(item.text)
+            tokens += item.token_ids
+            if item.ended:
+                self._ended.append(
+                    Completion(
+                        self.request_id,
+                        "".join(texts),
+                        tokens,
+                        item.prompt_tokens,
+                        item.cached_tokens,
+                        item.completion_tokens,
+                        item.finish_reason,
+                        dict(item.miss or {}),
+                        item.index,
+                    )
+                )
             if not item.final:
                 return
-            self._result = Completion(
-                self.request_id,
-                "".join(self._texts),
-                self._tokens,
-                item.prompt_tokens,
-                item.cached_tokens,
-                item.completion_tokens,
-                item.finish_reason,
-                dict(item.miss or {}),
-            )
+        self._done = True
         if self._on_done is not None:
             self._on_done()
 
-    def result(self) -> Completion:
-        """The completion; raises the request's error if it failed."""
-        if isinstance(self._result, RequestError):
-            raise self._result
-        if self._result is None:
+    def results(self) -> list[Completion]:
+        """Every sample's completion, by index; raises the request's error if it failed."""
+        if self._error is not None:
+            raise self._error
+        if not self._done:
             raise RuntimeError(f"request {self.request_id!r} has not finished")
-        return self._result
+        return sorted(self._ended, key=lambda c: c.index)
+
+    def result(self) -> Completion:
+        """The completion (of a request with one sample; sample 0's of one with n)."""
+        return self.results()[0]
 
 
 class RequestStatus(enum.Enum):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixray.cache_index import PrefixCache
-from radixray.protocol import MISS_CAUSES
 
 from .page_manager import PageManager
 from .request import Request, RequestStatus
@@ -340,35 +339,13 @@ class Scheduler:
         if not self.pages.admit(req, m, m.num_tokens + n):
             return None
         if req.miss is None:
-            req.miss = self._attribute(req, m.num_tokens, in_flight)
+            req.miss = self.pages.attribute(req, m.num_tokens, in_flight)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
         in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
         items.append(ScheduledItem(req, m.num_tokens, n, m.num_tokens + n == req.num_tokens))
         return n
-
-    def _attribute(self, req: Request, cached: int, in_flight: set[int]) -> dict[str, int]:
-        """Split the prompt's tokens by why they were (not) reused; the values sum to the
-        prompt length."""
-        miss = dict.fromkeys(MISS_CAUSES, 0)
-        L, P = req.num_prompt, self.P
-        if not self.reuse:
-            miss["disabled"] = L
-            return miss
-        cached = min(cached, L)
-        reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
-        miss["cached"] = cached
-        miss["page_tail"] = L - max(reusable * P, cached)
-        for j in range(cached // P, reusable):
-            h = req.block_hashes[j]
-            if h in in_flight:
-                miss["in_flight"] += P
-            elif self.cache.was_evicted((h,)):
-                miss["evicted"] += P
-            else:
-                miss["cold"] += P
-        return miss
 
     # ------------------------------------------------------------------ after a step
 
@@ -382,6 +359,23 @@ class Scheduler:
             req.num_computed = it.start + it.num_tokens
             if it.num_tokens > 1:
                 self.pages.commit(req, req.num_computed)
+
+    def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
+        """Start ``dst``, another sample of ``src``'s prompt, where ``src`` is now: running,
+        with ``src``'s cached pages shared and its private ones copied (the (source, copy) page
+        pairs returned, for the KV copy before the next step). None when there is no room
+        (``max_running`` or memory): then ``dst`` waits at the front of the queue, to be
+        admitted as any request (its prompt matching ``src``'s cached pages)."""
+        dst.arrival_step = src.arrival_step
+        if len(self.running) < self.config.max_running:
+            pairs = self.pages.fork(src, dst)
+            if pairs is not None:
+                dst.status = RequestStatus.RUNNING
+                self.running.append(dst)
+                return pairs
+        dst.status = RequestStatus.WAITING
+        self.waiting.insert(0, dst)
+        return None
 
     def preempt(self, req: Request) -> None:
         """Stop ``req``, keep its computed prefix in the cache, requeue it at the front."""

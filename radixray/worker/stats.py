@@ -10,7 +10,7 @@ from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel
 from radixray.sysinfo import cpu_model
 
-__all__ = ["EngineStats", "STEP_FIELDS", "perf_class"]
+__all__ = ["EngineStats", "STEP_FIELDS", "engine_stats", "perf_class"]
 
 # One entry of EngineStats.step_log.
 STEP_FIELDS = (
@@ -118,3 +118,26 @@ def perf_class(config, device, attention: str) -> str:
     else:
         hw = f"{cpu_model()} x{torch.get_num_threads()} threads"
     return " | ".join((config.model, config.dtype, hw, attention))
+
+
+def engine_stats(engine) -> dict:
+    """An engine's counters, load and measured rates in one dict (keys: ``WorkerCounters`` and
+    ``LoadReport`` fields, plus ``page_size``)."""
+    s = engine.meter.as_dict()
+    sched, alloc = engine.scheduler, engine.pool.allocator
+    running, waiting, queued, decoding = sched.load()
+    s.update(
+        running=running,
+        # Requests still in the inbox are waiting too: they are accepted, not yet queued.
+        waiting=waiting + engine.loop.pending,
+        queued_prefill_tokens=queued,
+        active_decode_tokens=decoding,
+        free_pages=alloc.num_free,
+        total_pages=alloc.num_pages,
+        cached_pages=engine.cache.total_tokens // engine.page_size,
+        evictable_pages=engine.cache.evictable_tokens // engine.page_size,
+        page_size=engine.page_size,
+        preemptions=sched.num_preemptions,
+        evicted_pages=sched.num_evicted_pages,
+    )
+    return s

@@ -198,7 +198,7 @@ def test_the_grammar_crosses_the_codec_and_a_bad_kind_does_not():
     req = GenerateRequest("r1", [1, 2, 3], p)
     assert decode(encode(req), GenerateRequest).params == p
     raw = msgspec.msgpack.decode(encode(req))  # [tag, request_id, prompt_ids, params, ...]
-    assert raw[3][-1] == ["regex", "[a-z]+"]  # appended last: the field order is the protocol
-    raw[3][-1] = ["yaml", ""]
+    assert raw[3][-2] == ["regex", "[a-z]+"]  # position 19 (n follows): the order is the protocol
+    raw[3][-2] = ["yaml", ""]
     with pytest.raises((ProtocolError, InvalidRequest)):
         decode(msgspec.msgpack.encode(raw), GenerateRequest)

@@ -1,0 +1,138 @@
+"""The requests an engine serves, from admission to their last chunk: each sample's state (its
+scheduler ``Request``, its text so far, its grammar), where its chunks go, and how it ends.
+
+Keyed by the engine's id of each sample: a request's own id for it (or its sample 0), and
+``<id>#<i>`` for sample i of a request with ``n`` > 1 (``samples.py``), which share one sink
+and one ``SampleGroup``. Only the engine's driving thread touches it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from radixray.protocol import RequestError, StreamChunk
+
+from .detokenizer import IncrementalDetokenizer
+from .request import Request
+from .samples import SampleGroup, unforked_ends
+
+__all__ = ["Live", "LiveRequests", "Sink"]
+
+# Where a request's chunks go as they are produced (on the stepping thread); a failed request
+# gets its RequestError instead of a final chunk.
+Sink = Callable[[StreamChunk | RequestError], None]
+
+
+@dataclass(eq=False)
+class Live:
+    """A sample the engine is serving: its scheduler state, its text so far, where it goes."""
+
+    req: Request
+    detok: IncrementalDetokenizer
+    sink: Sink | None = None
+    admitted: bool = False
+    matcher: object = None  # structured output: a grammar.GrammarMatcher, or None
+    queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
+    prompt_logprobs: list = field(default_factory=list)  # until its first token (logprobs.py)
+    index: int = 0  # which of its request's samples (samples.py)
+    group: SampleGroup | None = None  # its request's samples, when it has n > 1
+
+
+class LiveRequests:
+    """The engine's table of live samples and their requests' groups. ``end`` builds and sends a
+    sample's chunk, and at a sample's end forgets it and counts it (``meter``)."""
+
+    def __init__(self, meter, sampler):
+        self.meter = meter  # stats.EngineStats
+        self.sampler = sampler  # forgets a finished sample's generator
+        self._by_id: dict[str, Live] = {}
+        self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._by_id or rid in self.groups
+
+    def __getitem__(self, rid: str) -> Live:
+        return self._by_id[rid]
+
+    def get(self, rid: str) -> Live | None:
+        return self._by_id.get(rid)
+
+    def values(self) -> list[Live]:
+        return list(self._by_id.values())
+
+    def add(self, live: Live) -> None:
+        """A new request (a group for its samples when ``n`` > 1), or a request's fork."""
+        req = live.req
+        self._by_id[req.request_id] = live
+        if live.group is not None:
+            live.group.ids.append(req.request_id)
+        elif req.params.n > 1:
+            group = SampleGroup(req.request_id, req.params.n, req.params.n, ids=[req.request_id])
+            live.group = self.groups[req.request_id] = group
+
+    def samples(self, request_id: str) -> list[Live]:
+        """The live samples of request ``request_id`` (none if it is not here)."""
+        group = self.groups.get(request_id)
+        ids = group.ids if group is not None else [request_id]
+        return [self._by_id[i] for i in ids if i in self._by_id]
+
+    def clear(self) -> Iterator[tuple[str, Live]]:
+        """Forget everything (an engine failure); yields each live sample as it goes."""
+        self.groups.clear()
+        while self._by_id:
+            rid = next(iter(self._by_id))
+            yield rid, self._by_id.pop(rid)
+
+    def end(
+        self, live: Live, toks: list[int], text: str, reason: str | None, *lp: list | None
+    ) -> StreamChunk:
+        """Send ``live``'s chunk of ``toks`` (``text``); with a ``reason`` its last, with the
+        usage. A request aborted before it forked ends its other samples too."""
+        req, group = live.req, live.group
+        lps, plps = lp or ([] if req.params.logprobs is not None else None, None)  # an abort
+        if reason is None:
+            chunk = StreamChunk(toks, text, req.cached_tokens, None, 0, 0, None, lps, plps)
+            if live.index:
+                chunk = msgspec.structs.replace(chunk, index=live.index)
+            return self.send(live, chunk)
+        if group is not None:
+            group.open -= 1
+        chunk = StreamChunk(
+            toks,
+            text,
+            req.cached_tokens,
+            reason,
+            req.num_prompt,
+            len(req.output_ids),
+            dict(req.miss) if req.miss else {},
+            lps,
+            plps,
+            live.index,
+            group.open if group is not None else 0,
+        )
+        self.sampler.forget(req.request_id)
+        self.meter.completion_tokens += len(req.output_ids)
+        del self._by_id[req.request_id]
+        if group is not None and not group.forked:  # its other samples never started
+            self.send(live, chunk)
+            for chunk in unforked_ends(group, req, reason):
+                self.send(live, chunk)
+        else:
+            self.send(live, chunk)
+        if chunk.samples_open == 0:  # the request's end
+            self.meter.requests_finished += 1
+            if reason == "abort":
+                self.meter.requests_aborted += 1
+            if group is not None:
+                del self.groups[group.request_id]
+        return chunk
+
+    @staticmethod
+    def send(live: Live, chunk: StreamChunk) -> StreamChunk:
+        if live.sink is not None:
+            live.sink(chunk)
+        return chunk
