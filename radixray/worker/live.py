@@ -117,19 +117,18 @@ class LiveRequests:
         self.sampler.forget(req.request_id)
         self.meter.completion_tokens += len(req.output_ids)
         del self._by_id[req.request_id]
+        chunks = [chunk]
         if group is not None and not group.forked:  # its other samples never started
-            self.send(live, chunk)
-            for chunk in unforked_ends(group, req, reason):
-                self.send(live, chunk)
-        else:
-            self.send(live, chunk)
-        if chunk.samples_open == 0:  # the request's end
+            chunks += unforked_ends(group, req, reason)
+        if chunks[-1].samples_open == 0:  # the request's end (counted before anyone hears)
             self.meter.requests_finished += 1
             if reason == "abort":
                 self.meter.requests_aborted += 1
             if group is not None:
                 del self.groups[group.request_id]
-        return chunk
+        for c in chunks:
+            self.send(live, c)
+        return chunks[-1]
 
     @staticmethod
     def send(live: Live, chunk: StreamChunk) -> StreamChunk:
