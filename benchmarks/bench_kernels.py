@@ -294,8 +294,10 @@ def run_compile_check(arch: int) -> None:
             types["scale_log2"] = "fp32"
             consts = {"GROUP": 4, "HEAD_DIM": D, "PAGE_SIZE": 16, "UPCAST_DOT": False}
             consts |= {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
-            res = compile_one(triton_extend._extend_kernel, types, consts, nw)
-            print(f"| extend | {t} | {D} | {res} |")
+            for sliding in (False, True):
+                consts["SLIDING"] = sliding
+                res = compile_one(triton_extend._extend_kernel, types, consts, nw)
+                print(f"| extend{' (window)' if sliding else ''} | {t} | {D} | {res} |")
         types = dict.fromkeys(("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"), f"*{t}")
         types["slot_mapping_ptr"] = "*i64"
         consts = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}

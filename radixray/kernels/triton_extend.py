@@ -29,8 +29,6 @@ from ._validate import check_extend, check_window
 __all__ = ["extend_attention"]
 
 _LOG2E = 1.4426950408889634
-# "No window": longer than any context (one kernel for both cases).
-_NO_WINDOW = 1 << 30
 
 
 @triton.jit
@@ -43,7 +41,7 @@ def _extend_kernel(
     seq_lens_ptr,  # int [B] cached + new
     out_ptr,  # [T, Hq, D]
     scale_log2,  # softmax scale * log2(e)
-    window,  # sliding window in tokens, _NO_WINDOW for full attention
+    window,  # sliding window in tokens (read when SLIDING)
     stride_qt,
     stride_qh,
     stride_kp,
@@ -62,6 +60,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,  # keys per inner step
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two
     UPCAST_DOT: tl.constexpr,  # widen bf16 dot operands to fp32 (interpreter only)
+    SLIDING: tl.constexpr,  # a sliding window is given
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -86,14 +85,18 @@ def _extend_kernel(
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # a finite floor, not -inf: with a window a row may see nothing in a step, and the floor keeps
+    # its rescaling exp2(m_i - m_new) at 1 and its p at 0 instead of NaN
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # keys past the last row's position are invisible to the whole block, and so are keys before
     # the first row's window
     kv_end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
-    kv_start = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+    kv_start = 0
+    if SLIDING:  # a compile-time branch: full attention compiles as before (no spills at fp32)
+        kv_start = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
     bt_row = block_table_ptr + b * stride_btb
     for n0 in range(kv_start, kv_end, BLOCK_N):
         t = n0 + offs_n
@@ -105,14 +108,13 @@ def _extend_kernel(
         k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         causal = t[None, :] <= pos[:, None]
-        visible = causal & (pos[:, None] - t[None, :] < window) & t_mask[None, :]
+        visible = causal & t_mask[None, :]
+        if SLIDING:
+            visible &= pos[:, None] - t[None, :] < window
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # with a window, a row may see nothing in a step (m_new still -inf): exponentiate
-        # against 0 then, so that alpha and p are 0, not NaN
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
@@ -177,7 +179,7 @@ def extend_attention(
         seq_lens,
         out,
         scale * _LOG2E,
-        _NO_WINDOW if window is None else window,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -196,6 +198,7 @@ def extend_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         UPCAST_DOT=upcast_dot(q.dtype),
+        SLIDING=window is not None,
         num_warps=num_warps,
     )
     return out
