@@ -3,6 +3,7 @@
     python benchmarks/bench_kernels.py            # GPU part when CUDA exists, else the CPU part
     python benchmarks/bench_kernels.py --cpu      # the CPU part only
     python benchmarks/bench_kernels.py --compile-check 90   # registers/spills for sm_90, no GPU
+    python benchmarks/bench_kernels.py --window 512   # CPU decode, sliding window vs full
 
 GPU: decode for batch 1/16/64/256 x context 512/4k/32k, GQA 32/8 heads x 128, bf16, page 16.
 Each shape is first checked against the float32 reference (where it fits), then timed with CUDA
@@ -141,7 +142,7 @@ def run_cpu(reps: int) -> None:
     step's plan once, then stores and attends per layer; the "torch" reference beside the "cpu"
     fast path, interleaved per shape."""
     m = SMOL
-    P, Hq, Hkv, D = m["page"], m["hq"], m["hkv"], m["d"]
+    P, D = m["page"], m["d"]
     scale = D**-0.5
     print(
         f"# CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch "
@@ -151,48 +152,84 @@ def run_cpu(reps: int) -> None:
     rows = []
     shapes = [(b, c) for b in CPU_BATCHES for c in CPU_CONTEXTS]
     for batch, ctx in tqdm(shapes, desc="cpu shapes", file=sys.stderr):
-        gen = torch.Generator().manual_seed(batch * ctx)
-        pages_per_seq = ctx // P + 1  # room for the new token
-        num_pages = batch * pages_per_seq
-        caches = [
-            (
-                torch.randn(num_pages, P, Hkv, D, generator=gen),
-                torch.randn(num_pages, P, Hkv, D, generator=gen),
-            )
-            for _ in range(_DISTINCT_LAYER_CACHES)
-        ]
-        perm = torch.randperm(num_pages, generator=gen)
-        block_table = perm.view(batch, pages_per_seq).to(torch.int32)
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32)  # context incl. the new token
-        pos = ctx - 1
-        slot_mapping = block_table[:, pos // P].long() * P + pos % P
-        cu = torch.arange(batch + 1, dtype=torch.int32)
-        q = torch.randn(batch, Hq, D, generator=gen)
-        k_new = torch.randn(batch, Hkv, D, generator=gen)
-
-        def step(backend, caches=caches, q=q, k=k_new, table=block_table, lens=seq_lens, cu=cu,
-                 slots=slot_mapping):  # fmt: skip
-            plan = backend.prepare(slots, table, cu, lens, 1)
-            for layer in range(m["layers"]):
-                kc, vc = caches[layer % _DISTINCT_LAYER_CACHES]
-                backend.store(plan, k, k, kc, vc)
-                backend.attend(plan, q, kc, vc, scale)
-
-        times: dict[str, list[float]] = {b.name: [] for b in backends}
-        for b in backends:
-            step(b)  # warm up
-        for _ in range(reps):
-            for b in backends:
-                t0 = time.perf_counter()
-                step(b)
-                times[b.name].append((time.perf_counter() - t0) * 1e3)
-        ref, fast = (statistics.median(times[b.name]) for b in backends)
+        case = _cpu_case(batch, ctx)
+        ref, fast = _time_steps([(b, case, scale, None) for b in backends], reps)
         rows.append((batch, ctx, ref, fast, ref / fast))
 
     print("| batch | context | torch (reference) ms / step | cpu ms / step | speed-up |")
     print("|---:|---:|---:|---:|---:|")
     for b, c, ref, fast, ratio in rows:
         print(f"| {b} | {c} | {ref:.1f} | {fast:.1f} | {ratio:.2f}x |")
+
+
+def _cpu_case(batch: int, ctx: int) -> dict:
+    """A decode step's tensors for SmolLM2-135M shapes: every sequence ``ctx`` tokens long."""
+    m = SMOL
+    P, Hq, Hkv, D = m["page"], m["hq"], m["hkv"], m["d"]
+    gen = torch.Generator().manual_seed(batch * ctx)
+    pages_per_seq = ctx // P + 1  # room for the new token
+    num_pages = batch * pages_per_seq
+    caches = [
+        (
+            torch.randn(num_pages, P, Hkv, D, generator=gen),
+            torch.randn(num_pages, P, Hkv, D, generator=gen),
+        )
+        for _ in range(_DISTINCT_LAYER_CACHES)
+    ]
+    table = torch.randperm(num_pages, generator=gen).view(batch, pages_per_seq).to(torch.int32)
+    pos = ctx - 1
+    return {
+        "caches": caches,
+        "table": table,
+        "lens": torch.full((batch,), ctx, dtype=torch.int32),  # context incl. the new token
+        "slots": table[:, pos // P].long() * P + pos % P,
+        "cu": torch.arange(batch + 1, dtype=torch.int32),
+        "q": torch.randn(batch, Hq, D, generator=gen),
+        "k": torch.randn(batch, Hkv, D, generator=gen),
+    }
+
+
+def _cpu_step(backend, case: dict, scale: float, window: int | None) -> None:
+    """One decode step as the model runs it: one plan, then store and attend in every layer."""
+    plan = backend.prepare(case["slots"], case["table"], case["cu"], case["lens"], 1)
+    for layer in range(SMOL["layers"]):
+        kc, vc = case["caches"][layer % _DISTINCT_LAYER_CACHES]
+        backend.store(plan, case["k"], case["k"], kc, vc)
+        backend.attend(plan, case["q"], kc, vc, scale, window)
+
+
+def _time_steps(runs: list[tuple], reps: int) -> list[float]:
+    """Median ms per step of each (backend, case, scale, window), interleaved rep by rep."""
+    times: list[list[float]] = [[] for _ in runs]
+    for run in runs:
+        _cpu_step(*run)  # warm up
+    for _ in range(reps):
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            _cpu_step(*run)
+            times[i].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def run_cpu_window(window: int, reps: int) -> None:
+    """A decode step with every layer's attention windowed (``window`` tokens) against full
+    attention, on long contexts: the "cpu" path reads only the window's pages, the "torch"
+    reference reads the whole context and masks it."""
+    m = SMOL
+    P, D = m["page"], m["d"]
+    print(
+        f"# CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch "
+        f"threads, torch {torch.__version__}; SmolLM2-135M shapes {m}; window {window}"
+    )
+    backends = [K.make_backend(name, "cpu", torch.float32, P, D) for name in ("torch", "cpu")]
+    print("| batch | context | torch full ms | torch window ms | cpu full ms | cpu window ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for batch, ctx in ((1, 2048), (1, 8192), (1, 32768), (8, 8192)):
+        case = _cpu_case(batch, ctx)
+        runs = [(b, case, D**-0.5, w) for b in backends for w in (None, window)]
+        t = _time_steps(runs, reps)
+        print(f"| {batch} | {ctx} | " + " | ".join(f"{x:.1f}" for x in t) + " |", flush=True)
+        del case
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +294,10 @@ def run_compile_check(arch: int) -> None:
             types["scale_log2"] = "fp32"
             consts = {"GROUP": 4, "HEAD_DIM": D, "PAGE_SIZE": 16, "UPCAST_DOT": False}
             consts |= {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
-            res = compile_one(triton_extend._extend_kernel, types, consts, nw)
-            print(f"| extend | {t} | {D} | {res} |")
+            for sliding in (False, True):
+                consts["SLIDING"] = sliding
+                res = compile_one(triton_extend._extend_kernel, types, consts, nw)
+                print(f"| extend{' (window)' if sliding else ''} | {t} | {D} | {res} |")
         types = dict.fromkeys(("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"), f"*{t}")
         types["slot_mapping_ptr"] = "*i64"
         consts = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}
@@ -274,6 +313,12 @@ def main() -> None:
         type=int,
         metavar="SM",
         help="compile every Triton kernel config for sm_SM (e.g. 90) offline; report spills",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        metavar="W",
+        help="the CPU part with a sliding window of W tokens against full attention, long contexts",
     )
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per shape")
     parser.add_argument("--no-check", action="store_true", help="skip the reference checks")
@@ -296,6 +341,8 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, python {platform.python_version()}")
     if args.compile_check:
         run_compile_check(args.compile_check)
+    elif args.window:
+        run_cpu_window(args.window, args.reps or 5)
     elif torch.cuda.is_available() and not args.cpu:
         torch.backends.cuda.matmul.allow_tf32 = False
         run_gpu(args.reps or 20, check=not args.no_check)

@@ -13,6 +13,10 @@ page size a multiple of 16, or 256 upstream), ``"triton"`` (our kernels; CUDA, f
 ``"cpu"`` (cpu.py; CPU, float32: one plan per step, torch's fused attention), ``"torch"``
 (reference.py; anywhere, always float32 math).
 
+Sliding-window attention: every entry point takes ``window`` (None = full attention; ``W`` = the
+query at position ``p`` sees keys at ``(p - W, p]``, transformers' ``sliding_window``), per call,
+so that one step's plan serves layers of different windows (Gemma 3's local and global layers).
+
 ``backend=None`` means: the environment variable RADIXRAY_ATTENTION_BACKEND if set, else the best
 backend that can run these tensors (on CPU: "cpu" for float32, else "torch"). A backend named by
 argument or environment variable is used or fails with an error naming why and the valid
@@ -95,10 +99,20 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, backend: str | None = None) -
 
 
 def paged_decode_attention(
-    q, k_cache, v_cache, block_table, seq_lens, scale, backend: str | None = None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    scale,
+    backend: str | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Shapes and semantics: reference.paged_decode_attention."""
-    return _backend(backend, q, k_cache).decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+    """Shapes and semantics: reference.paged_decode_attention (``window``: a sliding window of
+    that many tokens, the query's own included; None = full attention)."""
+    impl = _backend(backend, q, k_cache)
+    return impl.decode(q, k_cache, v_cache, block_table, seq_lens, scale, window)
 
 
 def extend_attention(
@@ -112,12 +126,13 @@ def extend_attention(
     backend: str | None = None,
     *,
     max_seqlen_q: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Shapes and semantics: reference.extend_attention. ``max_seqlen_q``: the longest q_len,
-    if the caller knows it (an int from the scheduler, never read from a device tensor). It lets
-    the fast backends size their grid without a device sync, and 1 sends a pure decode batch to
-    the split-KV decode kernel. It must not be smaller than the true maximum."""
+    """Shapes and semantics: reference.extend_attention (``window`` as there). ``max_seqlen_q``:
+    the longest q_len, if the caller knows it (an int from the scheduler, never read from a device
+    tensor). It lets the fast backends size their grid without a device sync, and 1 sends a pure
+    decode batch to the split-KV decode kernel. It must not be smaller than the true maximum."""
     impl = _backend(backend, q, k_cache)
     no_store = torch.full((q.shape[0],), -1, dtype=torch.int64, device=q.device)
     plan = impl.prepare(no_store, block_table, cu_seqlens_q, seq_lens, max_seqlen_q)
-    return impl.attend(plan, q, k_cache, v_cache, scale)
+    return impl.attend(plan, q, k_cache, v_cache, scale, window)

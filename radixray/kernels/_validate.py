@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_cache", "check_decode", "check_extend", "check_store"]
+__all__ = ["check_cache", "check_decode", "check_extend", "check_store", "check_window"]
 
 
 def _fail(msg: str) -> None:
@@ -95,3 +95,12 @@ def check_store(k, v, k_cache, v_cache, slot_mapping) -> None:
         if t.stride(-1) != 1:
             _fail(f"{name} must have a contiguous last (head_dim) axis, strides {t.stride()}")
     _check_int_vector("slot_mapping", slot_mapping, k.shape[0], k_cache.device)
+
+
+def check_window(window) -> None:
+    """A sliding window is None (full attention) or a positive int of tokens (the query's own
+    position included)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        _fail(f"window must be None or an int >= 1 (tokens, the query's own too), got {window!r}")

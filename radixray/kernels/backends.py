@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from . import cpu, flash_attn, reference
+from ._validate import check_window
 
 __all__ = [
     "BACKENDS",
@@ -63,11 +64,11 @@ class PagedStep:
     max_seqlen_q: int | None  # a host int (never read from a device tensor); None = unknown
     decode_only: bool  # every sequence has exactly one new token
 
-    def extend(self, fn, q, k_cache, v_cache, scale: float) -> torch.Tensor:
+    def extend(self, fn, q, k_cache, v_cache, scale: float, window=None) -> torch.Tensor:
         """``fn``, an extend kernel with the signature of reference.extend_attention plus
         ``max_seqlen_q``, over this step."""
         args = (self.block_table, self.cu_seqlens_q, self.seq_lens, scale)
-        return fn(q, k_cache, v_cache, *args, max_seqlen_q=self.max_seqlen_q)
+        return fn(q, k_cache, v_cache, *args, max_seqlen_q=self.max_seqlen_q, window=window)
 
 
 class AttentionBackend:
@@ -98,17 +99,24 @@ class AttentionBackend:
         """Write the step's new k/v ``[T, Hkv, D]`` into one layer's cache, cast to its dtype."""
         raise NotImplementedError
 
-    def attend(self, plan, q, k_cache, v_cache, scale: float) -> torch.Tensor:
-        """Attention of the step's queries ``[T, Hq, D]`` over cached + new context."""
+    def attend(
+        self, plan, q, k_cache, v_cache, scale: float, window: int | None = None
+    ) -> torch.Tensor:
+        """Attention of the step's queries ``[T, Hq, D]`` over cached + new context. ``window``:
+        this layer's sliding window, None for full attention; the query at position ``p`` sees
+        the keys at ``(p - window, p]`` (transformers' ``sliding_window``, reference.py). One
+        plan serves layers of different windows."""
         raise NotImplementedError
 
-    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale: float) -> torch.Tensor:
+    def decode(
+        self, q, k_cache, v_cache, block_table, seq_lens, scale: float, window: int | None = None
+    ) -> torch.Tensor:
         """One query per sequence (``q [B, Hq, D]``), no store: the decode-only entry point."""
         B = q.shape[0]
         cu = torch.arange(B + 1, dtype=torch.int32, device=q.device)
         no_store = torch.full((B,), -1, dtype=torch.int64, device=q.device)
         plan = self.prepare(no_store, block_table, cu, seq_lens, 1)
-        return self.attend(plan, q, k_cache, v_cache, scale)
+        return self.attend(plan, q, k_cache, v_cache, scale, window)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device}, {self.dtype}, page_size={self.page_size})"
@@ -126,13 +134,15 @@ class TorchBackend(AttentionBackend):
     def store(self, plan, k, v, k_cache, v_cache):
         reference.store_kv(k, v, k_cache, v_cache, plan.slot_mapping)
 
-    def attend(self, plan, q, k_cache, v_cache, scale):
+    def attend(self, plan, q, k_cache, v_cache, scale, window=None):
         return reference.extend_attention(
-            q, k_cache, v_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens, scale
+            q, k_cache, v_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens, scale, window
         )
 
-    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale):
-        return reference.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale, window=None):
+        return reference.paged_decode_attention(
+            q, k_cache, v_cache, block_table, seq_lens, scale, window
+        )
 
 
 class CpuBackend(AttentionBackend):
@@ -154,8 +164,9 @@ class CpuBackend(AttentionBackend):
     def store(self, plan, k, v, k_cache, v_cache):
         cpu.store_kv(plan, k, v, k_cache, v_cache)
 
-    def attend(self, plan, q, k_cache, v_cache, scale):
-        return cpu.extend_attention(plan, q, k_cache, v_cache, scale)
+    def attend(self, plan, q, k_cache, v_cache, scale, window=None):
+        check_window(window)
+        return cpu.extend_attention(plan, q, k_cache, v_cache, scale, window)
 
 
 @functools.cache
@@ -199,13 +210,15 @@ class TritonBackend(AttentionBackend):
     def store(self, plan, k, v, k_cache, v_cache):
         self._store(k, v, k_cache, v_cache, plan.slot_mapping)
 
-    def attend(self, plan, q, k_cache, v_cache, scale):
+    def attend(self, plan, q, k_cache, v_cache, scale, window=None):
         if plan.decode_only:
-            return self._decode(q, k_cache, v_cache, plan.block_table, plan.seq_lens, scale)
-        return plan.extend(self._extend, q, k_cache, v_cache, scale)
+            return self._decode(
+                q, k_cache, v_cache, plan.block_table, plan.seq_lens, scale, window=window
+            )
+        return plan.extend(self._extend, q, k_cache, v_cache, scale, window)
 
-    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale):
-        return self._decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale, window=None):
+        return self._decode(q, k_cache, v_cache, block_table, seq_lens, scale, window=window)
 
 
 class FlashAttnBackend(AttentionBackend):
@@ -231,11 +244,13 @@ class FlashAttnBackend(AttentionBackend):
     def store(self, plan, k, v, k_cache, v_cache):
         self._store(k, v, k_cache, v_cache, plan.slot_mapping)
 
-    def attend(self, plan, q, k_cache, v_cache, scale):
-        return plan.extend(flash_attn.extend_attention, q, k_cache, v_cache, scale)
+    def attend(self, plan, q, k_cache, v_cache, scale, window=None):
+        return plan.extend(flash_attn.extend_attention, q, k_cache, v_cache, scale, window)
 
-    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale):
-        return flash_attn.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+    def decode(self, q, k_cache, v_cache, block_table, seq_lens, scale, window=None):
+        return flash_attn.paged_decode_attention(
+            q, k_cache, v_cache, block_table, seq_lens, scale, window=window
+        )
 
 
 _REGISTRY: dict[str, type[AttentionBackend]] = {

@@ -8,6 +8,11 @@ is bottom-right aligned, which is exactly our extend semantics.
 The fork takes the per-sequence KV lengths as ``seqused_k`` and pages of any multiple of 16
 tokens; upstream flash-attn 2 takes ``cu_seqlens_k`` and pages of a multiple of 256. Both need
 CUDA and fp16/bf16. A missing or broken library only makes this backend unavailable.
+
+Sliding window: flash-attn's ``window_size=(left, right)`` lets the query at position ``i``
+(bottom-right aligned) attend to keys in ``[i - left, i + right]`` inclusive, ``-1`` meaning
+unbounded. Our ``window`` W (keys in ``(p - W, p]``, reference.py) is therefore
+``window_size=(W - 1, 0)``; see :func:`window_size`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,15 @@ from typing import NamedTuple
 
 import torch
 
-from ._validate import check_decode, check_extend
+from ._validate import check_decode, check_extend, check_window
 
-__all__ = ["available", "unavailable_reason", "paged_decode_attention", "extend_attention"]
+__all__ = [
+    "available",
+    "unavailable_reason",
+    "paged_decode_attention",
+    "extend_attention",
+    "window_size",
+]
 
 # Tried in order. vLLM's bundled copy last: importing it imports all of vLLM.
 _MODULES = ("vllm_flash_attn", "flash_attn", "vllm.vllm_flash_attn")
@@ -93,6 +104,18 @@ def _kv_lengths(lib: _Lib, seq_lens: torch.Tensor) -> dict:
     return {"cu_seqlens_k": cu_k}
 
 
+def window_size(window: int | None) -> tuple[int, int]:
+    """flash-attn's ``window_size`` for our ``window``: ``(window - 1, 0)``, or ``(-1, -1)``
+    (no window) for None. With ``causal=True`` the right side is 0 either way."""
+    check_window(window)
+    return (-1, -1) if window is None else (window - 1, 0)
+
+
+def _window_kwargs(window: int | None) -> dict:
+    """Nothing for full attention (the call stays what it was), else ``window_size``."""
+    return {} if window is None else {"window_size": window_size(window)}
+
+
 def _require(q: torch.Tensor, k_cache: torch.Tensor) -> _Lib:
     why = unavailable_reason(q.device, q.dtype, k_cache.shape[1], q.shape[-1])
     if why is not None:
@@ -107,8 +130,11 @@ def paged_decode_attention(
     block_table: torch.Tensor,  # int32 [B, max_pages]
     seq_lens: torch.Tensor,  # int [B] including the query token
     scale: float,
+    *,
+    window: int | None = None,  # sliding window (reference.py); None = full attention
 ) -> torch.Tensor:  # [B, Hq, D]
     check_decode(q, k_cache, v_cache, block_table, seq_lens)
+    check_window(window)
     lib = _require(q, k_cache)
     B = q.shape[0]
     cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device)
@@ -124,6 +150,7 @@ def paged_decode_attention(
         causal=True,
         block_table=block_table,
         **_kv_lengths(lib, seq_lens),
+        **_window_kwargs(window),
     )
 
 
@@ -137,8 +164,10 @@ def extend_attention(
     scale: float,
     *,
     max_seqlen_q: int | None = None,  # None: T, an upper bound
+    window: int | None = None,  # sliding window (reference.py); None = full attention
 ) -> torch.Tensor:  # [T, Hq, D]
     check_extend(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+    check_window(window)
     lib = _require(q, k_cache)
     return lib.fn(
         q=q,
@@ -151,4 +180,5 @@ def extend_attention(
         causal=True,
         block_table=block_table,
         **_kv_lengths(lib, seq_lens),
+        **_window_kwargs(window),
     )

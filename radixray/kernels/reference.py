@@ -11,11 +11,20 @@ as ``page * P + offset``.
 GQA: query head ``h`` reads KV head ``h // (Hq // Hkv)``.
 
 Everything is computed in float32 whatever the input dtype, and cast back to q's dtype.
+
+Sliding window (``window``, every attention entry point): None is full causal attention; an int
+``W >= 1`` lets the query at position ``p`` attend to the keys at positions ``(p - W, p]``, the
+last ``W`` tokens including itself. That is transformers' ``sliding_window`` (masking_utils'
+``sliding_window_overlay`` keeps key ``j`` for query ``i`` when ``i - j < sliding_window``, on top
+of the causal mask) and flash-attn's ``window_size=(W - 1, 0)``. A window at least as long as the
+context changes nothing.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ._validate import check_window
 
 __all__ = [
     "store_kv",
@@ -53,8 +62,9 @@ def gather_kv(
     return flat[:length]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_start: int):
-    """q [Lq, Hq, D] at positions q_start.., k/v [Lk, Hkv, D]; causal; float32 out [Lq, Hq, D]."""
+def _attend(q, k, v, scale: float, q_start: int, window: int | None = None) -> torch.Tensor:
+    """q [Lq, Hq, D] at positions q_start.., k/v [Lk, Hkv, D] at positions 0..; causal, and within
+    ``window`` when given; float32 out [Lq, Hq, D]."""
     Lq, Hq, D = q.shape
     Lk, Hkv, _ = k.shape
     group = Hq // Hkv
@@ -64,7 +74,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_s
     scores = torch.einsum("qhd,khd->hqk", qf, kf) * scale  # [Hq, Lq, Lk]
     q_pos = torch.arange(q_start, q_start + Lq, device=q.device)[:, None]
     k_pos = torch.arange(Lk, device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    hidden = k_pos > q_pos  # the future
+    if window is not None:
+        hidden |= q_pos - k_pos >= window  # further back than the window
+    scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, vf)
 
@@ -83,10 +96,12 @@ def paged_decode_attention(
     block_table: torch.Tensor,  # int32 [B, max_pages]
     seq_lens: torch.Tensor,  # int32 [B] context length including the query token (>= 1)
     scale: float,
+    window: int | None = None,  # sliding window (module docstring); None = full attention
 ) -> torch.Tensor:  # [B, Hq, D]
     """Batched: sequences are padded to the longest one in their chunk and the padding is masked,
     so a decode step costs a few tensor ops per chunk instead of a Python loop per sequence.
     Block-table entries past a sequence's last page are never read (they may hold anything)."""
+    check_window(window)
     B = q.shape[0]
     out = torch.empty_like(q)
     lens = seq_lens.tolist()
@@ -98,13 +113,14 @@ def paged_decode_attention(
             longest = max(longest, lens[end])
             end += 1
         out[start:end] = _decode_padded(
-            q[start:end], k_cache, v_cache, block_table[start:end], seq_lens[start:end], scale
-        )
+            q[start:end], k_cache, v_cache, block_table[start:end], seq_lens[start:end], scale,
+            window,
+        )  # fmt: skip
         start = end
     return out
 
 
-def _decode_padded(q, k_cache, v_cache, block_table, seq_lens, scale) -> torch.Tensor:
+def _decode_padded(q, k_cache, v_cache, block_table, seq_lens, scale, window) -> torch.Tensor:
     """paged_decode_attention for one chunk, padded to its longest sequence and masked."""
     B, Hq, D = q.shape
     P, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -120,7 +136,10 @@ def _decode_padded(q, k_cache, v_cache, block_table, seq_lens, scale) -> torch.T
         v = _gather_heads_major(v_cache, pages, max_len)
         qg = q.float().reshape(B, Hkv, Hq // Hkv, D) * scale  # heads grouped by their KV head
         scores = torch.matmul(qg, k.transpose(-1, -2))  # [B, Hkv, group, L]
-        pad = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]  # [B, L]
+        pos = torch.arange(max_len, device=q.device)[None, :]
+        pad = pos >= lens[:, None]  # [B, L]
+        if window is not None:  # the query sits at lens - 1: keys at lens - window and later
+            pad |= pos < lens[:, None] - window
         scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hkv, group, D]
     return out.reshape(B, Hq, D).to(q.dtype)
@@ -144,6 +163,7 @@ def paged_decode_attention_loop(
     block_table: torch.Tensor,  # int32 [B, max_pages]
     seq_lens: torch.Tensor,  # int32 [B]
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """The same as :func:`paged_decode_attention`, one sequence at a time: the plainest statement
     of the spec, kept so the batched version is itself tested against it."""
@@ -156,7 +176,7 @@ def paged_decode_attention_loop(
             pages = block_table[b, : (L + P - 1) // P]
             k = gather_kv(k_cache, pages, L)
             v = gather_kv(v_cache, pages, L)
-            out[b] = _attend(q[b : b + 1], k, v, scale, L - 1)[0].to(q.dtype)
+            out[b] = _attend(q[b : b + 1], k, v, scale, L - 1, window)[0].to(q.dtype)
     return out
 
 
@@ -168,10 +188,13 @@ def extend_attention(
     cu_seqlens_q: torch.Tensor,  # int32 [B + 1] offsets of each sequence's new tokens in q
     seq_lens: torch.Tensor,  # int32 [B] context length after the new tokens (cached + new)
     scale: float,
+    window: int | None = None,  # sliding window (module docstring); None = full attention
 ) -> torch.Tensor:  # [T, Hq, D]
     """New token ``j`` of sequence ``b`` is at position ``seq_lens[b] - q_len_b + j`` and attends
     to every cached position and to the new tokens up to itself (causal, bottom-right aligned, as
-    flash-attn's varlen with ``seqused_k``). Decode is the case ``q_len_b == 1``."""
+    flash-attn's varlen with ``seqused_k``), keeping only the last ``window`` positions up to its
+    own when a window is given. Decode is the case ``q_len_b == 1``."""
+    check_window(window)
     B = block_table.shape[0]
     cu = cu_seqlens_q.tolist()
     q_lens = [cu[b + 1] - cu[b] for b in range(B)]
@@ -181,11 +204,11 @@ def extend_attention(
     single = [b for b in range(B) if q_lens[b] == 1]
     if single:
         if len(single) == B:
-            return paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+            return paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, window)
         idx = torch.tensor(single, device=q.device)
         rows = torch.tensor([cu[b] for b in single], device=q.device)
         out[rows] = paged_decode_attention(
-            q[rows], k_cache, v_cache, block_table[idx], seq_lens[idx], scale
+            q[rows], k_cache, v_cache, block_table[idx], seq_lens[idx], scale, window
         )
     P = k_cache.shape[1]
     with _no_tf32():
@@ -197,7 +220,7 @@ def extend_attention(
             pages = block_table[b, : (L + P - 1) // P]
             k = gather_kv(k_cache, pages, L)
             v = gather_kv(v_cache, pages, L)
-            out[s:e] = _attend(q[s:e], k, v, scale, L - (e - s)).to(q.dtype)
+            out[s:e] = _attend(q[s:e], k, v, scale, L - (e - s), window).to(q.dtype)
     return out
 
 

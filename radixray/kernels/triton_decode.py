@@ -12,6 +12,10 @@ the partials exactly::
                  \\        |        /
        out = sum_s exp(lse_s - lse) * o_s,  lse = log sum_s exp(lse_s)
 
+Sliding window (``window`` W, reference.py's convention): the query at position L-1 sees only
+positions [max(0, L - W), L), so the splits divide that range, not [0, L): key blocks before the
+window are never loaded, and the cost follows the window, not the context.
+
 GQA: one program handles all ``group = Hq // Hkv`` query heads that read the same KV head, so
 each K/V row is loaded once per group, not once per query head. Scores are computed in base 2
 (``exp2``) with ``scale * log2(e)`` folded in; the LSE stays in base 2 between the stages.
@@ -26,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ._triton_common import dot, upcast_dot
-from ._validate import check_decode
+from ._validate import check_decode, check_window
 
 __all__ = ["paged_decode_attention"]
 
@@ -37,6 +41,8 @@ _LOG2E = 1.4426950408889634
 _MIN_CHUNKS_PER_SPLIT = 2
 # The merge kernel holds all partials of one head in registers: [MAX_SPLITS, D] floats.
 _MAX_SPLITS = 64
+# "No window": longer than any context, so max(0, L - window) is 0 (one kernel for both cases).
+_NO_WINDOW = 1 << 30
 
 
 @triton.jit
@@ -53,6 +59,7 @@ def _decode_split_kernel(
     # scalars
     scale_log2,  # softmax scale * log2(e)
     num_splits,
+    window,  # sliding window in tokens, _NO_WINDOW for full attention
     # strides (the last axis of every tensor is contiguous: checked by the wrapper)
     stride_qb,
     stride_qh,
@@ -82,8 +89,9 @@ def _decode_split_kernel(
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    lo = tl.maximum(seq_len - window, 0)  # the first key the query (at seq_len - 1) can see
+    split_len = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -165,7 +173,7 @@ def _decode_merge_kernel(
     lse = tl.load(
         part_lse_ptr + b * stride_plb + h * stride_plh + offs_s, mask=s_mask, other=float("-inf")
     )
-    lse_max = tl.max(lse, 0)  # finite: split 0 always holds token 0 (seq_len >= 1)
+    lse_max = tl.max(lse, 0)  # finite: split 0 always holds the first visible token
     w = tl.exp2(lse - lse_max)  # 0 for empty and padding splits
     parts = tl.load(
         part_out_ptr
@@ -225,8 +233,10 @@ def paged_decode_attention(
     num_splits: int | None = None,  # None: chosen from the batch and the device
     out: torch.Tensor | None = None,  # [B, Hq, D] written in place when given
     block_n: int | None = None,  # context tokens per inner step (override, for tests)
+    window: int | None = None,  # sliding window (reference.py); None = full attention
 ) -> torch.Tensor:
     check_decode(q, k_cache, v_cache, block_table, seq_lens)
+    check_window(window)
     B, Hq, D = q.shape
     _, P, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -240,6 +250,8 @@ def paged_decode_attention(
     block_n = block_n or default_block_n
     if num_splits is None:
         max_len = block_table.shape[1] * P
+        if window is not None:
+            max_len = min(max_len, window)
         num_splits = choose_num_splits(B, Hkv, max_len, block_n, q.device)
     if not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
@@ -256,6 +268,7 @@ def paged_decode_attention(
         part_lse,
         scale * _LOG2E,
         num_splits,
+        _NO_WINDOW if window is None else window,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -8,6 +8,10 @@ Varlen layout and causal alignment (bottom-right, as flash-attn's varlen with ``
                  cached prefix       | new tokens (their K/V already stored in the pages)
     new token j (position L-n+j) sees keys 0 .. L-n+j
 
+Sliding window (``window`` W, reference.py's convention): row at position p also drops keys at
+p - W and before. A program starts at the BLOCK_N block holding its first row's first visible
+key, so blocks wholly before the window are never loaded; the partial ones are masked.
+
 One program per (BLOCK_M new tokens, query head, sequence). It walks the keys in BLOCK_N steps up
 to the last position its rows can see, with an online softmax (base 2). The grid's first axis is
 sized by an upper bound on q_len; programs past their sequence's end return at once.
@@ -20,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._triton_common import dot, upcast_dot
-from ._validate import check_extend
+from ._validate import check_extend, check_window
 
 __all__ = ["extend_attention"]
 
@@ -37,6 +41,7 @@ def _extend_kernel(
     seq_lens_ptr,  # int [B] cached + new
     out_ptr,  # [T, Hq, D]
     scale_log2,  # softmax scale * log2(e)
+    window,  # sliding window in tokens (read when SLIDING)
     stride_qt,
     stride_qh,
     stride_kp,
@@ -55,6 +60,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,  # keys per inner step
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two
     UPCAST_DOT: tl.constexpr,  # widen bf16 dot operands to fp32 (interpreter only)
+    SLIDING: tl.constexpr,  # a sliding window is given
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -79,14 +85,20 @@ def _extend_kernel(
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # a finite floor, not -inf: with a window a row may see nothing in a step, and the floor keeps
+    # its rescaling exp2(m_i - m_new) at 1 and its p at 0 instead of NaN
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # keys past the last row's position are invisible to the whole block
+    # keys past the last row's position are invisible to the whole block, and so are keys before
+    # the first row's window
     kv_end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
+    kv_start = 0
+    if SLIDING:  # a compile-time branch: full attention compiles as before (no spills at fp32)
+        kv_start = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
     bt_row = block_table_ptr + b * stride_btb
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         t = n0 + offs_n
         t_mask = t < kv_end
         page = tl.load(bt_row + t // PAGE_SIZE, mask=t_mask, other=0).to(tl.int64)
@@ -95,8 +107,10 @@ def _extend_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
-        # every row sees key 0 in the first step, so m_new is finite from then on
-        visible = (t[None, :] <= pos[:, None]) & t_mask[None, :]
+        causal = t[None, :] <= pos[:, None]
+        visible = causal & t_mask[None, :]
+        if SLIDING:
+            visible &= pos[:, None] - t[None, :] < window
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -106,7 +120,7 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
         m_i = m_new
 
-    o = acc / l_i[:, None]
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see nothing
     tl.store(
         out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -138,8 +152,10 @@ def extend_attention(
     max_seqlen_q: int | None = None,  # longest q_len; None: T, an upper bound (no device sync)
     out: torch.Tensor | None = None,  # [T, Hq, D] written in place when given
     block_sizes: tuple[int, int] | None = None,  # (BLOCK_M, BLOCK_N) override, for tests
+    window: int | None = None,  # sliding window (reference.py); None = full attention
 ) -> torch.Tensor:
     check_extend(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+    check_window(window)
     T, Hq, D = q.shape
     _, P, Hkv, _ = k_cache.shape
     B = block_table.shape[0]
@@ -163,6 +179,7 @@ def extend_attention(
         seq_lens,
         out,
         scale * _LOG2E,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -181,6 +198,7 @@ def extend_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         UPCAST_DOT=upcast_dot(q.dtype),
+        SLIDING=window is not None,
         num_warps=num_warps,
     )
     return out

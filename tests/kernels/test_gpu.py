@@ -137,3 +137,64 @@ def test_flash_attn_backend_matches_reference(D):
     assert_close(
         K.extend_attention(*eargs, backend="flash_attn"), reference.extend_attention(*eargs), BF16
     )
+
+
+# Sliding windows at real sizes: Gemma 3's 512 and 1,024, Mistral's 4,096 (longer than most of
+# these contexts), and one shorter than a page.
+@pytest.mark.parametrize(
+    "P,Hq,Hkv,D,dtype,window",
+    [
+        (16, 32, 8, 128, BF16, 512),
+        (16, 8, 4, 256, BF16, 1024),
+        (1, 8, 8, 64, F16, 4096),
+        (64, 12, 4, 96, F32, 7),
+    ],
+)
+def test_triton_sliding_window_realistic(P, Hq, Hkv, D, dtype, window):
+    from radixray.kernels.triton_decode import paged_decode_attention as triton_decode
+    from radixray.kernels.triton_extend import extend_attention as triton_extend
+
+    gen = torch.Generator().manual_seed(P + D + window)
+    kv = make_paged_kv(_lens(gen, 24, 3000, P), P, Hkv, D, dtype, "cuda", gen)
+    q = make_query(24, Hq, D, dtype, "cuda", gen)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, D**-0.5)
+    expected = reference.paged_decode_attention(*args, window)
+    for splits in (None, 1, 7):
+        out = nan_like(q)
+        triton_decode(*args, num_splits=splits, out=out, window=window)
+        assert_close(out, expected, dtype)
+
+    seqs = [(0, 517), (1000, 300), (P, 1), (3 * P - 1, P + 1), (2000, 64), (5, 0)]
+    kv = make_paged_kv([a + b for a, b in seqs], P, Hkv, D, dtype, "cuda", gen)
+    q_lens = [b for _, b in seqs]
+    qe = make_query(sum(q_lens), Hq, D, dtype, "cuda", gen)
+    cu = make_cu_seqlens(q_lens, "cuda")
+    eargs = (qe, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, D**-0.5)
+    out = nan_like(qe)
+    triton_extend(*eargs, out=out, max_seqlen_q=max(q_lens), window=window)
+    assert_close(out, reference.extend_attention(*eargs, window), dtype)
+
+
+@pytest.mark.skipif(not flash_attn.available(), reason="no vllm_flash_attn / flash_attn")
+@pytest.mark.parametrize("window", [1, 200, 512, 100_000])
+def test_flash_attn_sliding_window_matches_reference(window):
+    P = 256 if not flash_attn._load().has_seqused_k else 16
+    gen = torch.Generator().manual_seed(window)
+    lens = [1, P + 1, 700, 2500]
+    kv = make_paged_kv(lens, P, 8, 128, BF16, "cuda", gen, pad_value=0)
+    q = make_query(len(lens), 32, 128, BF16, "cuda", gen)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, 128**-0.5)
+    assert_close(
+        K.paged_decode_attention(*args, backend="flash_attn", window=window),
+        reference.paged_decode_attention(*args, window),
+        BF16,
+    )
+    q_lens = [1, 5, 600, 300]
+    qe = make_query(sum(q_lens), 32, 128, BF16, "cuda", gen)
+    cu = make_cu_seqlens(q_lens, "cuda")
+    eargs = (qe, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, 128**-0.5)
+    assert_close(
+        K.extend_attention(*eargs, backend="flash_attn", window=window),
+        reference.extend_attention(*eargs, window),
+        BF16,
+    )

@@ -26,7 +26,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("group", ["decode", "extend", "store_kv", "non_contiguous or public_api"])
+@pytest.mark.parametrize(
+    "group", ["decode", "extend", "store_kv", "non_contiguous or public_api", "sliding_window"]
+)
 def test_triton_kernels(group):
     env = {k: v for k, v in os.environ.items() if k != "RADIXRAY_ATTENTION_BACKEND"}
     if not torch.cuda.is_available():

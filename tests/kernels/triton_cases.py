@@ -199,3 +199,63 @@ def test_triton_backend_object_routes_a_decode_step_and_a_mixed_step():
         ).decode_only == (max(q_lens) == 1)
         assert torch.equal(outs[0][1], outs[1][1])
         assert_close(outs[0][0], outs[1][0], F32)
+
+
+# Sliding windows (names avoid the other groups' -k words): 1, shorter than most contexts, equal to
+# the longest, longer than all, on a ragged batch; BLOCK_N 16 so that windows start mid-block and
+# whole blocks are skipped; several splits.
+WINDOWS = [1, 6, 30, 41]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("dtype,num_splits", [(F32, 3), (F16, 1)])
+def test_sliding_window_one_query(window, dtype, num_splits):
+    gen = _gen(window)
+    P, Hq, Hkv, D = 4, 4, 2, 16
+    lens = [1, 5, 13, 30]
+    kv = make_paged_kv(lens, P, Hkv, D, dtype, DEVICE, gen)
+    q = make_query(len(lens), Hq, D, dtype, DEVICE, gen)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens, D**-0.5)
+    out = nan_like(q)
+    triton_decode(*args, num_splits=num_splits, out=out, block_n=16, window=window)
+    assert_close(out, reference.paged_decode_attention_loop(*args, window), dtype)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_sliding_window_prefill(window):
+    """Prefills over cached prefixes, a cold one and a one-token row; BLOCK_M 16, so with a small
+    window the later rows of a block see nothing in its first key steps."""
+    gen = _gen(window + 100)
+    P, Hq, Hkv, D = 4, 4, 2, 16
+    seqs = [(0, 9), (5, 3), (20, 1), (12, 29)]
+    lens = [prefix + new for prefix, new in seqs]
+    q_lens = [new for _, new in seqs]
+    kv = make_paged_kv(lens, P, Hkv, D, F32, DEVICE, gen)
+    q = make_query(sum(q_lens), Hq, D, F32, DEVICE, gen)
+    cu = make_cu_seqlens(q_lens, DEVICE)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_table, cu, kv.seq_lens, D**-0.5)
+    out = nan_like(q)
+    triton_extend(*args, out=out, block_sizes=(16, 16), window=window)
+    assert_close(out, reference.extend_attention(*args, window), F32)
+
+
+def test_sliding_window_backend_object():
+    """The Triton backend takes the window per attend call: a pure decode step (split-KV kernel)
+    and a mixed step (extend kernel), each with a window layer and a full layer."""
+    gen = _gen(9)
+    P, Hq, Hkv, D = 4, 4, 2, 16
+    backend = K.make_backend("triton", DEVICE, F32, P, D)
+    ref = K.make_backend("torch", DEVICE, F32, P, D)
+    for q_lens, lens in (([1, 1], [3, 19]), ([6, 1], [17, 9])):
+        kv = make_paged_kv(lens, P, Hkv, D, F32, DEVICE, gen)
+        q = make_query(sum(q_lens), Hq, D, F32, DEVICE, gen)
+        cu = make_cu_seqlens(q_lens, DEVICE)
+        no_store = torch.full((sum(q_lens),), -1, device=DEVICE)
+        plans = [
+            impl.prepare(no_store, kv.block_table, cu, kv.seq_lens, max(q_lens))
+            for impl in (backend, ref)
+        ]
+        for window in (5, None):
+            got = backend.attend(plans[0], q, kv.k_cache, kv.v_cache, 0.25, window)
+            want = ref.attend(plans[1], q, kv.k_cache, kv.v_cache, 0.25, window)
+            assert_close(got, want, F32)
