@@ -8,7 +8,8 @@ Measured, on one engine per measurement (a cold cache, so nothing is answered fr
 - **decode tokens/s** of --batch distinct prompts of --prompt-len tokens, greedy, --max-tokens
   new tokens, EOS ignored, with logprobs off, ``logprobs=0`` (the sampled token's only) and
   ``logprobs`` 5 and 20 (OpenAI's top_logprobs). The window starts once every request has its
-  first token and ends with the last (as bench_engine.py times decode).
+  first token and ends with the last (as bench_engine.py times decode); the four engines are
+  stepped in turn.
 - **prefill ms of a --echo-len-token prompt** (``max_tokens=1``) with prompt logprobs off and
   with ``prompt_logprobs`` 0, 1 and 5: what ``echo`` + ``logprobs`` on /v1/completions (how
   lm-evaluation-harness scores multiple choice) adds to a prefill.
@@ -64,23 +65,32 @@ class Bench:
     def engine(self) -> Engine:
         return Engine(replace(self.config), loaded=self.loaded)
 
-    def decode(self, prompts: list[list[int]], max_tokens: int, k: int | None) -> float:
-        engine = self.engine()
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=k)
-        for p in prompts:
-            engine.add_request(p, params)
-        started, tokens, seconds = 0, 0, 0.0
-        while engine.has_work():
-            t0 = time.perf_counter()
-            chunks = engine.step()
-            dt = time.perf_counter() - t0
-            if started == len(prompts):
-                tokens += sum(len(c.token_ids) for c in chunks)
-                seconds += dt
-                if k is not None:  # the logprobs really came back
-                    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
-            started = max(started, len(chunks))
-        return tokens / seconds
+    def decode(self, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+        """Decode tokens/s of every DECODE configuration, one engine each, stepped in turn (a
+        slow moment of a shared machine hits them alike)."""
+        engines, started, tokens, seconds = {}, {}, {}, {}
+        for name, k in DECODE.items():
+            engines[name] = self.engine()
+            params = SamplingParams(
+                max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=k
+            )
+            for p in prompts:
+                engines[name].add_request(p, params)
+            started[name], tokens[name], seconds[name] = 0, 0, 0.0
+        while any(e.has_work() for e in engines.values()):
+            for name, engine in engines.items():
+                if not engine.has_work():
+                    continue
+                t0 = time.perf_counter()
+                chunks = engine.step()
+                dt = time.perf_counter() - t0
+                if started[name] == len(prompts):  # every request had its first token
+                    tokens[name] += sum(len(c.token_ids) for c in chunks)
+                    seconds[name] += dt
+                    if DECODE[name] is not None:  # the logprobs really came back
+                        assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+                started[name] = max(started[name], len(chunks))
+        return {name: tokens[name] / seconds[name] for name in DECODE}
 
     def prefill_ms(self, prompt: list[int], k: int | None) -> float:
         engine = self.engine()
@@ -115,14 +125,14 @@ def main(argv: list[str] | None = None) -> dict:
     model = "smollm2"
     if args.quick:
         model, args.repeats, args.batch, args.max_tokens = "tiny", 1, 4, 8
-    bench = Bench(model, args.threads, num_pages=1024)
+    bench = Bench(model, args.threads, num_pages=256)
     prompts = bench.prompts(args.batch, args.prompt_len)
     (echo,) = bench.prompts(1, args.echo_len)
     runs: dict[str, dict[str, list[float]]] = {"decode": {}, "prefill": {}}
-    bench.decode(prompts[:1], 4, None)  # warm-up: first-call allocations, kernels
+    bench.decode(prompts[:1], 4)  # warm-up: first-call allocations, kernels
     for r in range(args.repeats):
-        for name, k in DECODE.items():
-            runs["decode"].setdefault(name, []).append(bench.decode(prompts, args.max_tokens, k))
+        for name, v in bench.decode(prompts, args.max_tokens).items():
+            runs["decode"].setdefault(name, []).append(v)
         for name, k in ECHO.items():
             runs["prefill"].setdefault(name, []).append(bench.prefill_ms(echo, k))
         print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
