@@ -1,6 +1,7 @@
 """Log-probabilities of sampled and prompt tokens, from the raw logits (before temperature and
 every logits control: vLLM's default), batched: one log-softmax and one top-k over the rows that
-ask, on the device, and one copy to the host; nothing when no row asks."""
+ask (on a CPU in cache-sized pieces of rows), on the device, and one copy to the host; nothing
+when no row asks."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def token_logprobs(
     every = len(rows) == logits.shape[0]  # (prompt rows all ask: no copy of them)
     idx = None if every else torch.tensor(rows, device=dev)
     chosen_ids = torch.tensor([tokens[i] for i in rows], device=dev)[:, None]
-    step = max(1, CHUNK_BYTES // (4 * logits.shape[-1]))
+    # (on an accelerator the caching allocator has no fresh memory to fault in: one pass)
+    step = max(1, CHUNK_BYTES // (4 * logits.shape[-1])) if dev.type == "cpu" else len(rows)
     chosen, top_vals, top_ids = [], [], []
     for at in range(0, len(rows), step):
         part = logits[at : at + step] if every else logits.index_select(0, idx[at : at + step])
