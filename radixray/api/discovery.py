@@ -28,6 +28,7 @@ from .inputs import (
     render_chat,
 )
 from .schemas import ChatMessage, plain_messages
+from .tool_schemas import Tool, check_tools
 
 __all__ = [
     "DetokenizeRequest",
@@ -45,7 +46,8 @@ discovery_router = APIRouter()
 
 class TokenizeRequest(BaseModel):
     """vLLM's /tokenize: a text ``prompt`` (as /v1/completions takes it) or chat ``messages``
-    (rendered with the model's chat template, as /v1/chat/completions renders them)."""
+    with their ``tools`` (rendered with the model's chat template, as /v1/chat/completions
+    renders them: the same ids, so ``count`` is that chat's ``prompt_tokens``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -53,6 +55,7 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_generation_prompt: StrictBool | None = None  # with messages; default True
+    tools: Annotated[list[Tool], Field(min_length=1)] | None = None  # with messages
     # vLLM's default is True; radixray's /v1/completions adds none, so /tokenize neither,
     # by default: its ids are the ones a completion of the same prompt would run on.
     add_special_tokens: StrictBool = False
@@ -65,19 +68,22 @@ class TokenizeRequest(BaseModel):
                 "{reason}",
                 {"reason": "send either prompt or messages", "param": "prompt"},
             )
-        if self.messages is None and self.add_generation_prompt is not None:
-            raise PydanticCustomError(
-                "invalid_value",
-                "{reason}",
-                {
-                    "reason": "add_generation_prompt applies to messages only",
-                    "param": "add_generation_prompt",
-                },
-            )
+        for name in ("add_generation_prompt", "tools"):
+            if self.messages is None and getattr(self, name) is not None:
+                raise PydanticCustomError(
+                    "invalid_value",
+                    "{reason}",
+                    {"reason": f"{name} applies to messages only", "param": name},
+                )
+        check_tools(self.tools, None)
         return self
 
     def plain_messages(self) -> list[dict[str, str]]:
         return plain_messages(self.messages or [])
+
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as the chat route hands them to the template (``tool_dicts`` there)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
 class DetokenizeRequest(BaseModel):
@@ -128,7 +134,7 @@ async def serve_tokenize(request: Request, raw: bytes) -> Response:
         check_model(backend, body.model)
     if body.messages is not None:
         gen = body.add_generation_prompt is not False
-        text = render_chat(backend, body.plain_messages(), gen)
+        text = render_chat(backend, body.plain_messages(), gen, body.tool_dicts())
     else:
         text = body.prompt
     ids = await encode(backend, text, body.add_special_tokens)

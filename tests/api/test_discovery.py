@@ -30,9 +30,9 @@ def live(request):
         server = LiveServer(service, clients)
         max_len = service.meta.max_model_len
     else:
-        server, host = worker_server("w0", max_model_len=300)
+        server, host = worker_server("w0", max_model_len=1000)
         hosts = [host]
-        max_len = 300
+        max_len = 1000
     with server as url:
         yield url, max_len
     for h in hosts:
@@ -85,6 +85,77 @@ def test_tokenize_gives_the_ids_a_completion_runs_on(live):
     assert r["usage"]["prompt_tokens"] == len(ids)
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+    {"type": "function", "function": {"name": "now"}},
+]
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_a", "content": "21 C"},
+]
+
+
+def test_tokenize_renders_tools_as_the_chat_route_does(live):
+    """/tokenize of messages with tools (and calls and results in the history) counts exactly
+    the prompt_tokens of the same chat request (the official client on the chat side)."""
+    url, _ = live
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    tok = load_model_meta("tiny").tokenizer
+    for messages in (MESSAGES, HISTORY):
+        r = httpx.post(url + "/tokenize", json={"messages": messages, "tools": TOOLS}).json()
+        plain = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+        assert r["count"] == len(r["tokens"]) > plain["count"]  # the tools are in the prompt
+        text = httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
+        assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+        if messages is MESSAGES:  # (the history's call arguments go to the template parsed)
+            rendered = tok.apply_chat_template(messages, True, tools=TOOLS)
+            assert r["tokens"] == tok.encode(rendered)
+        chat = client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=1
+        )
+        assert chat.usage.prompt_tokens == r["count"]
+        # tool_choice "none" renders no tools, as /tokenize without them
+        chat = client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=1
+        )
+        assert chat.usage.prompt_tokens == plain["count"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "tools": TOOLS}, "tools"),
+        ({"messages": MESSAGES, "tools": []}, "tools"),
+        ({"messages": MESSAGES, "tools": [TOOLS[1], TOOLS[1]]}, "tools[1]"),
+        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"messages": MESSAGES, "chat_template_kwargs": {}}, "chat_template_kwargs"),
+    ],
+)
+def test_tokenize_refuses_bad_tools_naming_the_field(live, body, param):
+    url, _ = live
+    r = httpx.post(url + "/tokenize", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
 def test_openapi_describes_the_discovery_routes_from_their_schemas(live):
     url, _ = live
     doc = httpx.get(url + "/openapi.json").json()
@@ -93,7 +164,7 @@ def test_openapi_describes_the_discovery_routes_from_their_schemas(live):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert body["schema"]["$ref"] == f"#/components/schemas/{model}"
         assert model in schemas
-    assert {"prompt", "messages", "add_generation_prompt"} <= set(
+    assert {"prompt", "messages", "add_generation_prompt", "tools"} <= set(
         schemas["TokenizeRequest"]["properties"]
     )
     assert "get" in doc["paths"]["/v1/models"]

@@ -46,6 +46,7 @@ CASES = {
     "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
     "bench_structured.py": ([], "| llguidance |", ()),
     "bench_samples.py": ([], "| n=4 |", ()),
+    "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
     "bench_router.py": (["--out", "{out}", "--targets", "sglang", "http"], "|", (integration,)),

@@ -34,6 +34,25 @@ def chat(**kw):
     return {"model": "tiny", "messages": OK_MSG} | kw
 
 
+def _fmt(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _tool(parameters: dict | None = None, name: str = "f") -> dict:
+    fn = {"name": name} | ({"parameters": parameters} if parameters is not None else {})
+    return {"type": "function", "function": fn}
+
+
+_TOOL = _tool()
+
+
 CASES = [
     # (route, body, status, param)
     (C, comp(max_tokens=0), 400, "max_tokens"),
@@ -143,6 +162,76 @@ CASES = [
     (CH, chat(logit_bias={"1": -100.5}), 400, "logit_bias"),
     (CH, chat(min_tokens=9, max_completion_tokens=8), 400, "min_tokens"),
     (CH, chat(stop_token_ids=[2**40]), 400, "stop_token_ids"),
+    # Logprobs: OpenAI's ranges (completions 0-5, chat top_logprobs 0-20 with logprobs true).
+    (C, comp(logprobs=2.5), 400, "logprobs"),
+    (C, comp(logprobs="5"), 400, "logprobs"),
+    (C, comp(echo=True, logprobs=6), 400, "logprobs"),
+    (C, comp(echo=True, logprobs=-1), 400, "logprobs"),
+    (CH, chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
+    (CH, chat(logprobs=True, top_logprobs=2.5), 400, "top_logprobs"),
+    (CH, chat(logprobs=True, top_logprobs="3"), 400, "top_logprobs"),
+    (CH, chat(logprobs="yes"), 400, "logprobs"),
+    (CH, chat(logprobs=False, top_logprobs=3), 400, "top_logprobs"),
+    # logit_bias: keys are token ids in the vocabulary, values numbers in [-100, 100].
+    (CH, chat(logit_bias={"1.5": 1}), 400, "logit_bias"),
+    (CH, chat(logit_bias={"": 1}), 400, "logit_bias"),
+    (CH, chat(logit_bias={"1": "x"}), 400, "logit_bias.1"),
+    (CH, chat(logit_bias={"1": None}), 400, "logit_bias.1"),
+    (CH, chat(logit_bias={"1": 1e308}), 400, "logit_bias"),
+    (CH, chat(logit_bias={str(2**64): 1}), 400, "logit_bias"),
+    (CH, chat(logit_bias="x"), 400, "logit_bias"),
+    # response_format: malformed, or a schema the grammar library rejects (on the worker):
+    # a 400 naming response_format, never a 5xx or a hang.
+    (CH, chat(response_format={"type": "yaml"}), 400, "response_format.type"),
+    (CH, chat(response_format="json"), 400, "response_format"),
+    (CH, chat(response_format={"type": "json_schema"}), 400, "response_format"),
+    (CH, chat(response_format=_fmt({"type": "nonsense"})), 400, "response_format"),
+    (CH, chat(response_format=_fmt({"type": "string", "pattern": "(("})), 400, "response_format"),
+    (CH, chat(response_format=_fmt({"$ref": "#/$defs/missing"})), 400, "response_format"),
+    (CH, chat(response_format=_fmt({"type": "object", "required": 5})), 400, "response_format"),
+    (
+        CH,
+        chat(response_format=_fmt({"type": "integer", "minimum": 5, "maximum": 1})),
+        400,
+        "response_format",
+    ),
+    (C, comp(response_format=_fmt({"type": "nonsense"})), 400, "response_format"),
+    (C, comp(response_format=_fmt({"enum": []})), 400, "response_format"),
+    # tools: malformed, and a tool_choice naming no given function.
+    (CH, chat(tools=[{"type": "function"}]), 400, "tools[0].function"),
+    (CH, chat(tools=[{"type": "retrieval", "function": {"name": "f"}}]), 400, "tools[0].type"),
+    (
+        CH,
+        chat(tools=[{"type": "function", "function": {"name": "a b"}}]),
+        400,
+        "tools[0].function.name",
+    ),
+    (
+        CH,
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]),
+        400,
+        "tools[0].function.parameters",
+    ),
+    (CH, chat(tools=[_TOOL, _TOOL]), 400, "tools[1]"),
+    (CH, chat(tools="f"), 400, "tools"),
+    (
+        CH,
+        chat(tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "g"}}),
+        400,
+        "tool_choice",
+    ),
+    (CH, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
+    (CH, chat(tool_choice="required"), 400, "tool_choice"),
+    (CH, chat(tools=[_TOOL], tool_choice="sometimes"), 400, "tool_choice"),
+    (
+        CH,
+        chat(tools=[_TOOL], tool_choice="required", response_format={"type": "json_object"}),
+        400,
+        "tool_choice",
+    ),
+    # stop_token_ids and min_tokens on chat too.
+    (CH, chat(stop_token_ids=[5, -1]), 400, "stop_token_ids[1]"),
+    (CH, chat(min_tokens=5, max_tokens=4), 400, "min_tokens"),
     # Discovery: vLLM's /tokenize and /detokenize.
     ("/tokenize", {}, 400, "prompt"),
     ("/tokenize", {"prompt": "x", "messages": OK_MSG}, 400, "prompt"),
@@ -173,12 +262,44 @@ def test_bad_request_names_the_parameter(url, route, body, status, param):
     assert err["message"] and err["type"]
 
 
+# A tool whose parameters the grammar library rejects, under a tool_choice that compiles them.
+_BAD_TOOL = chat(
+    tools=[_tool({"type": "object", "properties": {"a": {"type": "nonsense"}}})],
+    tool_choice="required",
+)
+
+
+def test_tool_parameters_the_grammar_library_rejects_are_a_400(url):
+    # named response_format, as every spec the worker's grammar compiler rejects (documented)
+    r = httpx.post(url + CH, json=_BAD_TOOL, timeout=30)
+    assert r.status_code == 400 and "nonsense" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "response_format"
+
+
+def test_deep_schemas_are_400s_or_served(url):
+    """A schema nested past the JSON parser's depth is refused as the body; one past the grammar
+    library's is a 400 naming response_format; one within both is served. Never a 5xx."""
+    r = httpx.post(url + CH, json=chat(response_format=_fmt(_nested(300))), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    r = httpx.post(url + CH, json=chat(response_format=_fmt(_nested(80))), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "recursion" in r.json()["error"]["message"]
+    body = chat(response_format=_fmt(_nested(60)), max_tokens=8)
+    r = httpx.post(url + CH, json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith('{"a"')
+
+
 RAW = [
     (b"{not json", 400),
     (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400),
     (b"[1, 2, 3]", 400),
     (b"", 400),
     (b"null", 400),
+    # JSON has no infinities nor NaN: a parser that reads them must not let them through.
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"1": Infinity}}', 400),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"1": NaN}}', 400),
+    (b'{"model": "tiny", "prompt": "x", "temperature": NaN}', 400),
+    (b'{"model": "tiny", "prompt": "x", "presence_penalty": -Infinity}', 400),
 ]
 
 
@@ -248,6 +369,79 @@ def test_sampling_controls_fuzz_no_5xx(url):
         if r.status_code == 400:
             param = r.json()["error"]["param"]
             assert param and param.split("[")[0].split(".")[0] in controls, (body, r.text)
+
+    check()
+    assert seen == {200, 400}  # both sides reached: served and refused
+
+
+_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"enum": ["x", "y"]},
+    {"type": "nonsense"},
+    {"type": "string", "pattern": "(("},
+    {"$ref": "#/$defs/missing"},
+    {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+]
+_FORMATS = (
+    st.sampled_from([{"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}])
+    | st.builds(_fmt, st.sampled_from(_SCHEMAS))
+    | st.builds(lambda t: {"type": t}, st.text(max_size=4))
+    | _ANY
+)
+_TOOLS = st.lists(
+    st.builds(
+        _tool,
+        st.sampled_from([None, _SCHEMAS[0], {"type": "object"}]),
+        st.sampled_from(["f", "g", "a b", ""]),
+    )
+    | st.sampled_from([{"type": "function"}, {"type": "x", "function": {"name": "f"}}, 5]),
+    max_size=3,
+)
+_CHOICES = (
+    st.sampled_from(["auto", "none", "required", "sometimes"])
+    | st.builds(lambda n: {"type": "function", "function": {"name": n}}, st.sampled_from("fgh"))
+    | _ANY
+)
+_API_FIELDS = {
+    C: {
+        "logprobs": st.integers(-2, 8) | _ANY,
+        "echo": st.booleans() | _ANY,
+        "response_format": _FORMATS,
+        "stream": st.booleans(),
+    },
+    CH: {
+        "logprobs": st.booleans() | _ANY,
+        "top_logprobs": st.integers(-2, 25) | _ANY,
+        "response_format": _FORMATS,
+        "tools": _TOOLS | _ANY,
+        "tool_choice": _CHOICES,
+        "stream": st.booleans(),
+    },
+}
+
+
+@pytest.mark.parametrize("route", [C, CH])
+def test_api_fields_fuzz_no_5xx(url, route):
+    """Issue 22's fields (logprobs, echo, structured output, tools) with values of every kind:
+    each request is served (200, a stream without an error event) or refused (400 naming one of
+    the fields sent), never a 5xx or a hang."""
+    seen = set()
+
+    @settings(
+        max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(fields=st.fixed_dictionaries({}, optional=_API_FIELDS[route]))
+    def check(fields):
+        base = comp() if route == C else chat()
+        body = base | {"max_tokens": 4, "temperature": 0} | fields
+        r = httpx.post(url + route, json=body, timeout=60)
+        seen.add(r.status_code)
+        assert r.status_code in (200, 400), (body, r.status_code, r.text)
+        if r.status_code == 400:
+            param = r.json()["error"]["param"]
+            assert param and param.split("[")[0].split(".")[0] in fields, (body, r.text)
+        elif fields.get("stream") is True:
+            assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text, r.text
 
     check()
     assert seen == {200, 400}  # both sides reached: served and refused

@@ -58,6 +58,27 @@ def test_token_logprobs_batches_only_the_rows_that_ask():
     assert token_logprobs(logits, [None] * 3, [0, 0, 0]) == [None] * 3
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 3, 64])
+def test_token_logprobs_in_chunks_is_the_whole_pass(monkeypatch, chunk_rows):
+    """Rows go through in pieces of CHUNK_BYTES: every row, all rows or a subset asking, with
+    counts that differ per row, gets what one log-softmax over the whole batch gives."""
+    from radixray.worker import logprobs
+
+    logits = torch.randn(10, 50, generator=torch.Generator().manual_seed(2)) * 4
+    monkeypatch.setattr(logprobs, "CHUNK_BYTES", chunk_rows * 50 * 4)
+    ref = torch.log_softmax(logits.double(), -1)
+    tokens = [(7 * i) % 50 for i in range(10)]
+    for counts in ([3] * 10, [0] * 10, [None, 2, None, 0, 5, None, 1, 4, None, 3]):
+        out = token_logprobs(logits, counts, tokens)
+        for i, (k, entry) in enumerate(zip(counts, out, strict=True)):
+            if k is None:
+                assert entry is None
+                continue
+            assert abs(entry.logprob - ref[i, tokens[i]].item()) < TOL
+            assert entry.top_ids == torch.topk(ref[i], k).indices.tolist()
+            np.testing.assert_allclose(entry.top_logprobs, torch.topk(ref[i], k).values, atol=TOL)
+
+
 @pytest.mark.parametrize("k", [0, 1, 5, 20])
 def test_generated_logprobs_match_the_reference(engine, k):
     prompt = [5, 17, 3, 99, 42, 8, 21]
