@@ -169,7 +169,12 @@ async def _serve(
         )
         for i, (ids, limit) in enumerate(zip(prompts, limits, strict=True))
     ]
-    streams = await open_all(backend, reqs, body.user)
+    try:
+        streams = await open_all(backend, reqs, body.user)
+    except ApiError as e:
+        if tool_grammar is not None and e.param == "response_format":
+            e.param = "tools"  # the grammar the worker refused was the forced tools'
+        raise
     headers = {
         "x-radixray-worker": ",".join(str(s.worker_id) for s in streams),
         "x-radixray-cached-tokens": str(sum(s.cached_tokens for s in streams)),

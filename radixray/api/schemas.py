@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     field_validator,
     model_validator,
@@ -126,7 +127,7 @@ class _Sampling(BaseModel):
     top_k: _TopK | None = -1
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = 0
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
-    logit_bias: Annotated[dict[str, float], AfterValidator(_logit_bias)] | None = None
+    logit_bias: Annotated[dict[str, StrictFloat], AfterValidator(_logit_bias)] | None = None
     # vLLM's tenant isolation field: requests with different salts never share cached pages
     # (on the worker and in the router's index), so one tenant cannot time another's prefixes.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None

@@ -177,6 +177,8 @@ CASES = [
     (CH, chat(logit_bias={"": 1}), 400, "logit_bias"),
     (CH, chat(logit_bias={"1": "x"}), 400, "logit_bias.1"),
     (CH, chat(logit_bias={"1": None}), 400, "logit_bias.1"),
+    (CH, chat(logit_bias={"1": True}), 400, "logit_bias.1"),
+    (CH, chat(logit_bias={"1": "5"}), 400, "logit_bias.1"),
     (CH, chat(logit_bias={"1": 1e308}), 400, "logit_bias"),
     (CH, chat(logit_bias={str(2**64): 1}), 400, "logit_bias"),
     (CH, chat(logit_bias="x"), 400, "logit_bias"),
@@ -270,10 +272,10 @@ _BAD_TOOL = chat(
 
 
 def test_tool_parameters_the_grammar_library_rejects_are_a_400(url):
-    # named response_format, as every spec the worker's grammar compiler rejects (documented)
+    # named tools: the grammar the worker refused is the one that forces the tool calls
     r = httpx.post(url + CH, json=_BAD_TOOL, timeout=30)
     assert r.status_code == 400 and "nonsense" in r.json()["error"]["message"], r.text
-    assert r.json()["error"]["param"] == "response_format"
+    assert r.json()["error"]["param"] == "tools"
 
 
 def test_deep_schemas_are_400s_or_served(url):
