@@ -10,6 +10,12 @@ query's hashes once for all workers::
 Block hashes are chained (``block_hash``), so holding ``h[i]`` means holding the whole prefix
 through page ``i``; matching stops at the first hash a worker lacks.
 
+Two tiers per worker, kept apart: the device pool (events with ``medium`` "GPU", or none) and
+the host tier behind it (``medium`` "CPU": pages demoted to host memory, which a worker loads back
+instead of recomputing). ``match`` sees the device tier only (what a tier-blind router sees);
+``match_tiers`` gives each worker's device prefix and its prefix over both tiers, so a policy can
+price the difference as a load. A device removal never drops a host copy, and the reverse.
+
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
 are bounded by an LRU of ``max_blocks_per_worker``. Below that bound a lookup is exact for the
@@ -25,10 +31,12 @@ from collections.abc import Hashable, Iterable, Sequence
 from .block_hash import check_page_size
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
 
-__all__ = ["ApproxIndex"]
+__all__ = ["ApproxIndex", "HOST_MEDIUM", "TIERS"]
 
 WorkerId = Hashable
 _MISSING = object()
+HOST_MEDIUM = "CPU"  # the ``medium`` of a host-tier event; anything else is the device pool
+TIERS = ("device", "host")
 
 
 class ApproxIndex:
@@ -39,6 +47,9 @@ class ApproxIndex:
         self.max_blocks_per_worker = max_blocks_per_worker
         self._owners: dict[int, int] = {}  # block hash -> bitmask of worker slots
         self._lru: dict[WorkerId, OrderedDict[int, None]] = {}  # per worker, oldest first
+        # The host tier, the same two structures: entries only a tiered worker's events make.
+        self._host_owners: dict[int, int] = {}
+        self._host_lru: dict[WorkerId, OrderedDict[int, None]] = {}
         self._slot: dict[WorkerId, int] = {}
         self._slot_worker: list[WorkerId | None] = []
         self._all_mask = 0
@@ -57,6 +68,7 @@ class ApproxIndex:
             self._slot_worker.append(worker)
         self._slot[worker] = slot
         self._lru[worker] = OrderedDict()
+        self._host_lru[worker] = OrderedDict()
         self._all_mask |= 1 << slot
 
     def remove_worker(self, worker: WorkerId) -> None:
@@ -66,31 +78,40 @@ class ApproxIndex:
         self.clear(worker)
         slot = self._slot.pop(worker)
         del self._lru[worker]
+        del self._host_lru[worker]
         self._slot_worker[slot] = None
         self._all_mask &= ~(1 << slot)
 
     def workers(self) -> list[WorkerId]:
         return list(self._slot)
 
-    def num_blocks(self, worker: WorkerId | None = None) -> int:
-        """Entries held for ``worker`` (or for all workers together)."""
+    def num_blocks(self, worker: WorkerId | None = None, tier: str = "device") -> int:
+        """Entries held for ``worker`` (or for all workers together) in ``tier``."""
+        lrus = self._tier(tier)[1]
         if worker is None:
-            return sum(len(lru) for lru in self._lru.values())
-        lru = self._lru.get(worker)
+            return sum(len(lru) for lru in lrus.values())
+        lru = lrus.get(worker)
         return len(lru) if lru is not None else 0
+
+    def _tier(self, tier: str) -> tuple[dict[int, int], dict[WorkerId, OrderedDict]]:
+        if tier == "device":
+            return self._owners, self._lru
+        if tier == "host":
+            return self._host_owners, self._host_lru
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
 
     def num_distinct_blocks(self) -> int:
         return len(self._owners)
 
     # ------------------------------------------------------------------ updates
 
-    def insert(self, worker: WorkerId, hashes: Sequence[int]) -> None:
-        """Record that ``worker`` holds these blocks (and refresh them in its LRU)."""
+    def insert(self, worker: WorkerId, hashes: Sequence[int], tier: str = "device") -> None:
+        """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU)."""
         if worker not in self._slot:
             self.add_worker(worker)
         bit = 1 << self._slot[worker]
-        lru = self._lru[worker]
-        owners = self._owners
+        owners, lrus = self._tier(tier)
+        lru = lrus[worker]
         # Deepest block first, so it ends up oldest: the LRU bound trims chains from their tail,
         # never leaving a suffix whose prefix was dropped (it could never match).
         for h in reversed(hashes):
@@ -104,27 +125,30 @@ class ApproxIndex:
             self.trimmed_blocks += excess
             for _ in range(excess):
                 h, _ = lru.popitem(last=False)
-                self._clear_bit(h, bit)
+                _clear_bit(owners, h, bit)
 
-    def remove(self, worker: WorkerId, hashes: Iterable[int]) -> None:
-        """Record that ``worker`` no longer holds these blocks."""
-        lru = self._lru.get(worker)
+    def remove(self, worker: WorkerId, hashes: Iterable[int], tier: str = "device") -> None:
+        """Record that ``worker`` no longer holds these blocks in ``tier``."""
+        owners, lrus = self._tier(tier)
+        lru = lrus.get(worker)
         if lru is None:
             return
         bit = 1 << self._slot[worker]
         for h in hashes:
             if lru.pop(h, _MISSING) is not _MISSING:
-                self._clear_bit(h, bit)
+                _clear_bit(owners, h, bit)
 
     def clear(self, worker: WorkerId) -> None:
-        """Drop every entry of ``worker`` (it stays registered)."""
-        lru = self._lru.get(worker)
-        if lru is None:
+        """Drop every entry of ``worker``, both tiers (it stays registered)."""
+        if worker not in self._slot:
             return
         bit = 1 << self._slot[worker]
-        for h in lru:
-            self._clear_bit(h, bit)
-        lru.clear()
+        for tier in TIERS:
+            owners, lrus = self._tier(tier)
+            lru = lrus[worker]
+            for h in lru:
+                _clear_bit(owners, h, bit)
+            lru.clear()
 
     def apply(self, worker: WorkerId, events: Iterable[KVEvent] | EventBatch) -> None:
         """Apply a worker's KV events in order."""
@@ -132,21 +156,13 @@ class ApproxIndex:
             events = events.events
         for ev in events:
             if isinstance(ev, BlockStored):
-                self.insert(worker, ev.block_hashes)
+                self.insert(worker, ev.block_hashes, _tier_of(ev.medium))
             elif isinstance(ev, BlockRemoved):
-                self.remove(worker, ev.block_hashes)
+                self.remove(worker, ev.block_hashes, _tier_of(ev.medium))
             elif isinstance(ev, AllBlocksCleared):
                 self.clear(worker)
             else:
                 raise TypeError(f"not a KV event: {ev!r}")
-
-    def _clear_bit(self, h: int, bit: int) -> None:
-        owners = self._owners
-        rest = owners.get(h, 0) & ~bit
-        if rest:
-            owners[h] = rest
-        else:
-            owners.pop(h, None)
 
     # ------------------------------------------------------------------ queries
 
@@ -168,6 +184,31 @@ class ApproxIndex:
         if i:
             self._credit(mask, i, result)
         return result
+
+    def match_tiers(self, hashes: Sequence[int]) -> dict[WorkerId, tuple[int, int]]:
+        """Per worker holding a prefix in either tier: ``(device, reusable)`` leading blocks,
+        ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
+        its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
+        device = self.match(hashes)
+        if not self._host_owners:
+            return {w: (n, n) for w, n in device.items()}
+        owners, host = self._owners, self._host_owners
+        mask = self._all_mask
+        both: dict[WorkerId, int] = {}
+        i = 0
+        for h in hashes:
+            m = (owners.get(h, 0) | host.get(h, 0)) & mask
+            if m != mask:
+                if i:
+                    self._credit(mask & ~m, i, both)
+                mask = m
+                if not mask:
+                    break
+            i += 1
+        else:
+            if i:
+                self._credit(mask, i, both)
+        return {w: (device.get(w, 0), n) for w, n in both.items()}
 
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,
@@ -201,27 +242,43 @@ class ApproxIndex:
             result[slot_worker[low.bit_length() - 1]] = n
             bits ^= low
 
-    def holds(self, worker: WorkerId, h: int) -> bool:
-        lru = self._lru.get(worker)
+    def holds(self, worker: WorkerId, h: int, tier: str = "device") -> bool:
+        lru = self._tier(tier)[1].get(worker)
         return lru is not None and h in lru
 
-    def blocks(self, worker: WorkerId) -> set[int]:
-        lru = self._lru.get(worker)
+    def blocks(self, worker: WorkerId, tier: str = "device") -> set[int]:
+        lru = self._tier(tier)[1].get(worker)
         return set(lru) if lru is not None else set()
 
     def memory_bytes(self) -> int:
         """Estimated bytes held: the containers plus the int objects they keep alive."""
         int_size = sys.getsizeof(1 << 63)  # a 64-bit hash as a Python int
-        total = sys.getsizeof(self._owners) + len(self._owners) * 2 * int_size
-        for lru in self._lru.values():
-            total += sys.getsizeof(lru) + len(lru) * int_size
+        total = 0
+        for tier in TIERS:
+            owners, lrus = self._tier(tier)
+            total += sys.getsizeof(owners) + len(owners) * 2 * int_size
+            for lru in lrus.values():
+                total += sys.getsizeof(lru) + len(lru) * int_size
         return total
 
     def stats(self) -> dict:
         return {
             "workers": len(self._slot),
             "entries": self.num_blocks(),
+            "host_entries": self.num_blocks(tier="host"),
             "distinct_blocks": len(self._owners),
             "memory_bytes": self.memory_bytes(),
             "trimmed_blocks": self.trimmed_blocks,
         }
+
+
+def _tier_of(medium: str | None) -> str:
+    return "host" if medium == HOST_MEDIUM else "device"
+
+
+def _clear_bit(owners: dict[int, int], h: int, bit: int) -> None:
+    rest = owners.get(h, 0) & ~bit
+    if rest:
+        owners[h] = rest
+    else:
+        owners.pop(h, None)

@@ -183,3 +183,80 @@ def test_lru_bound_is_never_exceeded(chains):
         idx.insert("w", chain)
         assert idx.num_blocks("w") <= 7
         assert set(idx._owners) == idx.blocks("w")
+
+
+def test_host_tier_entries_are_their_own():
+    """A demotion (host store, then device remove) keeps the prefix reusable on that worker:
+    ``match`` (device only) drops it, ``match_tiers`` keeps it as a load; a load-back (device
+    store, no host remove) makes it a device hit again; a host eviction drops only the host
+    copy."""
+    idx = ApproxIndex(16)
+    chain = [11, 12, 13, 14]
+    idx.apply("w0", [BlockStored(chain, None, list(range(64)), 16)])
+    idx.apply("w1", [BlockStored(chain[:2], None, list(range(32)), 16)])
+    assert idx.match_tiers(chain) == {"w0": (4, 4), "w1": (2, 2)}
+    # w0 demotes its last two blocks: host store first, then the device remove
+    idx.apply("w0", [BlockStored(chain[2:], 12, list(range(32, 64)), 16, "CPU")])
+    idx.apply("w0", [BlockRemoved(chain[2:], "GPU")])
+    assert idx.match(chain) == {"w0": 2, "w1": 2}
+    assert idx.match_tiers(chain) == {"w0": (2, 4), "w1": (2, 2)}
+    assert idx.num_blocks("w0") == 2 and idx.num_blocks("w0", tier="host") == 2
+    # a load-back: device store, the host copy stays
+    idx.apply("w0", [BlockStored(chain[2:3], 12, list(range(32, 48)), 16)])
+    assert idx.match_tiers(chain)["w0"] == (3, 4)
+    # the host tier evicts a block the device also holds: the device copy stays
+    idx.apply("w0", [BlockRemoved(chain[2:3], "CPU")])
+    assert idx.match_tiers(chain)["w0"] == (3, 4)
+    idx.apply("w0", [BlockRemoved(chain[3:], "CPU")])
+    assert idx.match_tiers(chain)["w0"] == (3, 3)
+    assert idx.stats()["host_entries"] == 0
+    idx.apply("w0", [BlockStored([99], None, list(range(16)), 16, "CPU"), AllBlocksCleared()])
+    assert idx.num_blocks("w0", tier="host") == 0 and "w0" not in idx.match_tiers(chain)
+    with pytest.raises(ValueError, match="tier must be one of"):
+        idx.insert("w0", [1], tier="disk")
+
+
+@CACHE_SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ins", "rm", "clear"]),
+            st.sampled_from(["device", "host"]),
+            st.integers(0, 3),
+            st.lists(st.integers(0, 12), max_size=6),
+        ),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 12), max_size=8),
+)
+def test_match_tiers_agrees_with_per_worker_sets(ops, query):
+    """Below the bound: each worker's (device prefix, prefix over both tiers) equals the leading
+    hits against its device set and against the union of its two sets."""
+    idx = ApproxIndex(16, max_blocks_per_worker=10_000)
+    model: dict[tuple[int, str], set[int]] = {}
+    for op, tier, w, hs in ops:
+        if op == "ins":
+            idx.insert(w, hs, tier)
+            model.setdefault((w, tier), set()).update(hs)
+        elif op == "rm":
+            idx.remove(w, hs, tier)
+            model.get((w, tier), set()).difference_update(hs)
+        else:
+            idx.clear(w)
+            for t in ("device", "host"):
+                model.get((w, t), set()).clear()
+
+    def lead(held: set[int]) -> int:
+        n = 0
+        while n < len(query) and query[n] in held:
+            n += 1
+        return n
+
+    expected = {}
+    for w in range(4):
+        device = model.get((w, "device"), set())
+        both = device | model.get((w, "host"), set())
+        if lead(both):
+            expected[w] = (lead(device), lead(both))
+        assert idx.blocks(w, "host") == model.get((w, "host"), set())
+    assert idx.match_tiers(query) == expected
