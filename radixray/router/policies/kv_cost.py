@@ -8,6 +8,11 @@ For each healthy worker, in blocks of ``page_size`` tokens::
 
 The lowest cost wins; ties are broken at random (seeded), as Dynamo does at temperature 0.
 ``overlap_score_weight`` defaults to Dynamo's 1.0 (0 makes it a pure load balancer).
+
+With host tiers a worker's overlap counts its device blocks whole and the blocks it would load
+back from its host tier at ``host_block_weight`` each: Dynamo's default 0.75 (llm-d's scorer
+weighs them 0.8); 0 makes the policy tier-blind. A fixed discount, not a time: the pricing
+this policy stands for as a baseline.
 """
 
 from __future__ import annotations
@@ -21,21 +26,32 @@ __all__ = ["KvCost"]
 
 @register_policy("kv_cost")
 class KvCost(Policy):
-    def __init__(self, seed: int | None = 0, overlap_score_weight: float = 1.0):
+    def __init__(
+        self,
+        seed: int | None = 0,
+        overlap_score_weight: float = 1.0,
+        host_block_weight: float = 0.75,
+    ):
         super().__init__(seed)
         if overlap_score_weight < 0:
             raise ValueError(f"overlap_score_weight must be >= 0, got {overlap_score_weight}")
+        if not 0.0 <= host_block_weight <= 1.0:
+            raise ValueError(f"host_block_weight must be in [0, 1], got {host_block_weight}")
         self.overlap_score_weight = overlap_score_weight
+        self.host_block_weight = host_block_weight
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
         P = index.page_size
-        matched = index.match(request.block_hashes) if request.block_hashes else {}
+        tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
+        hw = self.host_block_weight
+        overlap = {w: dev + hw * (both - dev) for w, (dev, both) in tiers.items()}
+        matched = {w: dev for w, (dev, _) in tiers.items() if dev}
         req_blocks = -(-request.num_tokens // P)
         wgt = self.overlap_score_weight
 
         def cost(w: WorkerState) -> float:
-            prefill = w.queued_prefill_tokens / P + (req_blocks - matched.get(w.worker_id, 0))
+            prefill = w.queued_prefill_tokens / P + (req_blocks - overlap.get(w.worker_id, 0))
             return wgt * prefill + w.active_decode_tokens / P + req_blocks
 
         best, scores = self.lowest(live, cost)
