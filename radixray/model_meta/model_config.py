@@ -4,15 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ModelConfig", "tiny_config"]
+__all__ = ["ModelConfig", "UnsupportedModelError", "tiny_config"]
+
+
+class UnsupportedModelError(ValueError, NotImplementedError):
+    """A checkpoint this worker cannot run (an architecture or a setting it lacks). A ValueError,
+    so that ``radixray worker`` refuses it at start with exit code 2 and the message, no
+    traceback; a NotImplementedError for callers that caught that before."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyperparameters of a Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU).
+    """Hyperparameters of a decoder of the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the
+    flags that tell its members apart (docs/models.md):
+
+    - ``architecture``: the HF ``model_type`` it was read from (llama, mistral, qwen2, ...);
+    - ``qkv_bias``: the q, k and v projections have biases (Qwen2);
+    - ``qk_norm``: an RMSNorm over each head of q and of k, before RoPE (Qwen3);
+    - ``num_experts`` > 0: a sparse mixture of experts (Qwen3-MoE) in every layer but
+      ``dense_layers``: ``num_experts_per_tok`` experts of width ``moe_intermediate_size`` per
+      token, their softmax weights renormalised to sum 1 when ``norm_topk_prob``.
 
     ``head_dim`` is explicit because some checkpoints use ``num_heads * head_dim != hidden_size``.
-    Token ids are ``None`` when the checkpoint does not name one.
+    Token ids are ``None`` when the checkpoint does not name one; ``eos_token_id`` is the first
+    end-of-sequence id and ``stop_token_ids`` all of them (a checkpoint may declare several).
     """
 
     vocab_size: int
@@ -30,6 +45,15 @@ class ModelConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     name: str = "llama"
+    architecture: str = "llama"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in (
@@ -62,6 +86,22 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{field} must be None or in [0, {self.vocab_size}), got {value!r}"
                 )
+
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"ModelConfig.num_experts_per_tok must be in [1, num_experts="
+                    f"{self.num_experts}], got {self.num_experts_per_tok!r}"
+                )
+            if self.moe_intermediate_size <= 0:
+                raise ValueError("ModelConfig.moe_intermediate_size must be > 0 in an MoE model")
+        for value in self.stop_token_ids:
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.stop_token_ids: {value!r} not in the vocabulary")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` has the sparse MoE block (else the dense MLP)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @property
     def q_size(self) -> int:

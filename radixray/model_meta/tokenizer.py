@@ -92,6 +92,7 @@ class BPETokenizer:
         pad_token_id: int | None = None,
         add_bos_token: bool = False,
         chat_template: str | None = None,
+        extra_stop_ids: Iterable[int] = (),
     ) -> None:
         self._tok = backend
         self.bos_token_id = bos_token_id
@@ -102,6 +103,7 @@ class BPETokenizer:
         vocab = backend.get_vocab(with_added_tokens=True)
         stops = {eos_token_id} if eos_token_id is not None else set()
         stops.update(vocab[t] for t in _END_TOKENS if t in vocab)
+        stops.update(int(i) for i in extra_stop_ids)  # what the checkpoint's configs declare
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
         self.chat_template = chat_template
         specials = {
@@ -161,8 +163,11 @@ class BPETokenizer:
         )
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path) -> BPETokenizer | None:
-        """Build from an HF checkpoint directory; ``None`` when it has no ``tokenizer.json``."""
+    def from_hf_dir(
+        cls, path: str | Path, extra_stop_ids: Iterable[int] = ()
+    ) -> BPETokenizer | None:
+        """Build from an HF checkpoint directory; ``None`` when it has no ``tokenizer.json``.
+        ``extra_stop_ids``: more ids that end generation (the config's ``eos_token_id`` list)."""
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             return None
@@ -190,6 +195,7 @@ class BPETokenizer:
             pad_token_id=token_id("pad_token"),
             add_bos_token=bool(cfg.get("add_bos_token", False)),
             chat_template=template,
+            extra_stop_ids=extra_stop_ids,
         )
 
     # --- the protocol -------------------------------------------------------------------------

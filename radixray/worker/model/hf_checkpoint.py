@@ -1,5 +1,5 @@
-"""Read an HF transformers Llama checkpoint directory: ``config.json`` + ``*.safetensors``
-(+ ``tokenizer.json`` when present)."""
+"""Read an HF transformers checkpoint directory of the decoder family: ``config.json`` +
+``*.safetensors`` (+ ``tokenizer.json`` when present)."""
 
 from __future__ import annotations
 
