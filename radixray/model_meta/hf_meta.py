@@ -46,6 +46,7 @@ class HFMetadata:
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{self.path} is not an HF checkpoint: no config.json")
         self.raw = json.loads(cfg_file.read_text())
+        self.architecture()  # an architecture the worker cannot run is refused on opening
         gen_file = self.path / "generation_config.json"
         self.generation = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
 
