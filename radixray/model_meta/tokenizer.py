@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .chat_template import ChatTemplate
 
@@ -32,6 +32,8 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx")
+# Qwen2's (and Qwen3's): Llama 3's with every digit on its own.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 @runtime_checkable
@@ -65,10 +67,12 @@ def _pre_tokenizer(pre: str | None):
         # llama.cpp's "smollm": GPT-2's split with every digit on its own, as SmolLM's own
         # tokenizer.json does (its vocabulary has no multi-digit tokens).
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in _LLAMA3_PRE:
+    if pre in _LLAMA3_PRE or pre == "qwen2":
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.Split(
+                    Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), behavior="isolated"
+                ),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -135,7 +139,10 @@ class BPETokenizer:
         types: list[int] = get("tokenizer.ggml.token_type") or [1] * len(tokens)
         vocab = {tok: i for i, tok in enumerate(tokens)}
         backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        backend.pre_tokenizer = _pre_tokenizer(get("tokenizer.ggml.pre"))
+        pre = get("tokenizer.ggml.pre")
+        backend.pre_tokenizer = _pre_tokenizer(pre)
+        if pre == "qwen2":  # Qwen's own tokenizer.json composes text to NFC first
+            backend.normalizer = normalizers.NFC()
         backend.decoder = decoders.ByteLevel()
         # Control tokens stay whole and are dropped by decode(skip_special_tokens=True);
         # user-defined ones stay whole but are ordinary text.
