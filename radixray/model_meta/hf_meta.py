@@ -9,6 +9,11 @@ family differ only in the flags read here (docs/models.md):
     qwen2            + biases on q, k, v
     qwen3            + an RMSNorm over each head of q and k
     qwen3_moe        + qwen3's norms, and a sparse mixture of experts in place of the MLP
+    gemma3_text      + interleaved window/global layers, sandwich (1 + w) norms, GeGLU, ...
+    gemma3           the same, nested in text_config (hf_gemma.py)
+
+Sliding-window layers (Gemma 3's local layers; Mistral's or Qwen's windows) are decided as
+transformers decides them and attend to their window (worker/model/window.py).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .hf_gemma import gemma3_fields, gemma3_text_config
 from .model_config import ModelConfig, UnsupportedModelError
 
 __all__ = ["HFMetadata", "SUPPORTED_ARCHITECTURES"]
@@ -28,7 +34,10 @@ _FLAGS: dict[str, dict[str, bool]] = {
     "qwen2": {"qkv_bias": True},
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
+    "gemma3_text": {},  # its fields: hf_gemma.gemma3_fields
+    "gemma3": {},
 }
+_GEMMA3 = ("gemma3_text", "gemma3")
 SUPPORTED_ARCHITECTURES = tuple(_FLAGS)
 
 
@@ -46,7 +55,8 @@ class HFMetadata:
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{self.path} is not an HF checkpoint: no config.json")
         self.raw = json.loads(cfg_file.read_text())
-        self.architecture()  # an architecture the worker cannot run is refused on opening
+        # an architecture the worker cannot run is refused on opening
+        self.text = gemma3_text_config(self.raw) if self.architecture() in _GEMMA3 else self.raw
         gen_file = self.path / "generation_config.json"
         self.generation = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
 
@@ -67,11 +77,13 @@ class HFMetadata:
         return model_type
 
     def _check_supported(self, model_type: str) -> None:
-        c = self.raw
+        c = self.text
         if c.get("mlp_bias"):
             raise self._refuse("mlp_bias=true is not supported")
         if c.get("attention_bias") and model_type != "qwen2":
             raise self._refuse("attention_bias=true (a bias on o_proj too) is not supported")
+        if model_type in _GEMMA3:
+            return  # hf_gemma.gemma3_fields checks the rest
         if c.get("hidden_act", "silu") != "silu":
             raise self._refuse(f"hidden_act {c['hidden_act']!r} != 'silu' is not supported")
         # transformers 4.x writes rope_theta / rope_scaling; 5.x writes rope_parameters.
@@ -80,18 +92,12 @@ class HFMetadata:
         rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
         if rope_type not in (None, "default"):
             raise self._refuse(f"RoPE scaling {rope_type!r} is not supported")
-        windows = self.sliding_layers()
-        if windows:
-            raise self._refuse(
-                f"sliding-window attention (a window of {c.get('sliding_window')} tokens on "
-                f"layers {windows}) is not supported yet"
-            )
 
     def sliding_layers(self) -> list[int]:
         """Layers whose attention is limited to a window shorter than the context, decided as
         transformers does: ``layer_types`` when given, else Qwen's ``use_sliding_window`` from
         layer ``max_window_layers`` on, else (Mistral) ``sliding_window`` on every layer."""
-        c = self.raw
+        c = self.text
         n = int(c["num_hidden_layers"])
         window = c.get("sliding_window")
         if window is None or int(window) >= int(c.get("max_position_embeddings", 2048)):
@@ -107,11 +113,11 @@ class HFMetadata:
     def stop_token_ids(self) -> list[int]:
         """Every end-of-sequence id the checkpoint declares, config.json's first, then
         generation_config.json's (each may be an int or a list)."""
-        ids = _ids(self.raw.get("eos_token_id")) + _ids(self.generation.get("eos_token_id"))
+        ids = _ids(self.text.get("eos_token_id")) + _ids(self.generation.get("eos_token_id"))
         return list(dict.fromkeys(ids))
 
     def config(self) -> ModelConfig:
-        c = self.raw
+        c = self.text
         model_type = self.architecture()
         self._check_supported(model_type)
         rope = c.get("rope_parameters") or {}
@@ -148,9 +154,23 @@ class HFMetadata:
             name=str(c.get("_name_or_path") or self.path.name),
             architecture=model_type,
             stop_token_ids=tuple(stops),
-            **_FLAGS[model_type],
-            **moe,
+            **self._family_fields(model_type, moe),
         )
+
+    def _family_fields(self, model_type: str, moe: dict[str, Any]) -> dict[str, Any]:
+        """The flags of ``model_type``: its table entry, its MoE, its windows (or Gemma's)."""
+        if model_type in _GEMMA3:
+            fields = gemma3_fields(self.text, self._refuse)
+            if model_type == "gemma3":
+                # transformers' Gemma3ForConditionalGeneration never soft-caps its logits (real
+                # Gemma 3 configs set no cap); the text-only Gemma3ForCausalLM does
+                fields["final_logit_softcap"] = None
+            return fields
+        window = self.text.get("sliding_window")
+        sliding = set(self.sliding_layers())
+        n = int(self.text["num_hidden_layers"])
+        windows = tuple(int(window) if i in sliding else None for i in range(n))
+        return {**_FLAGS[model_type], **moe, "layer_windows": windows if sliding else ()}
 
     def tokenizer(self):
         from .tokenizer import BPETokenizer

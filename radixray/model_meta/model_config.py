@@ -23,7 +23,14 @@ class ModelConfig:
     - ``qk_norm``: an RMSNorm over each head of q and of k, before RoPE (Qwen3);
     - ``num_experts`` > 0: a sparse mixture of experts (Qwen3-MoE) in every layer but
       ``dense_layers``: ``num_experts_per_tok`` experts of width ``moe_intermediate_size`` per
-      token, their softmax weights renormalised to sum 1 when ``norm_topk_prob``.
+      token, their softmax weights renormalised to sum 1 when ``norm_topk_prob``;
+    - Gemma 3's differences: ``norm_offset`` (every RMSNorm scales by ``offset + w``: Gemma's
+      ``1 + w``), ``sandwich_norms`` (a norm on the attention's output and around the MLP too),
+      ``hidden_act`` (``gelu_tanh``: GeGLU), ``embed_scale`` (embeddings times ``sqrt(hidden)``),
+      ``attn_scale`` (the softmax scale; None: ``head_dim ** -0.5``), ``final_logit_softcap``;
+    - ``layer_windows``: per layer, the window of a sliding-window layer (a query at position
+      ``p`` sees keys ``p - W < k <= p``) or None (all); ``layer_rope``: per layer, RoPE's
+      ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``.
 
     ``head_dim`` is explicit because some checkpoints use ``num_heads * head_dim != hidden_size``.
     Token ids are ``None`` when the checkpoint does not name one; ``eos_token_id`` is the first
@@ -54,6 +61,14 @@ class ModelConfig:
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    hidden_act: str = "silu"
+    embed_scale: float = 1.0
+    attn_scale: float | None = None
+    final_logit_softcap: float | None = None
+    layer_windows: tuple[int | None, ...] = ()
+    layer_rope: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for field in (
@@ -95,6 +110,19 @@ class ModelConfig:
                 )
             if self.moe_intermediate_size <= 0:
                 raise ValueError("ModelConfig.moe_intermediate_size must be > 0 in an MoE model")
+        for field in ("layer_windows", "layer_rope"):
+            value = getattr(self, field)
+            if value and len(value) != self.num_layers:
+                raise ValueError(
+                    f"ModelConfig.{field} needs one entry per layer ({self.num_layers}), got "
+                    f"{len(value)}"
+                )
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ValueError(f"ModelConfig.layer_windows must be >= 1, got {self.layer_windows}")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(
+                f"ModelConfig.hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}"
+            )
         for value in self.stop_token_ids:
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"ModelConfig.stop_token_ids: {value!r} not in the vocabulary")
@@ -102,6 +130,14 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has the sparse MoE block (else the dense MLP)."""
         return self.num_experts > 0 and layer not in self.dense_layers
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window in tokens, or None when it attends to everything."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope(self, layer: int) -> tuple[float, float]:
+        """Layer ``layer``'s RoPE ``(theta, linear scaling factor)``."""
+        return self.layer_rope[layer] if self.layer_rope else (self.rope_theta, 1.0)
 
     @property
     def q_size(self) -> int:

@@ -24,6 +24,14 @@ def _mlp_names(prefix: str) -> list[str]:
     return [prefix + f"{n}_proj.weight" for n in ("gate", "up", "down")]
 
 
+def _norm_names(cfg: ModelConfig) -> list[str]:
+    """A layer's norms (not q/k's), named as in HF: Gemma's sandwich adds two."""
+    names = ["input_layernorm", "post_attention_layernorm"]
+    if cfg.sandwich_norms:
+        names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    return names
+
+
 def hf_names(cfg: ModelConfig) -> list[str]:
     """Every weight a checkpoint of ``cfg`` must hold, under HF names."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
@@ -31,7 +39,7 @@ def hf_names(cfg: ModelConfig) -> list[str]:
         names.append("lm_head.weight")
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"{n}.weight" for n in _norm_names(cfg)]
         names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
         if cfg.qkv_bias:
             names += [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
@@ -98,8 +106,8 @@ def load_hf_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None
         model.lm_head.weight = param(get("lm_head.weight", V, H))
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        layer.input_layernorm.weight = param(get(p + "input_layernorm.weight", H))
-        layer.post_attention_layernorm.weight = param(get(p + "post_attention_layernorm.weight", H))
+        for n in _norm_names(cfg):
+            getattr(layer, n).weight = param(get(p + f"{n}.weight", H))
         a, attn = p + "self_attn.", layer.self_attn
         sizes = {"q": Q, "k": KV, "v": KV}
         attn.qkv_proj.weight = param(*(get(a + f"{n}_proj.weight", s, H) for n, s in sizes.items()))
@@ -124,8 +132,9 @@ def export_hf_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {
         "model.embed_tokens.weight": model.embed_tokens.weight,
         "model.norm.weight": model.norm.weight,
-        "lm_head.weight": model.lm_head.dense_weight(),
     }
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = model.lm_head.dense_weight()
 
     def put_mlp(mlp: nn.Module, p: str) -> None:
         gate, up = mlp.gate_up_proj.dense_weight().split(mlp.intermediate_size)
@@ -135,8 +144,8 @@ def export_hf_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     split = [cfg.q_size, cfg.kv_size, cfg.kv_size]
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
-        out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
+        for n in _norm_names(cfg):
+            out[p + f"{n}.weight"] = getattr(layer, n).weight
         a, attn = p + "self_attn.", layer.self_attn
         for n, w in zip("qkv", attn.qkv_proj.dense_weight().split(split), strict=True):
             out[a + f"{n}_proj.weight"] = w

@@ -1,5 +1,6 @@
-"""The building blocks every member of the decoder family shares: RMSNorm, rotate-half RoPE and
-the SwiGLU MLP (also each expert of a sparse MoE)."""
+"""The building blocks every member of the decoder family shares: RMSNorm (Gemma's ``1 + w``
+form too), rotate-half RoPE (with linear scaling) and the gated MLP (SwiGLU, or Gemma's GeGLU;
+also each expert of a sparse MoE)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,20 @@ __all__ = ["MLP", "RMSNorm", "RotaryEmbedding", "apply_rope"]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, device=None) -> None:
+    """``x / rms(x) * (offset + weight)``: ``offset`` 0 (Llama, Qwen) or 1 (Gemma, whose
+    checkpoints store ``w`` for a scale of ``1 + w``)."""
+
+    def __init__(self, size: int, eps: float, device=None, offset: float = 0.0) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.empty(size, device=device), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            # Gemma's order: normalise and scale in float32, then cast (as transformers does).
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (xf * (self.offset + self.weight.float())).to(x.dtype)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # the same formula in one fused op (one pass over x instead of six small ops)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -29,14 +38,18 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position up to ``max_position_embeddings``, non-interleaved."""
+    """cos/sin tables for every position up to ``max_position_embeddings``, non-interleaved;
+    ``factor`` > 1 is linear scaling (positions divided by it, as Gemma 3's global layers do)."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device=None) -> None:
+    def __init__(
+        self, head_dim: int, theta: float, max_positions: int, device=None, factor: float = 1.0
+    ) -> None:
         super().__init__()
         # float64 for the angles: position * frequency loses ~1e-3 rad in float32 at 8k positions.
         inv_freq = 1.0 / (
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
         )
+        inv_freq = inv_freq / factor
         angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq
         self.register_buffer("cos", angles.cos().float(), persistent=False)  # [max_pos, D/2]
         self.register_buffer("sin", angles.sin().float(), persistent=False)
@@ -55,14 +68,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(h)) * up(h))``, gate and up fused into one matmul."""
+    """``down(act(gate(h)) * up(h))``, gate and up fused into one matmul; ``act`` SiLU (SwiGLU)
+    or tanh-approximated GELU (GeGLU, Gemma's ``gelu_pytorch_tanh``)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, device=None) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, device=None, act: str = "silu"
+    ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.gelu = act == "gelu_tanh"
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, device)
         self.down_proj = Linear(intermediate_size, hidden_size, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(gate * up)

@@ -25,6 +25,7 @@ llama.cpp's q/k permutation before the weights get here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,15 +38,28 @@ from .hf_weights import export_hf_weights, load_hf_weights
 from .layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 from .linear import Linear
 from .moe import SparseMoE
+from .window import windowed_attention
 
 __all__ = ["LlamaModel"]
 
 
+@dataclass(frozen=True)
+class Step:
+    """What every layer of one forward step shares: the backend and its plan, the step's
+    metadata (for window layers) and the RoPE tables of the positions, per (theta, factor)."""
+
+    backend: AttentionBackend
+    plan: object
+    attn: AttentionMetadata
+    rope: dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]
+
+
 class Attention(nn.Module):
     """GQA self-attention; ``qkv_bias`` adds biases to q/k/v (Qwen2), ``qk_norm`` an RMSNorm over
-    each head of q and k before RoPE (Qwen3)."""
+    each head of q and k before RoPE (Qwen3, Gemma 3); a window layer attends to its last
+    ``window`` positions only (window.py)."""
 
-    def __init__(self, cfg: ModelConfig, device=None) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
@@ -53,23 +67,19 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        self.window, self.rope = cfg.window(index), cfg.rope(index)
         self.qkv_proj = Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, device, bias=cfg.qkv_bias
         )
         self.o_proj = Linear(self.q_size, cfg.hidden_size, device)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device) if cfg.qk_norm else None
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
 
     def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        backend: AttentionBackend,
-        plan,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        self, h: torch.Tensor, step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         T = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -77,28 +87,48 @@ class Attention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = step.rope[self.rope]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        backend.store(plan, k, v, k_cache, v_cache)
-        out = backend.attend(plan, q, k_cache, v_cache, self.scale)
+        step.backend.store(step.plan, k, v, k_cache, v_cache)
+        if self.window is None:
+            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale)
+        else:
+            out = windowed_attention(q, k_cache, v_cache, step.attn, self.scale, self.window)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm residual blocks; with ``sandwich_norms`` (Gemma) the attention's and the MLP's
+    outputs are normed too, and the MLP's input has its own norm (HF's names kept: there
+    ``post_attention_layernorm`` norms the attention's output, not the MLP's input)."""
+
     def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
-        self.self_attn = Attention(cfg, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
+
+        def norm() -> RMSNorm:
+            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, cfg.norm_offset)
+
+        self.sandwich = cfg.sandwich_norms
+        self.input_layernorm = norm()
+        self.self_attn = Attention(cfg, index, device)
+        self.post_attention_layernorm = norm()
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
         self.mlp = (
             SparseMoE(cfg, device)
             if cfg.is_moe_layer(index)
-            else MLP(cfg.hidden_size, cfg.intermediate_size, device)
+            else MLP(cfg.hidden_size, cfg.intermediate_size, device, cfg.hidden_act)
         )
 
-    def forward(self, h, cos, sin, backend, plan, k_cache, v_cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, plan, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, step: Step, k_cache, v_cache) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), step, k_cache, v_cache)
+        if not self.sandwich:
+            h = h + a
+            return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.post_attention_layernorm(a)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class LlamaModel(nn.Module):
@@ -125,10 +155,16 @@ class LlamaModel(nn.Module):
             _weight=torch.empty(config.vocab_size, config.hidden_size, device=meta),
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i, meta) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta, config.norm_offset)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, meta)
-        self.rope = RotaryEmbedding(
-            config.head_dim, config.rope_theta, config.max_position_embeddings, self.device
+        # one table per distinct (theta, factor): Gemma 3's local and global layers differ
+        ropes = sorted({config.rope(i) for i in range(config.num_layers)})
+        self._rope_keys = ropes
+        self.ropes = nn.ModuleList(
+            RotaryEmbedding(
+                config.head_dim, theta, config.max_position_embeddings, self.device, factor
+            )
+            for theta, factor in ropes
         )
         self.attention: AttentionBackend | None = None  # built for the first pool it meets
         self._attention_name: str | None = None
@@ -193,19 +229,28 @@ class LlamaModel(nn.Module):
                 f"{tuple(positions.shape)}"
             )
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rope(positions)
+        if cfg.embed_scale != 1.0:
+            h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         # Where the batch's tokens sit in the pool is the same for every layer: the backend
         # works it out once per step.
         backend = self._attention_for(k_cache)
         plan = backend.prepare(
             attn.slot_mapping, attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.max_seqlen_q
         )
+        rope = {
+            key: table(positions) for key, table in zip(self._rope_keys, self.ropes, strict=True)
+        }
+        step = Step(backend, plan, attn, rope)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, backend, plan, k_cache[i], v_cache[i])
+            h = layer(h, step, k_cache[i], v_cache[i])
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         h = self.norm(h[logits_indices])
-        return self.lm_head(h).float()
+        logits = self.lm_head(h).float()
+        if cfg.final_logit_softcap is not None:
+            cap = cfg.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     # --- weights ------------------------------------------------------------------------------
 

@@ -83,7 +83,15 @@ def test_an_unsupported_architecture_is_refused_naming_it_and_the_supported_ones
         message = str(info.value)
         assert "'phi3' (Phi3ForCausalLM) is not supported" in message
         assert ", ".join(SUPPORTED_ARCHITECTURES) in message
-    assert SUPPORTED_ARCHITECTURES == ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+    assert SUPPORTED_ARCHITECTURES == (
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "gemma3_text",
+        "gemma3",
+    )
 
 
 def test_worker_refuses_an_unsupported_architecture_with_exit_code_2(tmp_path, capsys):
@@ -96,30 +104,42 @@ def test_worker_refuses_an_unsupported_architecture_with_exit_code_2(tmp_path, c
 
 
 @pytest.mark.parametrize(
-    "fields",
+    ("fields", "windows"),
     [
-        {"model_type": "mistral", "sliding_window": 64},
-        {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64},
-        {
-            "model_type": "qwen3",
-            "sliding_window": 64,
-            "layer_types": ["full_attention", "sliding_attention"],
-        },
+        ({"model_type": "mistral", "sliding_window": 64}, (64, 64, 64)),
+        ({"model_type": "mistral", "sliding_window": None}, ()),
+        ({"model_type": "qwen2", "sliding_window": 64}, ()),  # use_sliding_window unset
+        (
+            {
+                "model_type": "qwen2",
+                "use_sliding_window": True,
+                "sliding_window": 64,
+                "max_window_layers": 1,
+            },
+            (None, 64, 64),
+        ),
+        (
+            {
+                "model_type": "qwen3",
+                "sliding_window": 64,
+                "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+            },
+            (None, 64, None),
+        ),
+        ({"model_type": "mistral", "sliding_window": 4096}, ()),  # no sequence exceeds it
     ],
 )
-def test_a_sliding_window_shorter_than_the_context_is_refused(tmp_path, fields):
+def test_sliding_windows_are_read_as_transformers_reads_them(tmp_path, fields, windows):
     config = {
         "vocab_size": 300,
         "hidden_size": 64,
         "intermediate_size": 128,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "max_position_embeddings": 1024,
         **fields,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="sliding-window attention .* 64 tokens"):
-        HFMetadata(tmp_path).config()
-    # a window no sequence can exceed is full attention
-    (tmp_path / "config.json").write_text(json.dumps(config | {"sliding_window": 4096}))
-    assert HFMetadata(tmp_path).config().architecture == fields["model_type"]
+    got = HFMetadata(tmp_path).config()
+    assert got.layer_windows == windows
+    assert [got.window(i) for i in range(3)] == list(windows or (None, None, None))
