@@ -47,7 +47,7 @@ class GGUFMetadata:
     def config(self) -> ModelConfig:
         tensors = {t.name: t for t in self.reader.tensors}
         if "rope_freqs.weight" in tensors or self._arch("rope.scaling.type") not in (None, "none"):
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling.type="
                 f"{self._arch('rope.scaling.type')!r}) is not supported"
             )
@@ -56,7 +56,7 @@ class GGUFMetadata:
         head_dim = int(self._arch("attention.key_length", hidden // heads))
         rope_dim = int(self._arch("rope.dimension_count", head_dim))
         if rope_dim != head_dim:
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"{self.path.name}: partial RoPE (rope.dimension_count={rope_dim}, "
                 f"head_dim={head_dim}) is not supported"
             )

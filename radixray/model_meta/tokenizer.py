@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .chat_template import ChatTemplate
+from .model_config import UnsupportedModelError
 
 __all__ = ["BPETokenizer", "TokenizerProtocol"]
 
@@ -24,7 +25,15 @@ __all__ = ["BPETokenizer", "TokenizerProtocol"]
 _CONTROL, _USER_DEFINED = 3, 4
 
 # Tokens that end a turn or a document in common chat vocabularies: all of them stop generation.
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "</s>")
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",  # Gemma's
+)
 
 # Llama 3's split pattern (llama.cpp pre-tokenizer "llama-bpe" and aliases).
 _LLAMA3_SPLIT = (
@@ -130,9 +139,10 @@ class BPETokenizer:
 
         kind = get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"GGUF tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2', as in "
-                "SmolLM2, Llama 3, Qwen) is supported"
+                "SmolLM2, Llama 3, Qwen) is supported, not SentencePiece ('llama': Mistral, "
+                "Gemma): serve those from their HF directory"
             )
         tokens: list[str] = get("tokenizer.ggml.tokens")
         merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges", [])]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixray.model_meta import load_model_meta
+from radixray.model_meta import UnsupportedModelError, load_model_meta
 from radixray.worker.model import load_model
 
 from .test_model_families import hf_checkpoint, paged_logits
@@ -52,7 +52,7 @@ def gguf_tensors(state: dict[str, torch.Tensor], config) -> dict[str, np.ndarray
     return {k: np.ascontiguousarray(v.numpy()) for k, v in out.items()}
 
 
-def write_gguf(path, arch: str, config, state) -> None:
+def write_gguf(path, arch: str, config, state, tokenizer_model: str = "gpt2") -> None:
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -70,7 +70,7 @@ def write_gguf(path, arch: str, config, state) -> None:
         w.add_expert_count(config.num_experts)
         w.add_expert_used_count(config.num_experts_per_tok)
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(tokenizer_model)
     w.add_tokenizer_pre("qwen2")
     alphabet = [chr(c) for c in range(33, 127)] + ["Ġ"]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -127,3 +127,16 @@ def test_qwen_gguf_tokenizer_splits_digits_one_by_one(tmp_path):
     prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.encode(prompt)[0] == tok.token_to_id("<|im_start|>")
+
+
+def test_gguf_files_the_worker_cannot_run_are_refused_with_the_reason(tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_checkpoint("qwen2", hf_dir)
+    reference, config, _ = load_model(str(hf_dir))
+    state = reference.hf_state_dict()
+    write_gguf(tmp_path / "sp.gguf", "qwen2", config, state, tokenizer_model="llama")
+    with pytest.raises(UnsupportedModelError, match="not SentencePiece"):
+        load_model(str(tmp_path / "sp.gguf"))
+    write_gguf(tmp_path / "g.gguf", "gemma3", config, state)
+    with pytest.raises(UnsupportedModelError, match="'gemma3' is not supported; supported: llama"):
+        load_model(str(tmp_path / "g.gguf"))
