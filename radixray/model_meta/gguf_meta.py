@@ -46,10 +46,10 @@ class GGUFMetadata:
 
     def config(self) -> ModelConfig:
         tensors = {t.name: t for t in self.reader.tensors}
-        if "rope_freqs.weight" in tensors or self._arch("rope.scaling.type") not in (None, "none"):
+        scaling = self._arch("rope.scaling.type")
+        if scaling not in (None, "none", "linear"):
             raise UnsupportedModelError(
-                f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling.type="
-                f"{self._arch('rope.scaling.type')!r}) is not supported"
+                f"{self.path.name}: RoPE scaling (rope.scaling.type={scaling!r}) is not supported"
             )
         hidden = int(self._arch("embedding_length"))
         heads = int(self._arch("attention.head_count"))
@@ -84,8 +84,21 @@ class GGUFMetadata:
             pad_token_id=token_id("padding_token_id"),
             name=str(self.meta("general.name", self.path.stem)),
             stop_token_ids=(eos,) if eos is not None else (),
+            rope_freq_factors=self._rope_freq_factors(tensors, head_dim),
             **self._flags(tensors),
         )
+
+    def _rope_freq_factors(self, tensors, head_dim: int) -> tuple[float, ...]:
+        """RoPE's per-frequency divisors: ``rope_freqs.weight`` (llama.cpp's converter writes
+        Llama 3.1's scaling so), or linear scaling's one factor for all."""
+        if "rope_freqs.weight" in tensors:
+            t = tensors["rope_freqs.weight"]
+            if t.tensor_type != self._gguf.GGMLQuantizationType.F32:
+                raise UnsupportedModelError(f"{self.path.name}: rope_freqs.weight is not F32")
+            return tuple(float(x) for x in t.data.reshape(-1).view("<f4"))
+        if self._arch("rope.scaling.type") == "linear":
+            return (float(self._arch("rope.scaling.factor")),) * (head_dim // 2)
+        return ()
 
     def _flags(self, tensors) -> dict[str, Any]:
         """What sets this family member apart (ModelConfig's flags), from its tensors and keys."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from .hf_gemma import gemma3_fields, gemma3_text_config
 from .model_config import ModelConfig, UnsupportedModelError
+from .rope_scaling import SCALED_ROPE_TYPES, rope_freq_factors
 
 __all__ = ["HFMetadata", "SUPPORTED_ARCHITECTURES"]
 
@@ -86,12 +87,18 @@ class HFMetadata:
             return  # hf_gemma.gemma3_fields checks the rest
         if c.get("hidden_act", "silu") != "silu":
             raise self._refuse(f"hidden_act {c['hidden_act']!r} != 'silu' is not supported")
-        # transformers 4.x writes rope_theta / rope_scaling; 5.x writes rope_parameters.
-        rope = c.get("rope_parameters") or {}
-        scaling = c.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
-        if rope_type not in (None, "default"):
-            raise self._refuse(f"RoPE scaling {rope_type!r} is not supported")
+        kind = self._rope_scaling().get("rope_type")
+        if kind not in (None, "default", *SCALED_ROPE_TYPES):
+            raise self._refuse(f"RoPE scaling {kind!r} is not supported")
+
+    def _rope_scaling(self) -> dict[str, Any]:
+        """The RoPE parameters, as transformers 5 writes them (``rope_parameters``) or 4.x did
+        (``rope_scaling``, its type under ``rope_type`` or ``type``)."""
+        c = self.text
+        params = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params["type"]
+        return params
 
     def sliding_layers(self) -> list[int]:
         """Layers whose attention is limited to a window shorter than the context, decided as
@@ -166,11 +173,20 @@ class HFMetadata:
                 # Gemma 3 configs set no cap); the text-only Gemma3ForCausalLM does
                 fields["final_logit_softcap"] = None
             return fields
+        fields: dict[str, Any] = {**_FLAGS[model_type], **moe}
+        scaling = self._rope_scaling()
+        if scaling.get("rope_type") in SCALED_ROPE_TYPES:
+            c = self.text
+            heads = int(c["num_attention_heads"])
+            head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
+            theta = float(c.get("rope_theta") or scaling.get("rope_theta") or 10000.0)
+            scaling.setdefault("original_max_position_embeddings", c.get("max_position_embeddings"))
+            fields["rope_freq_factors"] = rope_freq_factors(scaling, head_dim, theta)
         window = self.text.get("sliding_window")
         sliding = set(self.sliding_layers())
         n = int(self.text["num_hidden_layers"])
         windows = tuple(int(window) if i in sliding else None for i in range(n))
-        return {**_FLAGS[model_type], **moe, "layer_windows": windows if sliding else ()}
+        return fields | {"layer_windows": windows if sliding else ()}
 
     def tokenizer(self):
         from .tokenizer import BPETokenizer

@@ -30,7 +30,9 @@ class ModelConfig:
       ``attn_scale`` (the softmax scale; None: ``head_dim ** -0.5``), ``final_logit_softcap``;
     - ``layer_windows``: per layer, the window of a sliding-window layer (a query at position
       ``p`` sees keys ``p - W < k <= p``) or None (all); ``layer_rope``: per layer, RoPE's
-      ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``.
+      ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``;
+    - ``rope_freq_factors``: ``head_dim // 2`` divisors of RoPE's inverse frequencies for every
+      layer (Llama 3.1's ``llama3`` scaling, linear scaling, a GGUF's ``rope_freqs``); empty: none.
 
     ``head_dim`` is explicit because some checkpoints use ``num_heads * head_dim != hidden_size``.
     Token ids are ``None`` when the checkpoint does not name one; ``eos_token_id`` is the first
@@ -69,6 +71,7 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     layer_windows: tuple[int | None, ...] = ()
     layer_rope: tuple[tuple[float, float], ...] = ()
+    rope_freq_factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for field in (
@@ -117,6 +120,11 @@ class ModelConfig:
                     f"ModelConfig.{field} needs one entry per layer ({self.num_layers}), got "
                     f"{len(value)}"
                 )
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ValueError(
+                f"ModelConfig.rope_freq_factors needs head_dim // 2 = {self.head_dim // 2} "
+                f"entries, got {len(self.rope_freq_factors)}"
+            )
         if any(w is not None and w < 1 for w in self.layer_windows):
             raise ValueError(f"ModelConfig.layer_windows must be >= 1, got {self.layer_windows}")
         if self.hidden_act not in ("silu", "gelu_tanh"):

@@ -68,6 +68,8 @@ class GGUFCheckpoint(GGUFMetadata):
         """Every tensor dequantised to float32 under its HF name, q/k un-permuted."""
         out: dict[str, torch.Tensor] = {}
         for t in self.reader.tensors:
+            if t.name == "rope_freqs.weight":
+                continue  # RoPE's frequency divisors: read into the config (gguf_meta)
             name = _hf_name(t.name)
             if name is None:
                 raise UnsupportedModelError(f"{self.path.name}: unexpected tensor {t.name!r}")

@@ -39,10 +39,17 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position up to ``max_position_embeddings``, non-interleaved;
-    ``factor`` > 1 is linear scaling (positions divided by it, as Gemma 3's global layers do)."""
+    ``factor`` > 1 is linear scaling (positions divided by it, as Gemma 3's global layers do),
+    ``freq_factors`` divide each frequency by its own factor (model_meta/rope_scaling.py)."""
 
     def __init__(
-        self, head_dim: int, theta: float, max_positions: int, device=None, factor: float = 1.0
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        device=None,
+        factor: float = 1.0,
+        freq_factors: tuple[float, ...] = (),
     ) -> None:
         super().__init__()
         # float64 for the angles: position * frequency loses ~1e-3 rad in float32 at 8k positions.
@@ -50,6 +57,8 @@ class RotaryEmbedding(nn.Module):
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
         )
         inv_freq = inv_freq / factor
+        if freq_factors:  # per-frequency divisors (Llama 3.1's scaling, a GGUF's rope_freqs)
+            inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float64, device=device)
         angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq
         self.register_buffer("cos", angles.cos().float(), persistent=False)  # [max_pos, D/2]
         self.register_buffer("sin", angles.sin().float(), persistent=False)

@@ -162,7 +162,12 @@ class LlamaModel(nn.Module):
         self._rope_keys = ropes
         self.ropes = nn.ModuleList(
             RotaryEmbedding(
-                config.head_dim, theta, config.max_position_embeddings, self.device, factor
+                config.head_dim,
+                theta,
+                config.max_position_embeddings,
+                self.device,
+                factor,
+                config.rope_freq_factors,
             )
             for theta, factor in ropes
         )

@@ -1,6 +1,7 @@
-"""Qwen GGUF files (general.architecture qwen2, qwen3, qwen3moe) written here the way llama.cpp's
-converter writes them, from a random transformers checkpoint: the loader must give back the same
-weights and the same logits as the HF directory, and the tokenizer must split as Qwen's does."""
+"""GGUF files (general.architecture qwen2, qwen3, qwen3moe, and llama with Llama 3.1's RoPE
+scaling in rope_freqs) written here the way llama.cpp's converter writes them, from a random
+transformers checkpoint: the loader must give back the same weights and the same logits as the
+HF directory, and the tokenizer must split as Qwen's does."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 from radixray.model_meta import UnsupportedModelError, load_model_meta
 from radixray.worker.model import load_model
 
+from .test_loader import llama_cpp_permute
 from .test_model_families import hf_checkpoint, paged_logits
 
 # HF family (test_model_families.FAMILIES) -> GGUF general.architecture
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "llama31": "llama"}
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -34,9 +36,19 @@ _TOP = {
 }
 
 
-def gguf_tensors(state: dict[str, torch.Tensor], config) -> dict[str, np.ndarray]:
-    """HF names -> llama.cpp's, per-expert weights stacked into one [E, out, in] tensor each."""
+def gguf_tensors(state: dict[str, torch.Tensor], config, arch: str) -> dict[str, np.ndarray]:
+    """HF names -> llama.cpp's, per-expert weights stacked into one [E, out, in] tensor each;
+    for ``llama`` q/k rows permuted and RoPE's frequency divisors in ``rope_freqs``, as
+    llama.cpp's converter writes them."""
     out = {_TOP[k]: v for k, v in state.items() if k in _TOP}
+    if arch == "llama":
+        state = dict(state)
+        for name, w in state.items():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+                state[name] = llama_cpp_permute(w, heads)
+        if config.rope_freq_factors:
+            out["rope_freqs.weight"] = torch.tensor(config.rope_freq_factors)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         for hf_name, gguf_name in _LAYER.items():
@@ -84,7 +96,8 @@ def write_gguf(path, arch: str, config, state, tokenizer_model: str = "gpt2") ->
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    for name, tensor in gguf_tensors(state, config).items():
+    w.add_rope_dimension_count(config.head_dim)
+    for name, tensor in gguf_tensors(state, config, arch).items():
         w.add_tensor(name, tensor)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -93,7 +106,7 @@ def write_gguf(path, arch: str, config, state, tokenizer_model: str = "gpt2") ->
 
 
 @pytest.mark.parametrize("family", list(GGUF_ARCH))
-def test_qwen_gguf_loads_to_the_same_model_as_the_hf_directory(tmp_path, family):
+def test_gguf_loads_to_the_same_model_as_the_hf_directory(tmp_path, family):
     hf_dir = tmp_path / "hf"
     hf_checkpoint(family, hf_dir)
     reference, config, _ = load_model(str(hf_dir))
@@ -101,16 +114,20 @@ def test_qwen_gguf_loads_to_the_same_model_as_the_hf_directory(tmp_path, family)
     write_gguf(path, GGUF_ARCH[family], config, reference.hf_state_dict())
 
     model, loaded, tokenizer = load_model(str(path))
-    assert loaded.architecture == config.architecture == family
-    for flag in ("qkv_bias", "qk_norm", "num_experts", "num_experts_per_tok", "dense_layers"):
+    assert loaded.architecture == config.architecture == family.removesuffix("31")
+    flags = ("qkv_bias", "qk_norm", "num_experts", "num_experts_per_tok", "dense_layers")
+    for flag in flags:
         assert getattr(loaded, flag) == getattr(config, flag), flag
+    # rope_freqs holds the divisors in float32: equal to that precision, and so the logits
+    assert loaded.rope_freq_factors == pytest.approx(config.rope_freq_factors, rel=1e-7)
+    exact = {"rtol": 0, "atol": 0} if not config.rope_freq_factors else {"rtol": 0, "atol": 1e-5}
     expected = reference.hf_state_dict()
     got = model.hf_state_dict()
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     tokens = list(range(5, 45))
     torch.testing.assert_close(
-        paged_logits(model, tokens, 30), paged_logits(reference, tokens, 30), rtol=0, atol=0
+        paged_logits(model, tokens, 30), paged_logits(reference, tokens, 30), **exact
     )
     ends = {tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")}
     assert set(tokenizer.stop_token_ids) == ends and loaded.eos_token_id in ends

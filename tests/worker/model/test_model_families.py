@@ -80,6 +80,27 @@ FAMILIES = {
         "Qwen2ForCausalLM",
         {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
     ),
+    # Llama 3.1's RoPE scaling: with head_dim 16 and this context, one frequency is kept, one
+    # interpolated, six divided by the factor
+    "llama31": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "llama_linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
+    ),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_TEXT),
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", GEMMA3_TEXT),
 }
@@ -144,7 +165,7 @@ def checkpoints(tmp_path_factory):
 
 # The greedy runs of variants whose layers the fast tier already covers run with the
 # integration tests (each is 1-3 s on a busy 2-core machine).
-VARIANTS = ("mistral", "qwen3_moe_unnormalised", "qwen2_window", "gemma3")
+VARIANTS = ("mistral", "qwen3_moe_unnormalised", "qwen2_window", "gemma3", "llama_linear")
 GREEDY_FAMILIES = [
     pytest.param(f, marks=pytest.mark.integration) if f in VARIANTS else f for f in FAMILIES
 ]
