@@ -61,16 +61,24 @@ def _rope(c: dict[str, Any], layer_type: str) -> tuple[float, float, str]:
     return float(params["rope_theta"]), factor, kind
 
 
+def _rope2(c: dict[str, Any]) -> tuple[float, float, str]:
+    """Gemma 2's one RoPE for every layer: ``rope_parameters`` (5.x) or ``rope_theta`` (4.x)."""
+    params = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0)}
+    kind = params.get("rope_type") or "default"
+    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), 1.0, kind
+
+
 def gemma3_fields(c: dict[str, Any], refuse) -> dict[str, Any]:
-    """ModelConfig's Gemma 3 fields from a text config (``gemma3_text_config``); ``refuse(what)``
-    makes the exception for a setting the worker does not run."""
+    """ModelConfig's Gemma 3 (or Gemma 2) fields from a text config (``gemma3_text_config``, or
+    a ``gemma2`` config as it is); ``refuse(what)`` makes the exception for a setting the worker
+    does not run. Gemma 2 differs in: no q/k norms, one RoPE base, every other layer local,
+    attention scores soft-capped (``attn_logit_softcapping``)."""
     n = int(c["num_hidden_layers"])
+    gemma2 = c.get("model_type") == "gemma2"
+    pattern = 2 if gemma2 else int(c["sliding_window_pattern"])
     layer_types = c.get("layer_types") or [
-        "sliding_attention" if (i + 1) % int(c["sliding_window_pattern"]) else "full_attention"
-        for i in range(n)
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
     ]
-    if c.get("attn_logit_softcapping") is not None:
-        raise refuse("attention logit soft-capping (Gemma 2's) is not supported")
     if c.get("use_bidirectional_attention"):
         raise refuse("use_bidirectional_attention=true (an encoder) is not supported")
     act = c.get("hidden_activation") or c.get("hidden_act")
@@ -78,20 +86,22 @@ def gemma3_fields(c: dict[str, Any], refuse) -> dict[str, Any]:
         raise refuse(f"hidden_activation {act!r} is not supported (Gemma 3 uses gelu_pytorch_tanh)")
     ropes = {}
     for kind in set(layer_types):
-        theta, factor, rope_type = _rope(c, kind)
+        theta, factor, rope_type = _rope2(c) if gemma2 else _rope(c, kind)
         if rope_type not in ("default", "linear"):
             raise refuse(f"RoPE scaling {rope_type!r} ({kind} layers) is not supported")
         ropes[kind] = (theta, factor)
     window = int(c["sliding_window"])
     final_cap = c.get("final_logit_softcapping")
+    attn_cap = c.get("attn_logit_softcapping")
     return {
-        "qk_norm": True,
+        "qk_norm": not gemma2,
         "sandwich_norms": True,
         "norm_offset": 1.0,
         "hidden_act": "gelu_tanh",
         "embed_scale": float(c["hidden_size"]) ** 0.5,
         "attn_scale": float(c["query_pre_attn_scalar"]) ** -0.5,
         "final_logit_softcap": float(final_cap) if final_cap is not None else None,
+        "attn_logit_softcap": float(attn_cap) if attn_cap is not None else None,
         "layer_windows": tuple(window if t == "sliding_attention" else None for t in layer_types),
         "layer_rope": tuple(ropes[t] for t in layer_types),
     }

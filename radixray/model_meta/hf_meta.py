@@ -11,6 +11,7 @@ family differ only in the flags read here (docs/models.md):
     qwen3_moe        + qwen3's norms, and a sparse mixture of experts in place of the MLP
     gemma3_text      + interleaved window/global layers, sandwich (1 + w) norms, GeGLU, ...
     gemma3           the same, nested in text_config (hf_gemma.py)
+    gemma2           gemma3's, without q/k norms, with soft-capped attention scores
 
 Sliding-window layers (Gemma 3's local layers; Mistral's or Qwen's windows) are decided as
 transformers decides them and attend to their window (worker/model/window.py).
@@ -37,8 +38,9 @@ _FLAGS: dict[str, dict[str, bool]] = {
     "qwen3_moe": {"qk_norm": True},
     "gemma3_text": {},  # its fields: hf_gemma.gemma3_fields
     "gemma3": {},
+    "gemma2": {},
 }
-_GEMMA3 = ("gemma3_text", "gemma3")
+_GEMMA = ("gemma3_text", "gemma3", "gemma2")
 SUPPORTED_ARCHITECTURES = tuple(_FLAGS)
 
 
@@ -57,7 +59,8 @@ class HFMetadata:
             raise FileNotFoundError(f"{self.path} is not an HF checkpoint: no config.json")
         self.raw = json.loads(cfg_file.read_text())
         # an architecture the worker cannot run is refused on opening
-        self.text = gemma3_text_config(self.raw) if self.architecture() in _GEMMA3 else self.raw
+        arch = self.architecture()
+        self.text = gemma3_text_config(self.raw) if arch in _GEMMA[:2] else self.raw
         gen_file = self.path / "generation_config.json"
         self.generation = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
 
@@ -83,7 +86,7 @@ class HFMetadata:
             raise self._refuse("mlp_bias=true is not supported")
         if c.get("attention_bias") and model_type != "qwen2":
             raise self._refuse("attention_bias=true (a bias on o_proj too) is not supported")
-        if model_type in _GEMMA3:
+        if model_type in _GEMMA:
             return  # hf_gemma.gemma3_fields checks the rest
         if c.get("hidden_act", "silu") != "silu":
             raise self._refuse(f"hidden_act {c['hidden_act']!r} != 'silu' is not supported")
@@ -166,7 +169,7 @@ class HFMetadata:
 
     def _family_fields(self, model_type: str, moe: dict[str, Any]) -> dict[str, Any]:
         """The flags of ``model_type``: its table entry, its MoE, its windows (or Gemma's)."""
-        if model_type in _GEMMA3:
+        if model_type in _GEMMA:
             fields = gemma3_fields(self.text, self._refuse)
             if model_type == "gemma3":
                 # transformers' Gemma3ForConditionalGeneration never soft-caps its logits (real

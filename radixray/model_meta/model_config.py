@@ -27,7 +27,8 @@ class ModelConfig:
     - Gemma 3's differences: ``norm_offset`` (every RMSNorm scales by ``offset + w``: Gemma's
       ``1 + w``), ``sandwich_norms`` (a norm on the attention's output and around the MLP too),
       ``hidden_act`` (``gelu_tanh``: GeGLU), ``embed_scale`` (embeddings times ``sqrt(hidden)``),
-      ``attn_scale`` (the softmax scale; None: ``head_dim ** -0.5``), ``final_logit_softcap``;
+      ``attn_scale`` (the softmax scale; None: ``head_dim ** -0.5``), ``final_logit_softcap``,
+      ``attn_logit_softcap`` (Gemma 2: ``tanh`` soft-capping of the attention scores);
     - ``layer_windows``: per layer, the window of a sliding-window layer (a query at position
       ``p`` sees keys ``p - W < k <= p``) or None (all); ``layer_rope``: per layer, RoPE's
       ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``;
@@ -69,6 +70,7 @@ class ModelConfig:
     embed_scale: float = 1.0
     attn_scale: float | None = None
     final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
     layer_windows: tuple[int | None, ...] = ()
     layer_rope: tuple[tuple[float, float], ...] = ()
     rope_freq_factors: tuple[float, ...] = ()

@@ -69,6 +69,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         self.window, self.rope = cfg.window(index), cfg.rope(index)
+        self.softcap = cfg.attn_logit_softcap
         self.qkv_proj = Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, device, bias=cfg.qkv_bias
         )
@@ -91,10 +92,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         step.backend.store(step.plan, k, v, k_cache, v_cache)
-        if self.window is None:
+        if self.window is None and self.softcap is None:
             out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale)
-        else:
-            out = windowed_attention(q, k_cache, v_cache, step.attn, self.scale, self.window)
+        else:  # what the kernels do not do yet: a window, soft-capped scores (window.py)
+            out = windowed_attention(
+                q, k_cache, v_cache, step.attn, self.scale, self.window, self.softcap
+            )
         return self.o_proj(out.reshape(T, self.q_size))
 
 

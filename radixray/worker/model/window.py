@@ -1,8 +1,10 @@
 """Sliding-window attention over the paged pool, in the model: a query at position ``p`` of a
-sliding-window layer sees only keys at ``p - W < k <= p`` (transformers' ``sliding_window``).
+sliding-window layer sees only keys at ``p - W < k <= p`` (transformers' ``sliding_window``);
+also attention whose scores are soft-capped (Gemma 2: ``cap * tanh(s / cap)``).
 
-The attention kernels attend to a sequence's whole context; until they take a window, the
-window layers of a model (Gemma 3's local layers, Mistral's or Qwen's windows) run here: per
+The attention kernels attend to a sequence's whole context, uncapped; until they take a window
+(and a cap), those layers (Gemma 3's local layers, Mistral's or Qwen's windows, every Gemma 2
+layer) run here: per
 sequence of the step, the pages that hold its last ``W + q_len - 1`` positions are gathered and
 attended with a causal, windowed mask in float32. A loop over the step's sequences (not its
 tokens); the pool keeps every page, so the prefix cache needs nothing new to stay correct.
@@ -23,10 +25,13 @@ def windowed_attention(
     v_cache: torch.Tensor,
     attn: AttentionMetadata,
     scale: float,
-    window: int,
+    window: int | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``q [T, Hq, D]`` against one layer's pool ``[pages, P, Hkv, D]`` (this step's K/V already
-    stored) -> ``[T, Hq, D]`` in q's dtype."""
+    stored) -> ``[T, Hq, D]`` in q's dtype. ``window`` None: the whole causal context."""
+    if window is None:
+        window = 1 << 62
     P, Hkv, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     groups = q.shape[1] // Hkv
     out = torch.empty_like(q)
@@ -48,6 +53,8 @@ def windowed_attention(
         kf = k.float().repeat_interleave(groups, dim=1).transpose(0, 1)  # [Hq, keys, D]
         vf = v.float().repeat_interleave(groups, dim=1).transpose(0, 1)
         scores = (qf @ kf.transpose(1, 2)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~visible, float("-inf"))
         out[start:end] = (scores.softmax(dim=-1) @ vf).transpose(0, 1).to(q.dtype)
     return out

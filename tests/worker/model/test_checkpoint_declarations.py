@@ -91,6 +91,7 @@ def test_an_unsupported_architecture_is_refused_naming_it_and_the_supported_ones
         "qwen3_moe",
         "gemma3_text",
         "gemma3",
+        "gemma2",
     )
 
 

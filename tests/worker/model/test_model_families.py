@@ -102,6 +102,18 @@ FAMILIES = {
         {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
     ),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_TEXT),
+    # Gemma 2: every other layer local, attention scores soft-capped (a cap they reach here)
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "sliding_window": 16,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": True,
+        },
+    ),
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", GEMMA3_TEXT),
 }
 
