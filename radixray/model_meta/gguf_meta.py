@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .model_config import ModelConfig
+from .model_config import ModelConfig, UnsupportedModelError
 
-__all__ = ["GGUFMetadata"]
+__all__ = ["GGUF_ARCHITECTURES", "GGUFMetadata"]
 
-_ARCHITECTURES = ("llama",)
+# general.architecture -> the HF model_type of the same family member (docs/models.md).
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 
 
 class GGUFMetadata:
@@ -30,10 +31,10 @@ class GGUFMetadata:
 
         self.reader = GGUFFile(self.path)
         self.architecture = self.meta("general.architecture")
-        if self.architecture not in _ARCHITECTURES:
-            raise NotImplementedError(
+        if self.architecture not in GGUF_ARCHITECTURES:
+            raise UnsupportedModelError(
                 f"{self.path.name}: GGUF architecture {self.architecture!r} is not supported; "
-                f"expected one of {_ARCHITECTURES}"
+                f"supported: {', '.join(GGUF_ARCHITECTURES)}"
             )
 
     def meta(self, key: str, default: Any = None) -> Any:
@@ -45,17 +46,17 @@ class GGUFMetadata:
 
     def config(self) -> ModelConfig:
         tensors = {t.name: t for t in self.reader.tensors}
-        if "rope_freqs.weight" in tensors or self._arch("rope.scaling.type") not in (None, "none"):
-            raise NotImplementedError(
-                f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling.type="
-                f"{self._arch('rope.scaling.type')!r}) is not supported"
+        scaling = self._arch("rope.scaling.type")
+        if scaling not in (None, "none", "linear"):
+            raise UnsupportedModelError(
+                f"{self.path.name}: RoPE scaling (rope.scaling.type={scaling!r}) is not supported"
             )
         hidden = int(self._arch("embedding_length"))
         heads = int(self._arch("attention.head_count"))
         head_dim = int(self._arch("attention.key_length", hidden // heads))
         rope_dim = int(self._arch("rope.dimension_count", head_dim))
         if rope_dim != head_dim:
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"{self.path.name}: partial RoPE (rope.dimension_count={rope_dim}, "
                 f"head_dim={head_dim}) is not supported"
             )
@@ -65,6 +66,7 @@ class GGUFMetadata:
             value = self.meta(f"tokenizer.ggml.{name}")
             return int(value) if value is not None else None
 
+        eos = token_id("eos_token_id")
         return ModelConfig(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -78,10 +80,47 @@ class GGUFMetadata:
             max_position_embeddings=int(self._arch("context_length", 2048)),
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=token_id("bos_token_id"),
-            eos_token_id=token_id("eos_token_id"),
+            eos_token_id=eos,
             pad_token_id=token_id("padding_token_id"),
             name=str(self.meta("general.name", self.path.stem)),
+            stop_token_ids=(eos,) if eos is not None else (),
+            rope_freq_factors=self._rope_freq_factors(tensors, head_dim),
+            **self._flags(tensors),
         )
+
+    def _rope_freq_factors(self, tensors, head_dim: int) -> tuple[float, ...]:
+        """RoPE's per-frequency divisors: ``rope_freqs.weight`` (llama.cpp's converter writes
+        Llama 3.1's scaling so), or linear scaling's one factor for all."""
+        if "rope_freqs.weight" in tensors:
+            t = tensors["rope_freqs.weight"]
+            if t.tensor_type != self._gguf.GGMLQuantizationType.F32:
+                raise UnsupportedModelError(f"{self.path.name}: rope_freqs.weight is not F32")
+            return tuple(float(x) for x in t.data.reshape(-1).view("<f4"))
+        if self._arch("rope.scaling.type") == "linear":
+            return (float(self._arch("rope.scaling.factor")),) * (head_dim // 2)
+        return ()
+
+    def _flags(self, tensors) -> dict[str, Any]:
+        """What sets this family member apart (ModelConfig's flags), from its tensors and keys."""
+        arch = GGUF_ARCHITECTURES[self.architecture]
+        flags: dict[str, Any] = {
+            "architecture": arch,
+            "qkv_bias": "blk.0.attn_q.bias" in tensors,
+            "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+        }
+        if arch == "qwen3_moe":
+            n = int(self._arch("block_count"))
+            flags |= {
+                "num_experts": int(self._arch("expert_count")),
+                "num_experts_per_tok": int(self._arch("expert_used_count")),
+                "moe_intermediate_size": int(self._arch("expert_feed_forward_length")),
+                # llama.cpp always renormalises Qwen3-MoE's top-k weights (as its HF configs ask)
+                "norm_topk_prob": bool(self._arch("expert_weights_norm", True)),
+                "dense_layers": tuple(
+                    i for i in range(n) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+                ),
+            }
+        return flags
 
     def tokenizer(self):
         from .tokenizer import BPETokenizer

@@ -4,15 +4,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ModelConfig", "tiny_config"]
+__all__ = ["ModelConfig", "UnsupportedModelError", "tiny_config"]
+
+
+class UnsupportedModelError(ValueError, NotImplementedError):
+    """A checkpoint this worker cannot run (an architecture or a setting it lacks). A ValueError,
+    so that ``radixray worker`` refuses it at start with exit code 2 and the message, no
+    traceback; a NotImplementedError for callers that caught that before."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyperparameters of a Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU).
+    """Hyperparameters of a decoder of the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the
+    flags that tell its members apart (docs/models.md):
+
+    - ``architecture``: the HF ``model_type`` it was read from (llama, mistral, qwen2, ...);
+    - ``qkv_bias``: the q, k and v projections have biases (Qwen2);
+    - ``qk_norm``: an RMSNorm over each head of q and of k, before RoPE (Qwen3);
+    - ``num_experts`` > 0: a sparse mixture of experts (Qwen3-MoE) in every layer but
+      ``dense_layers``: ``num_experts_per_tok`` experts of width ``moe_intermediate_size`` per
+      token, their softmax weights renormalised to sum 1 when ``norm_topk_prob``;
+    - Gemma 3's differences: ``norm_offset`` (every RMSNorm scales by ``offset + w``: Gemma's
+      ``1 + w``), ``sandwich_norms`` (a norm on the attention's output and around the MLP too),
+      ``hidden_act`` (``gelu_tanh``: GeGLU), ``embed_scale`` (embeddings times ``sqrt(hidden)``),
+      ``attn_scale`` (the softmax scale; None: ``head_dim ** -0.5``), ``final_logit_softcap``,
+      ``attn_logit_softcap`` (Gemma 2: ``tanh`` soft-capping of the attention scores);
+    - ``layer_windows``: per layer, the window of a sliding-window layer (a query at position
+      ``p`` sees keys ``p - W < k <= p``) or None (all); ``layer_rope``: per layer, RoPE's
+      ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``;
+    - ``rope_freq_factors``: ``head_dim // 2`` divisors of RoPE's inverse frequencies for every
+      layer (Llama 3.1's ``llama3`` scaling, linear scaling, a GGUF's ``rope_freqs``); empty: none.
 
     ``head_dim`` is explicit because some checkpoints use ``num_heads * head_dim != hidden_size``.
-    Token ids are ``None`` when the checkpoint does not name one.
+    Token ids are ``None`` when the checkpoint does not name one; ``eos_token_id`` is the first
+    end-of-sequence id and ``stop_token_ids`` all of them (a checkpoint may declare several).
     """
 
     vocab_size: int
@@ -30,6 +55,25 @@ class ModelConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     name: str = "llama"
+    architecture: str = "llama"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    hidden_act: str = "silu"
+    embed_scale: float = 1.0
+    attn_scale: float | None = None
+    final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
+    layer_windows: tuple[int | None, ...] = ()
+    layer_rope: tuple[tuple[float, float], ...] = ()
+    rope_freq_factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for field in (
@@ -62,6 +106,48 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{field} must be None or in [0, {self.vocab_size}), got {value!r}"
                 )
+
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"ModelConfig.num_experts_per_tok must be in [1, num_experts="
+                    f"{self.num_experts}], got {self.num_experts_per_tok!r}"
+                )
+            if self.moe_intermediate_size <= 0:
+                raise ValueError("ModelConfig.moe_intermediate_size must be > 0 in an MoE model")
+        for field in ("layer_windows", "layer_rope"):
+            value = getattr(self, field)
+            if value and len(value) != self.num_layers:
+                raise ValueError(
+                    f"ModelConfig.{field} needs one entry per layer ({self.num_layers}), got "
+                    f"{len(value)}"
+                )
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ValueError(
+                f"ModelConfig.rope_freq_factors needs head_dim // 2 = {self.head_dim // 2} "
+                f"entries, got {len(self.rope_freq_factors)}"
+            )
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ValueError(f"ModelConfig.layer_windows must be >= 1, got {self.layer_windows}")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(
+                f"ModelConfig.hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}"
+            )
+        for value in self.stop_token_ids:
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.stop_token_ids: {value!r} not in the vocabulary")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` has the sparse MoE block (else the dense MLP)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window in tokens, or None when it attends to everything."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope(self, layer: int) -> tuple[float, float]:
+        """Layer ``layer``'s RoPE ``(theta, linear scaling factor)``."""
+        return self.layer_rope[layer] if self.layer_rope else (self.rope_theta, 1.0)
 
     @property
     def q_size(self) -> int:

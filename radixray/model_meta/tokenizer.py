@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .chat_template import ChatTemplate
+from .model_config import UnsupportedModelError
 
 __all__ = ["BPETokenizer", "TokenizerProtocol"]
 
@@ -24,7 +25,15 @@ __all__ = ["BPETokenizer", "TokenizerProtocol"]
 _CONTROL, _USER_DEFINED = 3, 4
 
 # Tokens that end a turn or a document in common chat vocabularies: all of them stop generation.
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "</s>")
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",  # Gemma's
+)
 
 # Llama 3's split pattern (llama.cpp pre-tokenizer "llama-bpe" and aliases).
 _LLAMA3_SPLIT = (
@@ -32,6 +41,8 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx")
+# Qwen2's (and Qwen3's): Llama 3's with every digit on its own.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 @runtime_checkable
@@ -65,10 +76,12 @@ def _pre_tokenizer(pre: str | None):
         # llama.cpp's "smollm": GPT-2's split with every digit on its own, as SmolLM's own
         # tokenizer.json does (its vocabulary has no multi-digit tokens).
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in _LLAMA3_PRE:
+    if pre in _LLAMA3_PRE or pre == "qwen2":
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.Split(
+                    Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), behavior="isolated"
+                ),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -92,6 +105,7 @@ class BPETokenizer:
         pad_token_id: int | None = None,
         add_bos_token: bool = False,
         chat_template: str | None = None,
+        extra_stop_ids: Iterable[int] = (),
     ) -> None:
         self._tok = backend
         self.bos_token_id = bos_token_id
@@ -102,6 +116,7 @@ class BPETokenizer:
         vocab = backend.get_vocab(with_added_tokens=True)
         stops = {eos_token_id} if eos_token_id is not None else set()
         stops.update(vocab[t] for t in _END_TOKENS if t in vocab)
+        stops.update(int(i) for i in extra_stop_ids)  # what the checkpoint's configs declare
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
         self.chat_template = chat_template
         specials = {
@@ -124,16 +139,20 @@ class BPETokenizer:
 
         kind = get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"GGUF tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2', as in "
-                "SmolLM2, Llama 3, Qwen) is supported"
+                "SmolLM2, Llama 3, Qwen) is supported, not SentencePiece ('llama': Mistral, "
+                "Gemma): serve those from their HF directory"
             )
         tokens: list[str] = get("tokenizer.ggml.tokens")
         merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges", [])]
         types: list[int] = get("tokenizer.ggml.token_type") or [1] * len(tokens)
         vocab = {tok: i for i, tok in enumerate(tokens)}
         backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        backend.pre_tokenizer = _pre_tokenizer(get("tokenizer.ggml.pre"))
+        pre = get("tokenizer.ggml.pre")
+        backend.pre_tokenizer = _pre_tokenizer(pre)
+        if pre == "qwen2":  # Qwen's own tokenizer.json composes text to NFC first
+            backend.normalizer = normalizers.NFC()
         backend.decoder = decoders.ByteLevel()
         # Control tokens stay whole and are dropped by decode(skip_special_tokens=True);
         # user-defined ones stay whole but are ordinary text.
@@ -161,8 +180,11 @@ class BPETokenizer:
         )
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path) -> BPETokenizer | None:
-        """Build from an HF checkpoint directory; ``None`` when it has no ``tokenizer.json``."""
+    def from_hf_dir(
+        cls, path: str | Path, extra_stop_ids: Iterable[int] = ()
+    ) -> BPETokenizer | None:
+        """Build from an HF checkpoint directory; ``None`` when it has no ``tokenizer.json``.
+        ``extra_stop_ids``: more ids that end generation (the config's ``eos_token_id`` list)."""
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             return None
@@ -190,6 +212,7 @@ class BPETokenizer:
             pad_token_id=token_id("pad_token"),
             add_bos_token=bool(cfg.get("add_bos_token", False)),
             chat_template=template,
+            extra_stop_ids=extra_stop_ids,
         )
 
     # --- the protocol -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A bias-free linear layer whose weight can be pre-packed for oneDNN on CPU.
+"""A linear layer (bias optional: Qwen2's q/k/v) whose weight can be pre-packed for oneDNN on CPU.
 
 Why: for the small row counts of CPU decoding (a few to a few dozen tokens per step) MKL's sgemm
 behind ``F.linear`` re-packs the whole weight matrix on every call, so a decode step at batch 8
@@ -40,13 +40,19 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 
 class Linear(nn.Module):
-    """``y = x @ weight.T``; ``weight`` is ``[out_features, in_features]`` (plain or packed)."""
+    """``y = x @ weight.T (+ bias)``; ``weight`` is ``[out_features, in_features]`` (plain or
+    packed), ``bias`` ``[out_features]`` or None."""
 
-    def __init__(self, in_features: int, out_features: int, device=None) -> None:
+    def __init__(self, in_features: int, out_features: int, device=None, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, device=device), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
+            if bias
+            else None
         )
 
     @property
@@ -71,12 +77,14 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.is_mkldnn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
-        return F.linear(x, self.weight)
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " + (
-            "packed=oneDNN" if self.packed else "packed=False"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            + ("bias=True, " if self.bias is not None else "")
+            + ("packed=oneDNN" if self.packed else "packed=False")
         )
 
 

@@ -1,19 +1,21 @@
-"""A Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU) that runs one flat varlen batch per step
-against the paged KV pool.
+"""The decoder family (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE: RMSNorm, RoPE, GQA, SwiGLU or
+a sparse MoE) that runs one flat varlen batch per step against the paged KV pool. The members
+differ only in ModelConfig's flags (docs/models.md): q/k/v biases, per-head q/k norms, MoE.
 
 Per layer and step::
 
     h [T, hidden] -> RMSNorm -> qkv_proj -> q [T, Hq, D], k/v [T, Hkv, D]
+      -> [q_norm, k_norm per head]  (qk_norm)
       -> RoPE(q, k at positions)
       -> backend.store(plan, k, v, k_cache[l], v_cache[l])     new K/V into pages
       -> backend.attend(plan, q, k_cache[l], v_cache[l])       cached + new context
 
 ``backend`` is the attention backend chosen once (radixray.kernels.make_backend; the model runner
 builds it at start-up) and ``plan`` the step's metadata it prepared once for all layers.
-      -> o_proj -> + residual -> RMSNorm -> SwiGLU MLP -> + residual
+      -> o_proj -> + residual -> RMSNorm -> SwiGLU MLP (or SparseMoE, moe.py) -> + residual
 
-Weights are named as in HF transformers' ``LlamaForCausalLM`` at the boundary
-(:meth:`LlamaModel.load_hf_state_dict` / :meth:`LlamaModel.hf_state_dict`); inside, q/k/v and
+Weights are named as in HF transformers' ``*ForCausalLM`` at the boundary (hf_weights.py:
+:meth:`LlamaModel.load_hf_state_dict` / :meth:`LlamaModel.hf_state_dict`); inside, q/k/v and
 gate/up are fused so each is one matmul (on CPU, fewer and larger GEMMs are markedly faster),
 and on CPU in float32 the loaders pre-pack every linear's weight for oneDNN (see linear.py).
 RoPE is the non-interleaved (rotate-half) convention of HF checkpoints; GGUF loaders undo
@@ -23,64 +25,41 @@ llama.cpp's q/k permutation before the weights get here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixray.kernels import AttentionBackend, make_backend
 from radixray.model_meta.model_config import ModelConfig
 
 from .attention import AttentionMetadata
+from .hf_weights import export_hf_weights, load_hf_weights
+from .layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 from .linear import Linear
+from .moe import SparseMoE
+from .window import windowed_attention
 
 __all__ = ["LlamaModel"]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, device=None) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(size, device=device), requires_grad=False)
+@dataclass(frozen=True)
+class Step:
+    """What every layer of one forward step shares: the backend and its plan, the step's
+    metadata (for window layers) and the RoPE tables of the positions, per (theta, factor)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # the same formula in one fused op (one pass over x instead of six small ops)
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Normalise in float32 whatever the dtype, then scale in the model dtype (as HF does).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position up to ``max_position_embeddings``, non-interleaved."""
-
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device=None) -> None:
-        super().__init__()
-        # float64 for the angles: position * frequency loses ~1e-3 rad in float32 at 8k positions.
-        inv_freq = 1.0 / (
-            theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-        )
-        angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq
-        self.register_buffer("cos", angles.cos().float(), persistent=False)  # [max_pos, D/2]
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, 1, D/2]`` (float32) for ``positions [T]`` (must be < max_positions)."""
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [T, H, D]``: pairs are (i, i + D/2), computed in float32."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    backend: AttentionBackend
+    plan: object
+    attn: AttentionMetadata
+    rope: dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, device=None) -> None:
+    """GQA self-attention; ``qkv_bias`` adds biases to q/k/v (Qwen2), ``qk_norm`` an RMSNorm over
+    each head of q and k before RoPE (Qwen3, Gemma 3); a window layer attends to its last
+    ``window`` positions only (window.py)."""
+
+    def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
@@ -88,53 +67,71 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.scale = cfg.head_dim**-0.5
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, device)
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        self.window, self.rope = cfg.window(index), cfg.rope(index)
+        self.softcap = cfg.attn_logit_softcap
+        self.qkv_proj = Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, device, bias=cfg.qkv_bias
+        )
         self.o_proj = Linear(self.q_size, cfg.hidden_size, device)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
 
     def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        backend: AttentionBackend,
-        plan,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        self, h: torch.Tensor, step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         T = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = step.rope[self.rope]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        backend.store(plan, k, v, k_cache, v_cache)
-        out = backend.attend(plan, q, k_cache, v_cache, self.scale)
+        step.backend.store(step.plan, k, v, k_cache, v_cache)
+        if self.window is None and self.softcap is None:
+            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale)
+        else:  # what the kernels do not do yet: a window, soft-capped scores (window.py)
+            out = windowed_attention(
+                q, k_cache, v_cache, step.attn, self.scale, self.window, self.softcap
+            )
         return self.o_proj(out.reshape(T, self.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, device=None) -> None:
-        super().__init__()
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, device)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, device)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, device=None) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
-        self.self_attn = Attention(cfg, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
-        self.mlp = MLP(cfg, device)
+    """Pre-norm residual blocks; with ``sandwich_norms`` (Gemma) the attention's and the MLP's
+    outputs are normed too, and the MLP's input has its own norm (HF's names kept: there
+    ``post_attention_layernorm`` norms the attention's output, not the MLP's input)."""
 
-    def forward(self, h, cos, sin, backend, plan, k_cache, v_cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, plan, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
+        super().__init__()
+
+        def norm() -> RMSNorm:
+            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, cfg.norm_offset)
+
+        self.sandwich = cfg.sandwich_norms
+        self.input_layernorm = norm()
+        self.self_attn = Attention(cfg, index, device)
+        self.post_attention_layernorm = norm()
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
+        self.mlp = (
+            SparseMoE(cfg, device)
+            if cfg.is_moe_layer(index)
+            else MLP(cfg.hidden_size, cfg.intermediate_size, device, cfg.hidden_act)
+        )
+
+    def forward(self, h, step: Step, k_cache, v_cache) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), step, k_cache, v_cache)
+        if not self.sandwich:
+            h = h + a
+            return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.post_attention_layernorm(a)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class LlamaModel(nn.Module):
@@ -160,11 +157,22 @@ class LlamaModel(nn.Module):
             config.hidden_size,
             _weight=torch.empty(config.vocab_size, config.hidden_size, device=meta),
         )
-        self.layers = nn.ModuleList(DecoderLayer(config, meta) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, meta) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta, config.norm_offset)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, meta)
-        self.rope = RotaryEmbedding(
-            config.head_dim, config.rope_theta, config.max_position_embeddings, self.device
+        # one table per distinct (theta, factor): Gemma 3's local and global layers differ
+        ropes = sorted({config.rope(i) for i in range(config.num_layers)})
+        self._rope_keys = ropes
+        self.ropes = nn.ModuleList(
+            RotaryEmbedding(
+                config.head_dim,
+                theta,
+                config.max_position_embeddings,
+                self.device,
+                factor,
+                config.rope_freq_factors,
+            )
+            for theta, factor in ropes
         )
         self.attention: AttentionBackend | None = None  # built for the first pool it meets
         self._attention_name: str | None = None
@@ -229,105 +237,39 @@ class LlamaModel(nn.Module):
                 f"{tuple(positions.shape)}"
             )
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rope(positions)
+        if cfg.embed_scale != 1.0:
+            h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         # Where the batch's tokens sit in the pool is the same for every layer: the backend
         # works it out once per step.
         backend = self._attention_for(k_cache)
         plan = backend.prepare(
             attn.slot_mapping, attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.max_seqlen_q
         )
+        rope = {
+            key: table(positions) for key, table in zip(self._rope_keys, self.ropes, strict=True)
+        }
+        step = Step(backend, plan, attn, rope)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, backend, plan, k_cache[i], v_cache[i])
+            h = layer(h, step, k_cache[i], v_cache[i])
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         h = self.norm(h[logits_indices])
-        return self.lm_head(h).float()
+        logits = self.lm_head(h).float()
+        if cfg.final_logit_softcap is not None:
+            cap = cfg.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     # --- weights ------------------------------------------------------------------------------
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Take weights named as in HF ``LlamaForCausalLM`` (``model.layers.0.self_attn.q_proj
-        .weight``, ...; rotate-half q/k layout). Copies to this model's device and dtype; every
-        weight must be present (``lm_head.weight`` only when embeddings are untied)."""
-        cfg = self.config
-        missing = [k for k in _hf_names(cfg) if k not in state]
-        if missing:
-            raise KeyError(f"state dict lacks {len(missing)} weights, e.g. {missing[:4]}")
-
-        def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            w = state[name]
-            if tuple(w.shape) != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {tuple(w.shape)}")
-            return w.to(self.device, self.dtype)
-
-        def param(t: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(t.contiguous(), requires_grad=False)
-
-        H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size  # noqa: E741
-        self.embed_tokens.weight = param(get("model.embed_tokens.weight", (V, H)))
-        self.norm.weight = param(get("model.norm.weight", (H,)))
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        else:
-            self.lm_head.weight = param(get("lm_head.weight", (V, H)))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            layer.input_layernorm.weight = param(get(p + "input_layernorm.weight", (H,)))
-            layer.post_attention_layernorm.weight = param(
-                get(p + "post_attention_layernorm.weight", (H,))
-            )
-            a = p + "self_attn."
-            layer.self_attn.qkv_proj.weight = param(
-                torch.cat(
-                    [
-                        get(a + "q_proj.weight", (cfg.q_size, H)),
-                        get(a + "k_proj.weight", (cfg.kv_size, H)),
-                        get(a + "v_proj.weight", (cfg.kv_size, H)),
-                    ]
-                )
-            )
-            layer.self_attn.o_proj.weight = param(get(a + "o_proj.weight", (H, cfg.q_size)))
-            m = p + "mlp."
-            layer.mlp.gate_up_proj.weight = param(
-                torch.cat([get(m + "gate_proj.weight", (I, H)), get(m + "up_proj.weight", (I, H))])
-            )
-            layer.mlp.down_proj.weight = param(get(m + "down_proj.weight", (H, I)))
+        """Take weights named as in HF ``*ForCausalLM`` checkpoints of the config's architecture
+        (``model.layers.0.self_attn.q_proj.weight``, ...; rotate-half q/k layout; see
+        hf_weights.py). Copies to this model's device and dtype; every weight must be present
+        (``lm_head.weight`` only when embeddings are untied)."""
+        load_hf_weights(self, state)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under HF ``LlamaForCausalLM`` names (unfused; views of this model's
-        weights, or exact copies where a linear is packed), e.g. to build an independent
-        transformers reference from the same weights."""
-        cfg = self.config
-        out = {
-            "model.embed_tokens.weight": self.embed_tokens.weight,
-            "model.norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.dense_weight(),
-        }
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
-            out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
-            q, k, v = layer.self_attn.qkv_proj.dense_weight().split(
-                [cfg.q_size, cfg.kv_size, cfg.kv_size]
-            )
-            out[p + "self_attn.q_proj.weight"] = q
-            out[p + "self_attn.k_proj.weight"] = k
-            out[p + "self_attn.v_proj.weight"] = v
-            out[p + "self_attn.o_proj.weight"] = layer.self_attn.o_proj.dense_weight()
-            gate, up = layer.mlp.gate_up_proj.dense_weight().split(cfg.intermediate_size)
-            out[p + "mlp.gate_proj.weight"] = gate
-            out[p + "mlp.up_proj.weight"] = up
-            out[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.dense_weight()
-        return {k: v.detach() for k, v in out.items()}
-
-
-def _hf_names(cfg: ModelConfig) -> list[str]:
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not cfg.tie_word_embeddings:
-        names.append("lm_head.weight")
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
-        names += [p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
-    return names
+        """The weights under HF names (unfused; views of this model's weights, or exact copies
+        where a linear is packed), e.g. to build an independent transformers reference."""
+        return export_hf_weights(self)
