@@ -87,7 +87,8 @@ class Engine:
             ),
         )
         self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)
-        stop_ids = frozenset(tokenizer.stop_token_ids) if tokenizer else frozenset()
+        # the tokenizer's, else what the checkpoint declares (every eos_token_id)
+        stop_ids = frozenset(tokenizer.stop_token_ids if tokenizer else mcfg.stop_token_ids)
         self.sampler = Sampler(config.seed, stop_ids)
         self.requests = RequestBuilder(
             tokenizer, mcfg.vocab_size, self.max_model_len, self.page_size

@@ -57,7 +57,7 @@ class Step:
 class Attention(nn.Module):
     """GQA self-attention; ``qkv_bias`` adds biases to q/k/v (Qwen2), ``qk_norm`` an RMSNorm over
     each head of q and k before RoPE (Qwen3, Gemma 3); a window layer attends to its last
-    ``window`` positions only (window.py)."""
+    ``window`` positions only (the attention backend's ``window``)."""
 
     def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
@@ -92,9 +92,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         step.backend.store(step.plan, k, v, k_cache, v_cache)
-        if self.window is None and self.softcap is None:
-            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale)
-        else:  # what the kernels do not do yet: a window, soft-capped scores (window.py)
+        if self.softcap is None:  # every backend takes the layer's window (None: full)
+            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale, self.window)
+        else:  # soft-capped scores (Gemma 2), which the kernels do not do: window.py
             out = windowed_attention(
                 q, k_cache, v_cache, step.attn, self.scale, self.window, self.softcap
             )

@@ -1,13 +1,11 @@
-"""Sliding-window attention over the paged pool, in the model: a query at position ``p`` of a
-sliding-window layer sees only keys at ``p - W < k <= p`` (transformers' ``sliding_window``);
-also attention whose scores are soft-capped (Gemma 2: ``cap * tanh(s / cap)``).
+"""Attention whose scores are soft-capped (Gemma 2: ``cap * tanh(s / cap)``), over the paged
+pool, in the model, optionally windowed (a query at position ``p`` sees only keys at
+``p - W < k <= p``, transformers' ``sliding_window``).
 
-The attention kernels attend to a sequence's whole context, uncapped; until they take a window
-(and a cap), those layers (Gemma 3's local layers, Mistral's or Qwen's windows, every Gemma 2
-layer) run here: per
-sequence of the step, the pages that hold its last ``W + q_len - 1`` positions are gathered and
-attended with a causal, windowed mask in float32. A loop over the step's sequences (not its
-tokens); the pool keeps every page, so the prefix cache needs nothing new to stay correct.
+The attention kernels take a window (every backend: ``radixray.kernels``) but not a cap; Gemma 2's
+layers run here: per sequence of the step, the pages that hold its last ``W + q_len - 1``
+positions are gathered and attended with a causal, windowed mask in float32. A loop over the
+step's sequences (not its tokens). The tests also use it as an independent windowed reference.
 """
 
 from __future__ import annotations

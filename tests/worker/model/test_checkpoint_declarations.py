@@ -68,6 +68,22 @@ def test_every_declared_eos_stops_generation(tmp_path):
     assert out.token_ids == ref[: end + 1] and out.finish_reason == "stop"
 
 
+def test_without_a_tokenizer_the_checkpoints_eos_ids_still_stop(tmp_path):
+    hf = hf_checkpoint("qwen2", tmp_path, eos=[3])
+    prompt = list(range(100, 121))
+    with torch.inference_mode():
+        ref = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None
+        )[0, len(prompt) :].tolist()
+    late = next(t for t in ref[5:] if t not in ref[:5])  # declared by generation_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [late]}))
+    engine = Engine(EngineConfig(model=str(tmp_path), page_size=4, device="cpu", num_pages=64))
+    assert engine.tokenizer is None
+    out = engine.generate_batch([prompt], SamplingParams(max_tokens=40, temperature=0.0))[0]
+    end = next(i for i, t in enumerate(ref) if t in (3, late))
+    assert out.token_ids == ref[: end + 1] and out.finish_reason == "stop"
+
+
 def unsupported_checkpoint(path):
     (path / "config.json").write_text(
         json.dumps({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]})
