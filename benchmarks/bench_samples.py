@@ -8,13 +8,15 @@ On the engine (no HTTP), on a cold cache (a fresh random prompt each run), with 
 * ``N requests, dedupe``: N requests sent together, the way a client without ``n`` (or a peer
   that fans ``n`` out, as SGLang does) gets them: the engine defers the copies while the first
   computes the shared pages, then they match them and compute their partial page.
-* ``N requests, no dedupe``: the same with in-flight deduplication off: every copy computes
-  the whole prompt in the same batch (vLLM v1's fan-out of ``n`` on a cold cache).
+* ``N requests, at once``: the same with in-flight deduplication off and a step budget that
+  admits all N together (N x the prompt): every copy computes the whole prompt in the same
+  step, as an engine without in-flight sharing does with the budget to batch them.
 
-Reported per variant, medians over ``--runs``: the time until all N samples have their first
-token (with ``max_tokens=1``) and its ratio to n=1's TTFT, the prompt tokens the engine
-computed, and the decode throughput (output tokens/s over the whole request with
-``--decode-tokens`` per sample).
+The variants take turns within each run (the order rotating), so a machine whose speed drifts
+weighs on all of them alike. Reported per variant, medians over ``--runs``: the time until all
+N samples have their first token (with ``max_tokens=1``) and its ratio to n=1's TTFT, the
+prompt tokens the engine computed, and the output tokens/s of a whole request with
+``--decode-tokens`` per sample (its prefill included).
 
     .venv/bin/python benchmarks/bench_samples.py                # SmolLM2, 1,024 tokens, n = 8
     .venv/bin/python benchmarks/bench_samples.py --quick        # tiny model, 64 tokens, n = 4
@@ -60,38 +62,28 @@ def _first_token_all(engine: Engine, prompts: list[list[int]], params: SamplingP
     return took
 
 
-VARIANTS = ("n=1", "n=N", "N requests, dedupe", "N requests, no dedupe")
+VARIANTS = ("n=1", "n=N", "N requests, dedupe", "N requests, at once")
 
 
-def _measure(args, engines: dict[bool, Engine], variant: str, rng: random.Random) -> dict:
-    eng = engines[variant != "N requests, no dedupe"]
-    vocab = eng.model_config.vocab_size
-    ttfts, prefill, tps = [], [], []
-    n = args.n
-    for _ in range(args.runs):
-        prompt = _prompt(rng, vocab, args.prompt_len)
-        one = SamplingParams(max_tokens=1, temperature=1.0, seed=1)
-        if variant == "n=1":
-            prompts, params = [prompt], one
-        elif variant == "n=N":
-            prompts, params = [prompt], one.replace(n=n)
-        else:
-            prompts, params = [prompt] * n, one
-        before = eng.meter.prefill_tokens
-        ttfts.append(_first_token_all(eng, prompts, params))
-        prefill.append(eng.meter.prefill_tokens - before)
-        # decode: a fresh prompt, every sample to decode-tokens
-        fresh = [_prompt(rng, vocab, args.prompt_len)] * len(prompts)
-        dec = params.replace(max_tokens=args.decode_tokens, ignore_eos=True)
-        t0 = time.perf_counter()
-        outs = eng.generate_batch(fresh, dec)
-        dt = time.perf_counter() - t0
-        tps.append(sum(c.completion_tokens for c in outs) / dt)
-    return {
-        "first_all_s": statistics.median(ttfts),
-        "prefill_tokens": statistics.median(prefill),
-        "tokens_per_s": statistics.median(tps),
-    }
+def _one_run(args, engines: dict[bool, Engine], variant: str, rng: random.Random) -> tuple:
+    """One cold run of ``variant``: (seconds to all first tokens, prompt tokens computed,
+    output tokens/s of a second request run whole with ``--decode-tokens`` per sample)."""
+    eng = engines[variant != "N requests, at once"]
+    vocab, n = eng.model_config.vocab_size, args.n
+    one = SamplingParams(max_tokens=1, temperature=1.0, seed=1)
+    if variant == "n=1":
+        copies, params = 1, one
+    elif variant == "n=N":
+        copies, params = 1, one.replace(n=n)
+    else:
+        copies, params = n, one
+    before = eng.meter.prefill_tokens
+    first = _first_token_all(eng, [_prompt(rng, vocab, args.prompt_len)] * copies, params)
+    computed = eng.meter.prefill_tokens - before
+    dec = params.replace(max_tokens=args.decode_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = eng.generate_batch([_prompt(rng, vocab, args.prompt_len)] * copies, dec)
+    return first, computed, sum(c.completion_tokens for c in outs) / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -110,7 +102,7 @@ def main() -> None:
             EngineConfig(
                 model=args.model,
                 device="cpu",
-                max_batch_tokens=max(1024, args.prompt_len),
+                max_batch_tokens=max(1024, args.prompt_len * (1 if dedupe else args.n)),
                 dedupe_in_flight=dedupe,
                 seed=0,
             )
@@ -119,16 +111,26 @@ def main() -> None:
     }
     rng = random.Random(0)
     for eng in engines.values():  # warm up: first-call costs out of the numbers
-        eng.generate_batch([_prompt(rng, eng.model_config.vocab_size, 32)], SamplingParams(4))
+        eng.generate_batch([_prompt(rng, eng.model_config.vocab_size, args.prompt_len)])
     print(
         f"model {args.model}, prompt {args.prompt_len} tokens, N = {args.n}, "
         f"{args.runs} runs, cold cache; medians",
         flush=True,
     )
-    rows = {}
-    for variant in VARIANTS:
-        rows[variant] = _measure(args, engines, variant, rng)
-        print(f"  {variant}: {rows[variant]}", flush=True)
+    got: dict[str, list[tuple]] = {v: [] for v in VARIANTS}
+    for run in range(args.runs):
+        for k in range(len(VARIANTS)):
+            variant = VARIANTS[(run + k) % len(VARIANTS)]
+            got[variant].append(_one_run(args, engines, variant, rng))
+        print(f"  run {run + 1}/{args.runs} done", flush=True)
+    rows = {
+        v: {
+            "first_all_s": statistics.median(r[0] for r in runs),
+            "prefill_tokens": statistics.median(r[1] for r in runs),
+            "tokens_per_s": statistics.median(r[2] for r in runs),
+        }
+        for v, runs in got.items()
+    }
     base = rows["n=1"]["first_all_s"]
     print()
     print("| variant | all first tokens (s) | / n=1 TTFT | prompt tokens computed | tokens/s |")
