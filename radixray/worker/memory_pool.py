@@ -177,7 +177,6 @@ class HostKV:
             self.k = _zeros(shape, k_cache.dtype, "cpu")
             self.v = _zeros(shape, k_cache.dtype, "cpu")
         self._stream = torch.cuda.Stream(self.device) if cuda else None
-        self._staged: list[torch.Tensor] = []  # pinned sources of copies in flight
 
     def run(self, copies) -> None:
         if self._stream is None:
@@ -189,7 +188,6 @@ class HostKV:
         # pages a load-back writes are read by this step; a demoted page is reused by it).
         cur = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(cur)
-        self._staged = []
         with torch.cuda.stream(self._stream):
             for c in copies:
                 (self.copy_out if c.to_host else self.copy_in)(c.src, c.dst)
@@ -198,25 +196,33 @@ class HostKV:
         cur.wait_event(done)
 
     def copy_out(self, src: list[int], dst: list[int]) -> None:
-        """Device pages ``src`` -> host pages ``dst``."""
-        s = torch.tensor(src, device=self.device)
-        d = torch.tensor(dst)
-        for dev, host in zip(self.dev, (self.k, self.v), strict=True):
-            pages = dev.index_select(1, s).transpose(0, 1)
-            if self._stream is not None:
-                # the host tensor is written by the CPU: wait for the gather's copy to arrive
-                pages = pages.contiguous().to("cpu", non_blocking=True)
-                self._stream.synchronize()
-            host.index_copy_(0, d, pages)
+        """Device pages ``src`` -> host pages ``dst``, one slice copy per run of consecutive
+        pages on both sides (a gather through index_select ran at 1/15 of memcpy's speed)."""
+        for s0, d0, n in _runs(src, dst):
+            for dev, host in zip(self.dev, (self.k, self.v), strict=True):
+                block = dev[:, s0 : s0 + n].transpose(0, 1)
+                if self._stream is not None:  # contiguous on the GPU, then one DMA to pinned
+                    block = block.contiguous()
+                host[d0 : d0 + n].copy_(block, non_blocking=self._stream is not None)
 
     def copy_in(self, src: list[int], dst: list[int]) -> None:
-        """Host pages ``src`` -> device pages ``dst``."""
-        s = torch.tensor(src)
-        d = torch.tensor(dst, device=self.device)
-        for dev, host in zip(self.dev, (self.k, self.v), strict=True):
-            pages = host.index_select(0, s)
-            if self._stream is not None:
-                pages = pages.pin_memory()
-                self._staged.append(pages)
-                pages = pages.to(self.device, non_blocking=True)
-            dev.index_copy_(1, d, pages.transpose(0, 1))
+        """Host pages ``src`` -> device pages ``dst``, by runs as ``copy_out``."""
+        for s0, d0, n in _runs(src, dst):
+            for dev, host in zip(self.dev, (self.k, self.v), strict=True):
+                block = host[s0 : s0 + n]
+                if self._stream is not None:  # one DMA from pinned memory, then a GPU copy
+                    block = block.to(self.device, non_blocking=True)
+                dev[:, d0 : d0 + n].copy_(block.transpose(0, 1))
+
+
+def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """``(src_start, dst_start, length)`` of the maximal runs where both ids go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for a, b in zip(src, dst, strict=True):
+        if runs:
+            s0, d0, n = runs[-1]
+            if a == s0 + n and b == d0 + n:
+                runs[-1] = (s0, d0, n + 1)
+                continue
+        runs.append((a, b, 1))
+    return runs

@@ -39,6 +39,14 @@ def test_copies_out_and_back_in_order_cpu():
     _round_trip("cpu")
 
 
+def test_runs_of_consecutive_pages_copy_as_slices():
+    pool = _pool("cpu")
+    k0 = pool.k_cache.clone()
+    pool.run_copies([PageCopy(True, [0, 1, 2, 4], [2, 3, 4, 0])])
+    pool.run_copies([PageCopy(False, [2, 3, 4, 0], [1, 2, 3, 0])])
+    assert torch.equal(pool.k_cache[:, [1, 2, 3, 0]], k0[:, [0, 1, 2, 4]])
+
+
 def test_no_host_tier_means_no_copies():
     pool = KVPool(2, 5, 4, 2, 8)
     assert pool.host is None and pool.host_allocator is None
