@@ -32,8 +32,8 @@ NAMESPACES = [None, "lora-a"]
 class TieredMachine(RuleBasedStateMachine):
     P = 2
     EVICTION = "lru"
-    DEVICE_PAGES = 12
-    HOST_PAGES = 10
+    DEVICE_PAGES = 10
+    HOST_PAGES = 8
     MAX_FULL_PAGES = 5
 
     def __init__(self):
@@ -184,8 +184,9 @@ class TieredMachine(RuleBasedStateMachine):
             assert self.cache.was_evicted(n.hashes[:1]) == 0
 
 
-def _machine(P: int, eviction: str):
-    cls = type(f"Tiered_P{P}_{eviction}", (TieredMachine,), {"P": P, "EVICTION": eviction})
+def _machine(P: int, eviction: str, host_pages: int = TieredMachine.HOST_PAGES):
+    attrs = {"P": P, "EVICTION": eviction, "HOST_PAGES": host_pages}
+    cls = type(f"Tiered_P{P}_{eviction}_host{host_pages}", (TieredMachine,), attrs)
     case = cls.TestCase
     case.settings = CACHE_SETTINGS
     return case
@@ -194,3 +195,5 @@ def _machine(P: int, eviction: str):
 TestTieredLRUPage1 = _machine(1, "lru")
 TestTieredLRUPage2 = _machine(2, "lru")
 TestTieredLFUPage4 = _machine(4, "lfu")
+# a host tier too small for many nodes: demotions find no room and forget, subtrees and all
+TestTieredTinyHost = _machine(1, "lru", host_pages=2)

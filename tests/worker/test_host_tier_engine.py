@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixray.protocol import cache_view
 from radixray.worker import EngineConfig, SamplingParams
 
 from .test_engine import GREEDY, engine, shared_prefix_prompts, tokens
@@ -51,6 +52,9 @@ def test_a_demoted_prompt_is_loaded_back_not_recomputed():
     assert again.token_ids == first.token_ids
     view = e.stats()
     assert view["loaded_pages"] == 1 and view["cached_tokens"] >= 16
+    host = cache_view(*e.report())["host"]  # what /debug/cache shows
+    assert host["loaded_pages"] == 1 and host["total_pages"] == 64
+    assert host["bytes_from_host"] == e.pool.page_bytes and host["demoted_pages"] >= 1
     assert_no_leak(e)
 
 
@@ -75,3 +79,28 @@ def test_host_pages_config():
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="--host-pages must be an int >= 0"):
             EngineConfig(host_pages=bad)
+
+
+def test_engine_events_name_the_tier_store_before_remove():
+    from radixray.cache_index import BlockRemoved, BlockStored
+
+    P = 16
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    e = engine(page_size=P, num_pages=12, host_pages=64)
+    prompt = list(range(3, 20))
+    e.generate_batch([prompt], p)
+    for i in range(6):
+        e.generate_batch([[50 + i] * 33], p)
+    e.generate_batch([prompt], p)  # loaded back
+    events = e.take_events()
+    seen: dict[tuple, int] = {}
+    for i, ev in enumerate(events):
+        if isinstance(ev, (BlockStored, BlockRemoved)):
+            for h in ev.block_hashes:
+                seen.setdefault((type(ev).__name__, ev.medium, h), i)
+    assert e.cache.match_prefix(prompt).num_tokens == 16  # device-resident again
+    demoted = [k[2] for k in seen if k[:2] == ("BlockStored", "CPU")]
+    assert demoted
+    for h in demoted:  # each demotion: the host store before the device remove
+        assert seen[("BlockStored", "CPU", h)] < seen[("BlockRemoved", "GPU", h)]
+    assert not any(k[:2] == ("BlockRemoved", "CPU") for k in seen)  # the host kept everything
