@@ -267,6 +267,12 @@ class DcLoadReport:
     preemptions: int = 0
     evicted_pages: int = 0
     routers: tuple[str, ...] = ()
+    host_total_pages: int = 0
+    host_free_pages: int = 0
+    host_cached_pages: int = 0
+    load_bytes_per_s: float | None = None
+    load_overhead_s: float | None = None
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +286,12 @@ class DcWorkerCounters:
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    demoted_pages: int = 0
+    loaded_pages: int = 0
+    host_evicted_pages: int = 0
+    bytes_to_host: int = 0
+    bytes_from_host: int = 0
+    copy_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +391,12 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 ld.preemptions,
                 ld.evicted_pages,
                 ld.routers,
+                ld.host_total_pages,
+                ld.host_free_pages,
+                ld.host_cached_pages,
+                ld.load_bytes_per_s,
+                ld.load_overhead_s,
+                ld.kv_bytes_per_token,
             ],
             [
                 c.requests_finished,
@@ -390,6 +408,12 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 c.steps,
                 c.prefill_tokens,
                 c.decode_tokens,
+                c.demoted_pages,
+                c.loaded_pages,
+                c.host_evicted_pages,
+                c.bytes_to_host,
+                c.bytes_from_host,
+                c.copy_seconds,
             ],
         ],
         use_bin_type=True,
@@ -406,10 +430,11 @@ _SP_FLOATS = (
 )  # fmt: skip
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None, 0, 0]  # [0:3] required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
-_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15)
-_LOAD_OPT_FLOATS = (8, 9, 11, 12)
-_COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0]  # None: a fresh {} below
-_COUNTER_INTS = (0, 1, 2, 3, 4, 6, 7, 8)
+_LOAD_DEFAULTS += [0, 0, 0, None, None, 0]
+_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22)
+_LOAD_OPT_FLOATS = (8, 9, 11, 12, 20, 21)
+_COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0.0]  # None: a fresh {} below
+_COUNTER_INTS = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13)
 
 
 def _unpack(data: bytes, tag: str) -> list:
@@ -591,8 +616,8 @@ def _dc_lp_in(v: Any, name: str, nullable: bool) -> list | None:
 def _dc_load(f: Any) -> DcLoadReport:
     if type(f) is not list:
         raise _bad(TAG_POLL, "load must be an array")
-    if len(f) != 17:
-        f = (f + _LOAD_DEFAULTS[len(f) :])[:17]
+    if len(f) != 23:
+        f = (f + _LOAD_DEFAULTS[len(f) :])[:23]
     for i in _LOAD_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"load[{i}] must be an int")
@@ -627,13 +652,17 @@ def _dc_load(f: Any) -> DcLoadReport:
 def _dc_counters(f: Any) -> DcWorkerCounters:
     if type(f) is not list:
         raise _bad(TAG_POLL, "counters must be an array")
-    if len(f) != 9:
-        f = (f + _COUNTER_DEFAULTS[len(f) :])[:9]
+    if len(f) != 15:
+        f = (f + _COUNTER_DEFAULTS[len(f) :])[:15]
         if f[5] is None:
             f[5] = {}
     for i in _COUNTER_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"counters[{i}] must be an int")
+    if type(f[14]) is not float:
+        if type(f[14]) is not int:
+            raise _bad(TAG_POLL, "counters.copy_seconds must be a float")
+        f[14] = float(f[14])
     if not _is_str_int_dict(f[5]):
         raise _bad(TAG_POLL, "counters.miss_tokens must be a map of str to int")
     return DcWorkerCounters(*f)
@@ -733,6 +762,12 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "preemptions": rng.randrange(10),
         "evicted_pages": rng.randrange(1_000_000),
         "routers": ("router-0", "router-1"),
+        "host_total_pages": 80_000,
+        "host_free_pages": rng.randrange(80_000),
+        "host_cached_pages": rng.randrange(80_000),
+        "load_bytes_per_s": rng.uniform(1e9, 5e10),
+        "load_overhead_s": None,
+        "kv_bytes_per_token": 131072,
     }
     counters = {
         "requests_finished": rng.randrange(10**6),
@@ -743,6 +778,12 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "steps": rng.randrange(10**7),
         "prefill_tokens": rng.randrange(10**9),
         "decode_tokens": rng.randrange(10**8),
+        "demoted_pages": rng.randrange(10**6),
+        "loaded_pages": rng.randrange(10**6),
+        "host_evicted_pages": rng.randrange(10**6),
+        "bytes_to_host": rng.randrange(10**12),
+        "bytes_from_host": rng.randrange(10**12),
+        "copy_seconds": rng.uniform(0, 100),
     }
     miss = {
         "cached": 10**8,
@@ -751,6 +792,7 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "page_tail": 10**5,
         "in_flight": 10**4,
         "disabled": 0,
+        "host": 10**3,
     }
     head = ("worker-3", f"{rng.getrandbits(64):016x}", rng.randrange(10**6), False)
     events = rng.randbytes(4096)

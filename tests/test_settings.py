@@ -196,3 +196,18 @@ def test_helm_values_defaults_are_the_dataclass_defaults():
     assert values["workers"]["replicas"] == workers["num_replicas"]
     assert values["workers"]["maxOngoingRequests"] == workers["max_ongoing_requests"]
     assert values["engine"] == {}  # every engine field is EngineConfig's (device "auto")
+    assert values["hostPages"] == EngineConfig.host_pages  # None: sized on the GPU node
+
+
+@pytest.mark.parametrize("cmd", ["worker", "serve"])
+def test_host_pages_flag(cmd, capsys):
+    from radixray.cli import main
+
+    args = build_parser().parse_args([cmd, "--host-pages", "512"])
+    assert _engine_config(args, None) == EngineConfig(host_pages=512)
+    assert _engine_config(build_parser().parse_args([cmd]), None).host_pages is None
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--host-pages", "-1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--host-pages must be an int >= 0" in err and "host_pages" not in err

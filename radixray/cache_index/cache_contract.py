@@ -15,6 +15,13 @@ Ownership protocol between a cache and its caller (the scheduler):
 Page accounting: at every moment a page is exactly one of free (in the allocator), in the cache,
 or private to one caller. ``check_integrity(held_pages)`` proves it.
 
+With a host tier (``RadixCache(host_allocator=...)``, docs/host_tier.md) a match also returns the
+host-resident continuation of the device prefix (``host_pages``, ending at ``host_node``). To use
+it the caller locks ``host_node`` (which protects the whole path in both tiers), takes device
+pages for it and calls ``load_back``; the cache records the copies, which the caller drains with
+``take_copies()`` and runs, in order, before its next forward. Every host page is free or in the
+cache.
+
 The implementations: ``radix_cache.RadixCache`` (reuse on) and ``chunk_cache.ChunkCache`` (reuse
 off); ``prefix_cache.make_cache`` picks one by name.
 """
@@ -33,9 +40,14 @@ __all__ = ["MatchResult", "PrefixCache", "check_free_and_held"]
 
 
 class MatchResult(NamedTuple):
-    pages: list[int]  # cached page ids of the matched prefix, in order
+    pages: list[int]  # cached (device) page ids of the matched prefix, in order
     num_tokens: int  # == len(pages) * page_size
     node: TreeNode  # handle to lock/unlock; a root when nothing matched
+    # The host-resident continuation of that prefix (a host tier only): its host page ids, its
+    # tokens (len(host_pages) * page_size) and its last node (the handle to lock to load it).
+    host_pages: Sequence[int] = ()
+    host_tokens: int = 0
+    host_node: TreeNode | None = None
 
 
 class PrefixCache(ABC):
@@ -112,6 +124,17 @@ class PrefixCache(ABC):
     @property
     @abstractmethod
     def protected_tokens(self) -> int: ...
+
+    def load_back(self, m: MatchResult, pages: Sequence[int]) -> MatchResult:
+        """Give ``m``'s host continuation the device ``pages`` (one per host page; the caller
+        holds a lock on ``m.host_node``) and record the host -> device copies; return the match
+        as it is now (all device-resident, ``node`` = the old ``host_node``)."""
+        raise ValueError(f"{type(self).__name__} has no host tier to load from")
+
+    def take_copies(self) -> list:
+        """The page copies (``host_tier.PageCopy``) recorded since the last call, in the order
+        they must run; the caller runs them before its next forward writes any page."""
+        return []
 
     def all_block_hashes(self) -> list[int]:
         """Every block hash held (for a full snapshot to a router)."""

@@ -1,15 +1,18 @@
-"""RadixCache: the prefix cache with reuse on (the contract is in ``cache_contract``)."""
+"""RadixCache: the prefix cache with reuse on (the contract is in ``cache_contract``), with an
+optional host tier behind it (``host_tier``, docs/host_tier.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from .block_hash import check_page_size, hash_blocks
-from .cache_contract import MatchResult, PrefixCache, check_free_and_held
+from .cache_contract import MatchResult, PrefixCache
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .ghost import GhostList
+from .host_tier import HOST, HostTier, PageCopy
 from .page_allocator import PageAllocator
 from .radix_tree import RadixTree, TreeNode
+from .tree_integrity import check_tree
 
 __all__ = ["DEFAULT_GHOST_CAPACITY", "RadixCache"]
 
@@ -20,7 +23,9 @@ DEFAULT_GHOST_CAPACITY = 65536
 
 class RadixCache(PrefixCache):
     """Prefix reuse over a page-granular radix tree (values are page ids), with lock refs,
-    LRU/LFU eviction of unlocked leaves, KV events and a ghost list of evicted blocks."""
+    LRU/LFU eviction of unlocked leaves, KV events and a ghost list of evicted blocks. With a
+    ``host_allocator`` (host pages of the same page size) device eviction demotes to the host
+    tier instead of forgetting, and a match returns the host-resident continuation too."""
 
     def __init__(
         self,
@@ -30,6 +35,7 @@ class RadixCache(PrefixCache):
         enable_events: bool = False,
         ghost_capacity: int = DEFAULT_GHOST_CAPACITY,
         medium: str | None = "GPU",
+        host_allocator: PageAllocator | None = None,
     ):
         self.page_size = check_page_size(page_size)
         self.allocator = allocator
@@ -39,13 +45,22 @@ class RadixCache(PrefixCache):
         self.medium = medium
         self._events: list[KVEvent] = []
         self._ghost = GhostList(ghost_capacity)
+        self.host: HostTier | None = None
+        if host_allocator is not None:
+            emit = (lambda ev: self._events.append(ev)) if enable_events else None
+            self.host = HostTier(host_allocator, self._tree, self._ghost, emit)
+
+    @property
+    def host_allocator(self) -> PageAllocator | None:
+        return self.host.allocator if self.host else None
 
     # -------------------------------------------------------------- contract
 
     def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         tokens = token_ids if type(token_ids) is list else list(token_ids)
-        pages, node = self._tree.match(tokens, extra_key)
-        return MatchResult(pages, len(pages) * self.page_size, node)
+        pages, node, host, host_node = self._tree.match_tiers(tokens, extra_key)
+        P = self.page_size
+        return MatchResult(pages, len(pages) * P, node, host, len(host) * P, host_node)
 
     def peek_prefix(
         self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
@@ -76,14 +91,15 @@ class RadixCache(PrefixCache):
             return known + hash_blocks(key[len(known) * P :], P, parent=parent, extra_key=extra_key)
 
         tokens = token_ids if type(token_ids) is list else list(token_ids)
-        cached, leaf = self._tree.insert(tokens, list(pages), hash_fn, extra_key)
-        if leaf is not None:
-            self._ghost.discard(leaf.hashes)
+        cached, stored = self._tree.insert(tokens, list(pages), hash_fn, extra_key)
+        if stored:
+            # host-only nodes on the path adopt the caller's pages, then the new leaf: one chain
+            hashes = [h for n in stored for h in n.hashes]
+            self._ghost.discard(stored[-1].hashes)
             if self.enable_events:
-                parent_hash = leaf.parent.last_hash
-                self._events.append(
-                    BlockStored(list(leaf.hashes), parent_hash, list(leaf.key), P, self.medium)
-                )
+                parent_hash = stored[0].parent.last_hash
+                key = [t for n in stored for t in n.key]
+                self._events.append(BlockStored(hashes, parent_hash, key, P, self.medium))
         return cached
 
     def lock(self, node: TreeNode) -> None:
@@ -95,17 +111,39 @@ class RadixCache(PrefixCache):
     def evict(self, num_pages: int) -> int:
         if num_pages <= 0:
             return 0
-        victims = self._tree.pop_victims(num_pages)
-        if not victims:
-            return 0
         freed: list[int] = []
-        for node in victims:
-            freed += node.pages
-            self._ghost.add(node.hashes)
-            if self.enable_events:
-                self._events.append(BlockRemoved(list(node.hashes), self.medium))
-        self.allocator.free(freed)
+        while len(freed) < num_pages:
+            node = self._tree.device_leaves.pop()
+            if node is None:
+                break
+            pages = self.host.demote(node) if self.host else None
+            if pages is None:  # no host tier, or no room in it: forget the node
+                if self.host:
+                    self.host.forget_below(node)
+                pages = node.pages
+                self._tree.remove(node)
+                self._ghost.add(node.hashes)
+                if self.enable_events:
+                    self._events.append(BlockRemoved(list(node.hashes), self.medium))
+            freed += pages
+        if freed:
+            self.allocator.free(freed)
         return len(freed)
+
+    def load_back(self, m: MatchResult, pages: Sequence[int]) -> MatchResult:
+        if self.host is None:
+            return super().load_back(m, pages)
+        if m.host_node is None or len(pages) != len(m.host_pages):
+            raise ValueError(
+                f"load_back needs one device page per host page: {len(m.host_pages)} host "
+                f"pages, got {len(pages)}"
+            )
+        self.host.load_back(m.node, m.host_node, list(pages))
+        all_pages = list(m.pages) + list(pages)
+        return MatchResult(all_pages, len(all_pages) * self.page_size, m.host_node)
+
+    def take_copies(self) -> list[PageCopy]:
+        return self.host.take_copies() if self.host else []
 
     def was_evicted(self, block_hashes: Sequence[int]) -> int:
         return self._ghost.leading_hits(block_hashes)
@@ -120,7 +158,10 @@ class RadixCache(PrefixCache):
                 f"cannot reset the cache while {self._tree.protected_tokens} tokens are locked"
             )
         pages: list[int] = []
-        for node in self._tree.iter_nodes():
+        nodes = list(self._tree.iter_nodes())
+        if self.host:
+            self.host.free_all(nodes)
+        for node in nodes:
             pages += node.pages
             # A reset is a deliberate eviction of everything: later misses on these blocks are
             # "evicted", not "cold".
@@ -143,6 +184,11 @@ class RadixCache(PrefixCache):
         return self._tree.protected_tokens
 
     @property
+    def host_tokens(self) -> int:
+        """Tokens with a host copy (host-only nodes and device nodes with a copy)."""
+        return self._tree.host_tokens
+
+    @property
     def total_pages(self) -> int:
         return self._tree.total_tokens // self.page_size
 
@@ -155,80 +201,25 @@ class RadixCache(PrefixCache):
 
     def snapshot_events(self) -> list[KVEvent]:
         events: list[KVEvent] = [AllBlocksCleared()]
+        P = self.page_size
         for node in self._tree.iter_nodes():  # parents first, as BlockStored chains require
-            events.append(
-                BlockStored(
-                    list(node.hashes),
-                    node.parent.last_hash,
-                    list(node.key),
-                    self.page_size,
-                    self.medium,
-                )
-            )
+            for medium, held in ((self.medium, node.pages), (HOST, node.host)):
+                if held:
+                    parent = node.parent.last_hash
+                    events.append(BlockStored(list(node.hashes), parent, list(node.key), P, medium))
         return events
 
     def cached_pages(self) -> list[int]:
+        """Device pages held by the tree."""
         return [p for node in self._tree.iter_nodes() for p in node.pages]
+
+    def cached_host_pages(self) -> list[int]:
+        return [p for node in self._tree.iter_nodes() for p in node.host]
 
     # -------------------------------------------------------------- invariants
 
     def check_integrity(self, held_pages: Iterable[int] | None = None) -> None:
-        tree, P = self._tree, self.page_size
-        total = protected = 0
-        leaves = set()
-        cached: list[int] = []
-        for extra_key, root in tree.roots().items():
-            if root.key or root.pages or root.parent is not None:
-                raise AssertionError(f"root of namespace {extra_key!r} is not empty")
-            stack = [root]
-            while stack:
-                node = stack.pop()
-                child_locks = 0
-                for first, child in node.children.items():
-                    self._check_node(child, node, first)
-                    child_locks += child.lock_ref
-                    stack.append(child)
-                if node.parent is None:
-                    continue
-                if node.lock_ref < child_locks:
-                    raise AssertionError(
-                        f"lock_ref {node.lock_ref} < children's {child_locks} at {node!r}"
-                    )
-                total += len(node.key)
-                cached += node.pages
-                if node.lock_ref:
-                    protected += len(node.key)
-                elif not node.children:
-                    leaves.add(node)
-        if total != tree.total_tokens:
-            raise AssertionError(f"total_tokens {tree.total_tokens} != counted {total}")
-        if protected != tree.protected_tokens:
-            raise AssertionError(f"protected_tokens {tree.protected_tokens} != counted {protected}")
-        if leaves != tree.evictable_leaves:
-            raise AssertionError(
-                f"evictable leaf set has {len(tree.evictable_leaves)} nodes, counted {len(leaves)}"
-            )
-        if len(cached) * P != total:
-            raise AssertionError("cached pages do not match cached tokens")
-        if len(self._ghost) > self._ghost.capacity:
-            raise AssertionError("ghost list over capacity")
-        check_free_and_held(self.allocator, cached, held_pages)
-
-    def _check_node(self, node: TreeNode, parent: TreeNode, first: tuple) -> None:
-        P = self.page_size
-        if node.parent is not parent:
-            raise AssertionError(f"{node!r} has the wrong parent")
-        if not node.key or len(node.key) % P:
-            raise AssertionError(f"{node!r} key length {len(node.key)} is not a page multiple")
-        if tuple(node.key[:P]) != first:
-            raise AssertionError(f"{node!r} is filed under the wrong first page")
-        if len(node.pages) != len(node.key) // P or len(node.hashes) != len(node.pages):
-            raise AssertionError(
-                f"{node!r} has {len(node.pages)} pages, {len(node.hashes)} "
-                f"hashes for {len(node.key)} tokens"
-            )
-        if node.lock_ref < 0:
-            raise AssertionError(f"{node!r} has a negative lock_ref")
+        check_tree(self._tree, self._ghost, self.allocator, self.host_allocator, held_pages)
 
     def __repr__(self) -> str:
         return (

@@ -18,19 +18,22 @@ protected from eviction. Since ancestors always hold at least the locks of their
 unlocked nodes form whole subtrees hanging off the locked part, and repeatedly evicting unlocked
 leaves can reach every unlocked token.
 
-The evictable leaves (no children, lock_ref 0) are kept in a set and a heap ordered by the eviction
-policy. Priorities only grow (a later access time, a larger hit count), so the heap is refreshed
-lazily: a popped entry whose priority is stale is pushed back with the current one. The popped
-entry is the true minimum once its stored priority is current, because every other entry's stored
-priority is a lower bound of its node's current one.
+Tiers (docs/host_tier.md): a node holds device pages (``pages``), host pages (``host``) or both,
+each list empty or one id per page. Device residency is closed under ancestors, so a path is
+device-resident nodes then host-only nodes: a match is a device prefix and a host continuation.
+``total_tokens``/``protected_tokens`` count device-resident tokens, ``host_tokens`` host copies.
+Two ``LeafHeap``s in eviction order: ``device_leaves`` (device pages, unlocked, no child with
+device pages) and ``host_leaves`` (host pages only, unlocked, childless). Without a host tier
+every node is device-resident and the device leaves are the unlocked childless nodes.
 
 This module knows nothing of allocators or events: ``radix_cache.RadixCache`` owns those.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator, Sequence
+
+from .leaf_heap import LeafHeap
 
 __all__ = ["TreeNode", "RadixTree", "EVICTION_POLICIES"]
 
@@ -43,7 +46,10 @@ EVICTION_POLICIES: dict[str, Callable[[TreeNode], object]] = {
 
 
 class TreeNode:
-    __slots__ = ("key", "pages", "hashes", "children", "parent", "lock_ref", "last_access", "hits")
+    __slots__ = (
+        *("key", "pages", "host", "hashes", "children", "parent"),
+        *("lock_ref", "last_access", "hits", "device_children"),
+    )
 
     def __init__(
         self,
@@ -53,13 +59,15 @@ class TreeNode:
         parent: TreeNode | None = None,
     ):
         self.key: list[int] = key if key is not None else []
-        self.pages: list[int] = pages if pages is not None else []
+        self.pages: list[int] = pages if pages is not None else []  # device pages, or []
+        self.host: list[int] = []  # host pages, or []
         self.hashes: list[int] = hashes if hashes is not None else []
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent = parent
         self.lock_ref = 0
         self.last_access = 0
         self.hits = 0
+        self.device_children = 0  # children with device pages
 
     @property
     def is_root(self) -> bool:
@@ -72,7 +80,8 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return (
-            f"TreeNode(tokens={len(self.key)}, pages={self.pages}, lock_ref={self.lock_ref}, "
+            f"TreeNode(tokens={len(self.key)}, pages={self.pages}, host={self.host}, "
+            f"lock_ref={self.lock_ref}, "
             f"children={len(self.children)})"
         )
 
@@ -90,11 +99,11 @@ class RadixTree:
         self._priority = EVICTION_POLICIES[eviction]
         self._roots: dict[str | None, TreeNode] = {}
         self._clock = 0  # logical time: one tick per match/insert, so LRU order is exact
-        self.total_tokens = 0
-        self.protected_tokens = 0
-        self._leaves: set[TreeNode] = set()  # evictable leaves
-        self._heap: list[tuple[object, int, TreeNode]] = []
-        self._push_seq = 0
+        self.total_tokens = 0  # device-resident
+        self.protected_tokens = 0  # device-resident and locked
+        self.host_tokens = 0  # with a host copy
+        self.device_leaves = LeafHeap(self._priority)
+        self.host_leaves = LeafHeap(self._priority)
 
     # ------------------------------------------------------------------ navigation
 
@@ -121,12 +130,18 @@ class RadixTree:
 
     @property
     def evictable_leaves(self) -> set[TreeNode]:
-        return self._leaves
+        return self.device_leaves.members
 
     # ------------------------------------------------------------------ match / insert
 
     def match(self, tokens: list[int], extra_key: str | None = None) -> tuple[list, TreeNode]:
-        """Longest page-aligned cached prefix of ``tokens``: (pages, last matched node).
+        return self.match_tiers(tokens, extra_key)[:2]  # the device-resident part
+
+    def match_tiers(
+        self, tokens: list[int], extra_key: str | None = None
+    ) -> tuple[list, TreeNode, list, TreeNode | None]:
+        """Longest page-aligned cached prefix of ``tokens``: (device pages, last device-resident
+        node, host pages of the host-only continuation, its last node or None).
 
         ``tokens`` must be a list (node keys are lists: comparing list slices in C is what
         makes a 4k-token match cheap; a child is found by its first page as a tuple).
@@ -140,13 +155,16 @@ class RadixTree:
         n = len(tokens) - len(tokens) % P
         node = self._roots.get(extra_key)
         if node is None:
-            return [], self.root(extra_key)
+            return [], self.root(extra_key), [], None
         self._clock += 1
         now = self._clock
         pages: list[int] = []
+        host: list[int] = []
+        host_node = None
+        cur = node
         pos = 0
         while pos < n:
-            child = node.children.get(tuple(tokens[pos : pos + P]))
+            child = cur.children.get(tuple(tokens[pos : pos + P]))
             if child is None:
                 break
             klen = len(child.key)
@@ -157,10 +175,15 @@ class RadixTree:
                 child = self._split(child, klen)
             child.last_access = now
             child.hits += 1
-            pages += child.pages
+            if child.pages:  # device-resident nodes come first on any path
+                pages += child.pages
+                node = child
+            else:
+                host += child.host
+                host_node = child
             pos += klen
-            node = child
-        return pages, node
+            cur = child
+        return pages, node, host, host_node
 
     def peek(self, tokens: list[int], hashes: Sequence[int], extra_key: str | None = None) -> int:
         """Cached tokens of ``tokens``'s longest page-aligned prefix, read-only and cheap.
@@ -204,12 +227,14 @@ class RadixTree:
         pages: list[int],
         hash_fn: Callable[[int, list[int], int | None], list[int]],
         extra_key: str | None = None,
-    ) -> tuple[int, TreeNode | None]:
+    ) -> tuple[int, list[TreeNode]]:
         """Insert the page-aligned part of ``tokens`` with ``pages[i]`` holding page ``i``.
 
-        Returns (tokens already cached, the new leaf or None). Pages of the already-cached part
-        are not adopted: the tree keeps its own. ``hash_fn(first_page, key, parent_hash)`` gives
-        the hashes of a new node's pages (``key`` starts at page ``first_page`` of ``tokens``).
+        Returns (tokens already device-cached, the nodes that got device pages: host-only nodes
+        on the path, which adopt the caller's pages, then the new leaf if any, in path order).
+        Pages of the device-cached part are not adopted: the tree keeps its own.
+        ``hash_fn(first_page, key, parent_hash)`` gives the hashes of a new node's pages (``key``
+        starts at page ``first_page`` of ``tokens``).
         """
         if type(tokens) is not list:  # a tuple slice never equals a list key
             tokens = list(tokens)
@@ -219,6 +244,8 @@ class RadixTree:
         self._clock += 1
         now = self._clock
         pos = 0
+        cached = None  # where the first host-only node starts
+        stored: list[TreeNode] = []
         while pos < n:
             child = node.children.get(tuple(tokens[pos : pos + P]))
             if child is None:
@@ -228,19 +255,25 @@ class RadixTree:
                 klen = self._common_len(child.key, tokens, pos, n)
                 child = self._split(child, klen)
             child.last_access = now
+            if not child.pages:
+                cached = pos if cached is None else cached
+                self.set_device(child, list(pages[pos // P : (pos + klen) // P]))
+                stored.append(child)
             pos += klen
             node = child
+        cached = pos if cached is None else cached
         if pos >= n:
-            return pos, None
+            return cached, stored
         key = tokens[pos:n]
         hashes = hash_fn(pos // P, key, node.last_hash)
         leaf = TreeNode(key, list(pages[pos // P : n // P]), hashes, node)
         leaf.last_access = now
         node.children[tuple(key[:P])] = leaf
+        node.device_children += 1
         self.total_tokens += len(key)
-        self._leaves.discard(node)  # it has a child now
-        self._add_leaf(leaf)
-        return pos, leaf
+        self._refresh(node)  # it has a child now
+        self._refresh(leaf)
+        return cached, stored + [leaf]
 
     def _common_len(self, key: list, tokens: list, pos: int, n: int) -> int:
         """Matched tokens of ``key`` against ``tokens[pos:n]``, in whole pages (>= 1 page: the
@@ -264,12 +297,15 @@ class RadixTree:
         P = self.page_size
         k = m // P
         top = TreeNode(node.key[:m], node.pages[:k], node.hashes[:k], node.parent)
+        top.host = node.host[:k]
+        top.device_children = 1 if node.pages else 0
         top.lock_ref = node.lock_ref
         top.last_access = node.last_access
         top.hits = node.hits
         node.parent.children[tuple(node.key[:P])] = top
         node.key = node.key[m:]
         node.pages = node.pages[k:]
+        node.host = node.host[k:]
         node.hashes = node.hashes[k:]
         node.parent = top
         top.children[tuple(node.key[:P])] = node
@@ -280,8 +316,10 @@ class RadixTree:
     def lock(self, node: TreeNode) -> None:
         while node.parent is not None:
             if node.lock_ref == 0:
-                self.protected_tokens += len(node.key)
-                self._leaves.discard(node)
+                if node.pages:
+                    self.protected_tokens += len(node.key)
+                self.device_leaves.discard(node)
+                self.host_leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -291,59 +329,67 @@ class RadixTree:
         while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self.protected_tokens -= len(node.key)
-                if not node.children:
-                    self._add_leaf(node)
+                if node.pages:
+                    self.protected_tokens -= len(node.key)
+                self._refresh(node)
             node = node.parent
 
-    # ------------------------------------------------------------------ eviction
+    # ------------------------------------------------------------------ residency
 
-    def _add_leaf(self, node: TreeNode) -> None:
-        self._leaves.add(node)
-        self._push_seq += 1
-        heapq.heappush(self._heap, (self._priority(node), self._push_seq, node))
+    def _refresh(self, node: TreeNode) -> None:
+        """Put ``node`` in or out of each tier's evictable leaves after a change."""
+        if node.parent is None:
+            return
+        free = node.lock_ref == 0
+        self.device_leaves.set_member(node, free and bool(node.pages) and not node.device_children)
+        self.host_leaves.set_member(node, free and not node.pages and not node.children)
 
-    def pop_victims(self, num_pages: int) -> list[TreeNode]:
-        """Remove unlocked leaves in eviction order until ``num_pages`` pages are gathered (or no
-        evictable leaf is left); return the removed nodes. Parents that become unlocked leaves
-        join the candidates."""
-        victims: list[TreeNode] = []
-        got = 0
-        heap, leaves, prio = self._heap, self._leaves, self._priority
-        while got < num_pages and leaves:
-            p, _, node = heapq.heappop(heap)
-            if node not in leaves:
-                continue  # stale entry: the node was locked, got a child or was evicted
-            cur = prio(node)
-            if cur != p:
-                self._push_seq += 1
-                heapq.heappush(heap, (cur, self._push_seq, node))
-                continue
-            leaves.discard(node)
-            self._detach(node)
-            victims.append(node)
-            got += len(node.pages)
-        if len(heap) > 2 * len(leaves) + 64:
-            self._rebuild_heap()
-        return victims
+    def set_device(self, node: TreeNode, pages: list[int]) -> None:
+        """A host-only node gets device pages (a load-back, or a caller's pages on insert)."""
+        node.pages = pages
+        self.total_tokens += len(node.key)
+        if node.lock_ref:
+            self.protected_tokens += len(node.key)
+        node.parent.device_children += 1
+        self._refresh(node)
+        self._refresh(node.parent)
 
-    def _detach(self, node: TreeNode) -> None:
+    def drop_device(self, node: TreeNode) -> list[int]:
+        """Take a node's device pages away (it keeps its host copy); return them."""
+        pages, node.pages = node.pages, []
+        self.total_tokens -= len(node.key)
+        if node.lock_ref:
+            self.protected_tokens -= len(node.key)
+        node.parent.device_children -= 1
+        self._refresh(node)
+        self._refresh(node.parent)
+        return pages
+
+    def set_host(self, node: TreeNode, host: list[int]) -> None:
+        node.host = host
+        self.host_tokens += len(node.key)
+
+    def remove(self, node: TreeNode) -> None:
+        """Take a childless node out of the tree (its pages are the caller's to free)."""
+        if node.children:
+            raise ValueError(f"remove of a node with children: {node!r}")
         parent = node.parent
         del parent.children[tuple(node.key[: self.page_size])]
-        self.total_tokens -= len(node.key)
-        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-            self._add_leaf(parent)
-
-    def _rebuild_heap(self) -> None:
-        self._heap = []
-        for node in self._leaves:
-            self._push_seq += 1
-            self._heap.append((self._priority(node), self._push_seq, node))
-        heapq.heapify(self._heap)
+        if node.pages:
+            self.total_tokens -= len(node.key)
+            if node.lock_ref:
+                self.protected_tokens -= len(node.key)
+            parent.device_children -= 1
+        if node.host:
+            self.host_tokens -= len(node.key)
+        self.device_leaves.discard(node)
+        self.host_leaves.discard(node)
+        self._refresh(parent)
 
     def clear(self) -> None:
         self._roots.clear()
         self.total_tokens = 0
         self.protected_tokens = 0
-        self._leaves.clear()
-        self._heap.clear()
+        self.host_tokens = 0
+        self.device_leaves.clear()
+        self.host_leaves.clear()

@@ -56,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 5  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 6  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -65,7 +65,7 @@ PROTOCOL_VERSION = 5  # what each version changed: docs/architecture.md, "Versio
 #   page_tail  the unaligned tail, or the page holding the last prompt token (logits need it)
 #   in_flight  another running request was computing it at the same time
 #   disabled   the cache is a ChunkCache (reuse off)
-MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled")
+MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled", "host")
 FINISH_REASONS = ("stop", "length", "abort")
 
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -258,6 +258,15 @@ class LoadReport(Struct, frozen=True, array_like=True):
     # The routers that polled this worker lately (sorted ids): how routers learn of each other
     # without a store of their own.
     routers: tuple[str, ...] = ()
+    # The host tier (docs/host_tier.md): its pages, what it holds, and what a load-back costs
+    # here (``overhead + bytes / rate``, fitted over this worker's load-backs like the prefill
+    # rate; None before any), with the KV bytes of one token to turn tokens into bytes.
+    host_total_pages: int = 0
+    host_free_pages: int = 0
+    host_cached_pages: int = 0
+    load_bytes_per_s: float | None = None
+    load_overhead_s: float | None = None
+    kv_bytes_per_token: int = 0
 
 
 class WorkerCounters(Struct, frozen=True, array_like=True):
@@ -272,6 +281,14 @@ class WorkerCounters(Struct, frozen=True, array_like=True):
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    # host tier: pages demoted to it, loaded back from it, evicted from it; bytes each way;
+    # seconds spent copying (load time)
+    demoted_pages: int = 0
+    loaded_pages: int = 0
+    host_evicted_pages: int = 0
+    bytes_to_host: int = 0
+    bytes_from_host: int = 0
+    copy_seconds: float = 0.0
 
 
 def cache_view(load: LoadReport, counters: WorkerCounters) -> dict:
@@ -286,6 +303,18 @@ def cache_view(load: LoadReport, counters: WorkerCounters) -> dict:
         "cached_pages": load.cached_pages,
         "free_pages": load.free_pages,
         "total_pages": load.total_pages,
+        "host": {
+            "total_pages": load.host_total_pages,
+            "free_pages": load.host_free_pages,
+            "cached_pages": load.host_cached_pages,
+            "demoted_pages": counters.demoted_pages,
+            "loaded_pages": counters.loaded_pages,
+            "evicted_pages": counters.host_evicted_pages,
+            "bytes_to_host": counters.bytes_to_host,
+            "bytes_from_host": counters.bytes_from_host,
+            "copy_seconds": counters.copy_seconds,
+            "load_bytes_per_s": load.load_bytes_per_s,
+        },
     }
 
 

@@ -72,7 +72,11 @@ class Engine:
         self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len)
         self.page_size = config.page_size
         cache_kwargs = (
-            {"eviction": config.eviction, "enable_events": config.enable_events}
+            {
+                "eviction": config.eviction,
+                "enable_events": config.enable_events,
+                "host_allocator": self.pool.host_allocator,
+            }
             if config.cache == "radix"
             else {}
         )
@@ -168,6 +172,7 @@ class Engine:
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
         ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
         masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
+        self._run_copies()  # demotions and load-backs the schedule recorded, before the forward
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0
@@ -248,8 +253,17 @@ class Engine:
                     copies += pairs
                     rows.append(row)
                     out.append(f)
+        self._run_copies()  # a page demoted by a fork's allocation is copied out before reuse
         self.pool.copy_pages(copies)
         return rows, out
+
+    def _run_copies(self) -> None:
+        """Run the page copies the cache recorded (host tier), in order, and count them."""
+        copies = self.cache.take_copies()
+        if copies:
+            t0 = time.perf_counter()
+            moved = self.pool.run_copies(copies)
+            self.meter.record_copies(copies, moved, time.perf_counter() - t0)
 
     def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
         p = req.params
@@ -363,7 +377,7 @@ class Engine:
         """The load and the counters a worker sends in its poll result."""
         s = self.stats()
         load = LoadReport(**{k: s[k] for k in LoadReport.__struct_fields__ if k in s})
-        counters = WorkerCounters(**{k: s[k] for k in WorkerCounters.__struct_fields__})
+        counters = WorkerCounters(**{k: s[k] for k in WorkerCounters.__struct_fields__ if k in s})
         return load, counters
 
     def __enter__(self):

@@ -30,6 +30,12 @@ class EngineConfig:
         None, "KV pool pages (None: sized from --kv-memory-gb, else from free memory)"
     )
     eviction: str = setting("lru", "which cached prefix goes first", choices=EVICTION_POLICIES)
+    # The host tier behind the radix cache (docs/host_tier.md): device eviction demotes to it.
+    host_pages: int | None = setting(
+        None,
+        "host-memory KV pages behind the device pool, of the same page size (None: on CUDA 2x "
+        "the device pages, at most half the free host memory; on the CPU 0; 0: off)",
+    )
     # "auto": the accelerator when there is one (what `radixray serve` and `worker` always did).
     device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"')
     dtype: str = setting("float32", "weights and KV cache", choices=_DTYPES)
@@ -83,6 +89,15 @@ class EngineConfig:
             not isinstance(self.num_pages, int) or self.num_pages < 2
         ):
             raise ValueError(f"num_pages must be None or an int >= 2, got {self.num_pages!r}")
+        if self.host_pages is not None and (
+            isinstance(self.host_pages, bool)
+            or not isinstance(self.host_pages, int)
+            or self.host_pages < 0
+        ):
+            raise ValueError(
+                f"--host-pages must be an int >= 0 (0: no host tier) or unset, "
+                f"got {self.host_pages!r}"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")
         dev = self.device

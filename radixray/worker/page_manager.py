@@ -6,6 +6,8 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
 
     match(req)              the cached prefix of the request's tokens (read only)
     admit(req, m, upto)     lock the prefix, pages for positions < upto -> False: nothing changed
+    admit_first(req, m, n)  admit with a first chunk of <= n tokens, loading the host-resident
+                            continuation back first (all of it or none) -> None: nothing changed
     grow(req, upto)         more pages (evicting cached ones) -> False: nothing changed (preempt)
     commit(req, upto)       hand computed full pages to the cache; the request keeps them locked
     fork(src, dst)          dst shares src's cached pages and gets copies of its private ones
@@ -29,6 +31,12 @@ from .request import Request
 __all__ = ["PageManager"]
 
 
+# A host continuation shorter than this is recomputed instead of loaded back. One page: on the
+# CPU a page's copy costs far less than its prefill at any page size, and on a GPU a page is
+# ~page_size x KV bytes per token over PCIe (microseconds) against a forward (milliseconds).
+MIN_LOAD_PAGES = 1
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -40,6 +48,7 @@ class PageManager:
         self.P = cache.page_size
         self.reuse = not isinstance(cache, ChunkCache)
         self.num_evicted_pages = 0
+        self.num_loaded_pages = 0  # host pages loaded back for admitted requests
 
     @property
     def available_pages(self) -> int:
@@ -80,6 +89,40 @@ class PageManager:
         req.node = m.node
         req.num_computed = m.num_tokens
         return True
+
+    def admit_first(self, req: Request, m: MatchResult, budget: int) -> MatchResult | None:
+        """Admit ``req`` with a first chunk of up to ``budget`` tokens. If ``m`` has a host
+        continuation of ``MIN_LOAD_PAGES`` or more and the pages fit, it is loaded back (all of
+        it: the copies are recorded in the cache for the engine), else the request starts from
+        the device prefix alone. Returns the match it starts from (``num_tokens`` of it are
+        computed), or None (nothing changed) when not even that fits."""
+        if len(m.host_pages) >= MIN_LOAD_PAGES and m.host_node is not None:
+            loaded = self._admit_loading(req, m, budget)
+            if loaded is not None:
+                return loaded
+        upto = m.num_tokens + min(req.num_tokens - m.num_tokens, budget)
+        return m if self.admit(req, m, upto) else None
+
+    def _admit_loading(self, req: Request, m: MatchResult, budget: int) -> MatchResult | None:
+        P, cache = self.P, self.cache
+        start = m.num_tokens + m.host_tokens
+        upto = start + min(req.num_tokens - start, budget)
+        cache.lock(m.host_node)  # the whole path, both tiers: nothing on it is evicted now
+        need = _cdiv(upto, P) - len(m.pages)
+        if (
+            _cdiv(req.num_tokens, P) - len(m.pages) > self.available_pages
+            or (pages := self._take(need)) is None
+        ):
+            cache.unlock(m.host_node)
+            return None
+        n_host = len(m.host_pages)
+        full = cache.load_back(m, pages[:n_host])
+        req.pages = list(full.pages) + pages[n_host:]
+        req.num_tree_pages = len(full.pages)
+        req.node = full.node
+        req.num_computed = full.num_tokens
+        self.num_loaded_pages += n_host
+        return full
 
     def grow(self, req: Request, upto: int) -> bool:
         """Pages for positions < ``upto``, evicting cached pages nobody holds if need be. False
@@ -125,19 +168,24 @@ class PageManager:
         if dups:
             self.alloc.free(dups)
 
-    def attribute(self, req: Request, cached: int, in_flight: set[int]) -> dict[str, int]:
-        """Split the prompt's tokens by why they were (not) reused (``cached`` of them were);
-        the values sum to the prompt length."""
+    def attribute(
+        self, req: Request, cached: int, in_flight: set[int], host: int = 0
+    ) -> dict[str, int]:
+        """Split the prompt's tokens by why they were (not) reused (``cached`` of them were on
+        the device, the ``host`` after them loaded back); the values sum to the prompt length.
+        ``evicted``: gone from both tiers."""
         miss = dict.fromkeys(MISS_CAUSES, 0)
         L, P = req.num_prompt, self.P
         if not self.reuse:
             miss["disabled"] = L
             return miss
         cached = min(cached, L)
+        host = min(host, L - cached)
         reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
         miss["cached"] = cached
-        miss["page_tail"] = L - max(reusable * P, cached)
-        for j in range(cached // P, reusable):
+        miss["host"] = host
+        miss["page_tail"] = L - max(reusable * P, cached + host)
+        for j in range((cached + host) // P, reusable):
             h = req.block_hashes[j]
             if h in in_flight:
                 miss["in_flight"] += P

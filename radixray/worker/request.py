@@ -154,4 +154,4 @@ class Request:
 
     @property
     def cached_tokens(self) -> int:
-        return self.miss["cached"] if self.miss else 0
+        return self.miss["cached"] + self.miss.get("host", 0) if self.miss else 0

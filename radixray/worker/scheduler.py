@@ -324,7 +324,7 @@ class Scheduler:
         do not fit (nothing changed)."""
         P, cfg = self.P, self.config
         m = self.pages.match(req)
-        nxt = len(m.pages)
+        nxt = len(m.pages) + len(m.host_pages)
         if (
             cfg.dedupe_in_flight
             and self.reuse
@@ -335,16 +335,18 @@ class Scheduler:
         ):
             req.deferred_steps += 1  # wait for the running request to cache it
             return 0
-        n = min(req.num_tokens - m.num_tokens, budget)
-        if not self.pages.admit(req, m, m.num_tokens + n):
+        start = self.pages.admit_first(req, m, budget)
+        if start is None:
             return None
         if req.miss is None:
-            req.miss = self.pages.attribute(req, m.num_tokens, in_flight)
+            loaded = start.num_tokens - m.num_tokens
+            req.miss = self.pages.attribute(req, m.num_tokens, in_flight, loaded)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
         in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
-        items.append(ScheduledItem(req, m.num_tokens, n, m.num_tokens + n == req.num_tokens))
+        s, n = start.num_tokens, min(req.num_tokens - start.num_tokens, budget)
+        items.append(ScheduledItem(req, s, n, s + n == req.num_tokens))
         return n
 
     # ------------------------------------------------------------------ after a step

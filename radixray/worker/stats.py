@@ -44,6 +44,12 @@ class EngineStats:
         # or the HTTP layers (what the simulator models; bench_sim_vs_live.py compares them).
         self.first_tokens = 0
         self.first_token_log: deque[tuple[int, int, float]] = deque(maxlen=16384)
+        # The host tier's copies: pages and bytes each way, seconds, and the load-back cost fit
+        # (overhead + bytes / rate, per batch of copies before a forward).
+        self.bytes_to_host = 0
+        self.bytes_from_host = 0
+        self.copy_seconds = 0.0
+        self.load_cost = StepCostModel()
 
     def record_admission(self, prompt_tokens: int, miss: dict[str, int]) -> None:
         self.prompt_tokens += prompt_tokens
@@ -65,6 +71,20 @@ class EngineStats:
             self.decode_step_time.update(seconds)
             self.decode_rate.update(decode_tokens / seconds)
 
+    def record_copies(self, copies, moved_bytes: int, seconds: float) -> None:
+        """One batch of host-tier copies (``host_tier.PageCopy``) moved ``moved_bytes`` in
+        ``seconds``."""
+        pages_out = sum(len(c.src) for c in copies if c.to_host)
+        pages = sum(len(c.src) for c in copies)
+        if not pages:
+            return
+        out = moved_bytes * pages_out // pages
+        self.bytes_to_host += out
+        self.bytes_from_host += moved_bytes - out
+        self.copy_seconds += seconds
+        if seconds > 0:
+            self.load_cost.update(moved_bytes, seconds)
+
     def record_first_token(self, prompt_tokens: int, cached_tokens: int, seconds: float) -> None:
         self.first_tokens += 1
         self.first_token_log.append((prompt_tokens, cached_tokens, seconds))
@@ -79,16 +99,22 @@ class EngineStats:
 
     @property
     def hit_rate(self) -> float:
-        return self.miss_tokens["cached"] / self.prompt_tokens if self.prompt_tokens else 0.0
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens not computed: device hits and host loads."""
+        return self.miss_tokens["cached"] + self.miss_tokens["host"]
 
     def as_dict(self) -> dict:
         fit = self.prefill_cost.fit()
+        load_fit = self.load_cost.fit()
         return {
             "requests_finished": self.requests_finished,
             "requests_aborted": self.requests_aborted,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.miss_tokens["cached"],
+            "cached_tokens": self.reused_tokens,
             "hit_rate": self.hit_rate,
             "miss_tokens": dict(self.miss_tokens),
             "steps": self.steps,
@@ -99,6 +125,11 @@ class EngineStats:
             "prefill_fit_moments": tuple(self.prefill_cost.moments),
             "decode_step_s": self.decode_step_time.value,
             "decode_tokens_per_s": self.decode_rate.value,
+            "bytes_to_host": self.bytes_to_host,
+            "bytes_from_host": self.bytes_from_host,
+            "copy_seconds": self.copy_seconds,
+            "load_bytes_per_s": load_fit[1] if load_fit else None,
+            "load_overhead_s": load_fit[0] if load_fit else None,
         }
 
 
@@ -139,5 +170,16 @@ def engine_stats(engine) -> dict:
         page_size=engine.page_size,
         preemptions=sched.num_preemptions,
         evicted_pages=sched.num_evicted_pages,
+        kv_bytes_per_token=engine.pool.page_bytes // engine.page_size,
     )
+    tier, host_alloc = getattr(engine.cache, "host", None), engine.pool.host_allocator
+    if tier is not None and host_alloc is not None:
+        s.update(
+            host_total_pages=host_alloc.num_pages,
+            host_free_pages=host_alloc.num_free,
+            host_cached_pages=host_alloc.num_used,
+            demoted_pages=tier.demoted_pages,
+            loaded_pages=tier.loaded_pages,
+            host_evicted_pages=tier.evicted_pages,
+        )
     return s

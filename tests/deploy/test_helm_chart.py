@@ -126,6 +126,7 @@ def test_non_default_values_land():
                 "resources": {"requests": {"cpu": "10", "memory": "40Gi"}},
             },
             "engine": {"kv_memory_bytes": 30_000_000_000},
+            "hostPages": 4096,
             "adminToken": {"existingSecret": "radixray-admin", "secretKey": "bearer"},
             "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
             "image": {"tag": "0.1.0-cu124"},
@@ -136,7 +137,7 @@ def test_non_default_values_land():
     assert args["model"] == "/models/llama-3-8b-instruct"
     assert args["served_model_name"] == "llama-3-8b"
     assert (args["policy"], args["page_size"]) == ("cache_aware", 32)
-    assert args["engine"] == {"kv_memory_bytes": 30_000_000_000}
+    assert args["engine"] == {"kv_memory_bytes": 30_000_000_000, "host_pages": 4096}
     router_auto = args["router"]["autoscaling_config"]
     assert (router_auto["min_replicas"], router_auto["max_replicas"]) == (2, 5)
     assert router_auto["initial_replicas"] == 2 and "num_replicas" not in args["router"]
@@ -190,6 +191,7 @@ def test_chart_can_create_the_admin_secret():
         ({"router": {"settings": {"admin_token": "x"}}}, "propertyName 'admin_token'"),
         ({"workers": {"resources": {"limits": {"nvidia.com/gpu": 2}}}}, "'nvidia.com/gpu'"),
         ({"modle": {"name": "x"}}, "modle"),
+        ({"hostPages": -1}, "/hostPages"),
     ],
 )
 def test_values_schema_rejects_bad_values(values, where):

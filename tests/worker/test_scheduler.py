@@ -111,6 +111,7 @@ def test_second_request_reuses_and_attribution():
         "page_tail": 4,
         "in_flight": 0,
         "disabled": 0,
+        "host": 0,
     }
     assert sum(r.miss.values()) == r.num_prompt
 

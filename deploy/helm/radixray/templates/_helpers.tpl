@@ -56,6 +56,9 @@ structure as deploy/serve_config.yaml.
 {{- define "radixray.serveConfig" -}}
 {{- $v := .Values -}}
 {{- $engine := deepCopy $v.engine -}}
+{{- if not (kindIs "invalid" $v.hostPages) -}}
+{{- $_ := set $engine "host_pages" $v.hostPages -}}
+{{- end -}}
 {{- $router := dict "num_cpus" $v.router.numCpus "max_ongoing_requests" $v.router.maxOngoingRequests "settings" $v.router.settings -}}
 {{- if and $v.router.autoscaling $v.router.autoscaling.enabled -}}
 {{- $_ := set $router "autoscaling_config" (dict "min_replicas" $v.router.autoscaling.minReplicas "max_replicas" $v.router.autoscaling.maxReplicas "initial_replicas" $v.router.replicas "target_ongoing_requests" $v.router.autoscaling.targetOngoingRequests) -}}

@@ -1,0 +1,165 @@
+"""``HostTier``: the host-memory tier behind a ``RadixCache``. Ints only: it decides which pages
+move and records the copies; the engine moves the bytes (``take_copies``, before the next forward).
+
+    demote(node)       device eviction of a leaf: copy its pages to host pages (unless it has a
+                       host copy already), free its device pages; the node stays, host-resident
+    make_room(n)       evict host-only LRU leaves until ``n`` host pages are free
+    load_back(...)     host-only nodes on a matched path get device pages (copies host -> device);
+                       they keep their host copy, so a later demotion frees without copying
+
+Events (``medium`` names the tier: "GPU" the device pool, "CPU" this tier): a demotion sends the
+host store before the device remove; a load-back a device store and no host remove; a host
+eviction a host remove. Copies are recorded in order: a device page demoted and then reused by
+the next step is copied out before the forward writes it. See docs/host_tier.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .events import BlockRemoved, BlockStored, KVEvent
+from .ghost import GhostList
+from .page_allocator import PageAllocator
+from .radix_tree import RadixTree, TreeNode
+
+__all__ = ["HostTier", "PageCopy", "DEVICE", "HOST"]
+
+DEVICE = "GPU"  # the device pool's medium in events (also on a CPU worker)
+HOST = "CPU"  # the host tier's
+
+
+class PageCopy(NamedTuple):
+    """Copy page ``src[i]`` to page ``dst[i]`` (all layers, K and V)."""
+
+    to_host: bool  # True: device -> host (a demotion); False: host -> device (a load-back)
+    src: list[int]
+    dst: list[int]
+
+
+class HostTier:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        tree: RadixTree,
+        ghost: GhostList,
+        emit: Callable[[KVEvent], None] | None = None,
+    ):
+        self.allocator = allocator
+        self.tree = tree
+        self.ghost = ghost
+        self.emit = emit
+        self.P = tree.page_size
+        self._copies: list[PageCopy] = []
+        self._group_dst: set[int] = set()
+        # counters (pages, except demotions/loads: nodes and load-backs)
+        self.demotions = 0
+        self.demoted_pages = 0
+        self.loads = 0
+        self.loaded_pages = 0
+        self.evicted_pages = 0
+
+    # ------------------------------------------------------------------ copies
+
+    def _record(self, to_host: bool, src: list[int], dst: list[int]) -> None:
+        """Append a copy, merged into the last one when it goes the same way and writes none of
+        the same pages (then the merged copy is one index_copy with distinct targets)."""
+        last = self._copies[-1] if self._copies else None
+        if last is not None and last.to_host == to_host and self._group_dst.isdisjoint(dst):
+            last.src.extend(src)
+            last.dst.extend(dst)
+        else:
+            self._copies.append(PageCopy(to_host, list(src), list(dst)))
+            self._group_dst = set()
+        self._group_dst.update(dst)
+
+    def take_copies(self) -> list[PageCopy]:
+        """The copies recorded since the last call, in the order they must run."""
+        copies, self._copies = self._copies, []
+        self._group_dst = set()
+        return copies
+
+    # ------------------------------------------------------------------ moves
+
+    def demote(self, node: TreeNode) -> list[int] | None:
+        """Move an unlocked device leaf to the host tier; return its device pages (the caller
+        frees them), or None (nothing changed) when the host tier has no room for it."""
+        if not node.host:
+            n = len(node.pages)
+            if not self.make_room(n):
+                return None
+            host = self.allocator.alloc(n)
+            self.tree.set_host(node, host)
+            self._record(True, node.pages, host)
+            self.demotions += 1
+            self.demoted_pages += n
+            if self.emit:
+                self.emit(BlockStored(list(node.hashes), node.parent.last_hash, list(node.key),
+                                      self.P, HOST))  # fmt: skip
+        if self.emit:
+            self.emit(BlockRemoved(list(node.hashes), DEVICE))
+        return self.tree.drop_device(node)
+
+    def make_room(self, n: int) -> bool:
+        """Evict host-only leaves, least recently used first, until ``n`` host pages are free.
+        False when even all of them are not enough (what was evicted stays evicted)."""
+        while self.allocator.num_free < n:
+            node = self.tree.host_leaves.pop()
+            if node is None:
+                return False
+            self.forget(node)
+        return True
+
+    def forget(self, node: TreeNode) -> None:
+        """Drop a host-only childless node from the tree and free its host pages."""
+        self.tree.remove(node)
+        self.allocator.free(node.host)
+        self.evicted_pages += len(node.host)
+        self.ghost.add(node.hashes)
+        if self.emit:
+            self.emit(BlockRemoved(list(node.hashes), HOST))
+
+    def forget_below(self, node: TreeNode) -> None:
+        """Forget every descendant of ``node`` (host-only and unlocked: ``node`` is an unlocked
+        device leaf), deepest first."""
+        order: list[TreeNode] = []
+        stack = list(node.children.values())
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        for n in reversed(order):
+            self.forget(n)
+
+    def load_back(self, device_node: TreeNode, host_node: TreeNode, pages: list[int]) -> None:
+        """Give the host-only nodes from ``device_node`` (exclusive) down to ``host_node`` the
+        device ``pages``, in path order, and record the copies. The caller holds a lock on
+        ``host_node`` (so nothing on the path was evicted since the match)."""
+        path: list[TreeNode] = []
+        node = host_node
+        while node is not device_node:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        if sum(len(n.host) for n in path) != len(pages):
+            raise ValueError(f"load_back of {len(pages)} pages onto a path of other length")
+        i = 0
+        hashes: list[int] = []
+        key: list[int] = []
+        for node in path:
+            k = len(node.host)
+            dev = list(pages[i : i + k])
+            i += k
+            self._record(False, node.host, dev)
+            self.tree.set_device(node, dev)
+            hashes += node.hashes
+            key += node.key
+        self.loads += 1
+        self.loaded_pages += len(pages)
+        if self.emit and path:
+            self.emit(BlockStored(hashes, device_node.last_hash, key, self.P, DEVICE))
+
+    def free_all(self, nodes) -> None:
+        """Free the host pages of ``nodes`` (a reset; the tree is cleared by the caller)."""
+        pages = [p for n in nodes for p in n.host]
+        self.allocator.free(pages)

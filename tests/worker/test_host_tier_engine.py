@@ -1,0 +1,106 @@
+"""The host tier in the engine (tiny Llama on the CPU): greedy output after demotions and
+load-backs equals reuse off, exactly; the miss cause ``host``; counters; the config."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixray.protocol import cache_view
+from radixray.worker import EngineConfig, SamplingParams
+
+from .test_engine import GREEDY, engine, shared_prefix_prompts, tokens
+
+
+def assert_no_leak(e) -> None:
+    e.check_integrity()  # both tiers' page accounting
+    alloc = e.pool.allocator
+    assert e.cache.protected_tokens == 0
+    assert alloc.num_free + e.cache.total_tokens // e.page_size == alloc.num_pages
+
+
+@pytest.mark.parametrize("P", [1, 4, 16])
+def test_greedy_after_demote_and_load_back_equals_reuse_off(P):
+    prompts = shared_prefix_prompts(seed=P, n=10)
+    want = tokens(engine(cache="chunk", page_size=P).generate_batch(prompts, GREEDY))
+    # The device pool holds ~2 prompts' pages (the working set is more), the host tier all.
+    pages = -(-60 // P) * 2 + 2
+    e = engine(page_size=P, num_pages=pages, host_pages=400, max_batch_tokens=32)
+    assert e.pool.host_allocator.num_pages == 400
+    assert tokens(e.generate_batch(prompts, GREEDY)) == want
+    assert tokens(e.generate_batch(prompts, GREEDY)) == want  # warm: loads from the host
+    s = e.stats()
+    assert s["demoted_pages"] > 0 and s["loaded_pages"] > 0, s
+    assert s["preemptions"] > 0, s
+    assert s["bytes_from_host"] == s["loaded_pages"] * e.pool.page_bytes
+    assert s["bytes_to_host"] == s["demoted_pages"] * e.pool.page_bytes
+    assert_no_leak(e)
+
+
+def test_a_demoted_prompt_is_loaded_back_not_recomputed():
+    P = 16
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    e = engine(page_size=P, num_pages=12, host_pages=64)
+    prompt = list(range(3, 20))  # one reusable page and a one-token tail
+    first = e.generate_batch([prompt], p)[0]
+    assert first.miss["cold"] == 16
+    for i in range(6):  # push it out of the device pool
+        e.generate_batch([[50 + i] * 33], p)
+    assert e.cache.match_prefix(prompt).host_tokens == 16
+    again = e.generate_batch([prompt], p)[0]
+    assert again.miss["host"] == 16 and again.miss["cached"] == 0 and again.miss["evicted"] == 0
+    assert again.cached_tokens == 16  # device hits plus host loads
+    assert again.token_ids == first.token_ids
+    view = e.stats()
+    assert view["loaded_pages"] == 1 and view["cached_tokens"] >= 16
+    host = cache_view(*e.report())["host"]  # what /debug/cache shows
+    assert host["loaded_pages"] == 1 and host["total_pages"] == 64
+    assert host["bytes_from_host"] == e.pool.page_bytes and host["demoted_pages"] >= 1
+    assert_no_leak(e)
+
+
+def test_evicted_means_gone_from_both_tiers():
+    P = 16
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    e = engine(page_size=P, num_pages=12, host_pages=2)
+    prompt = list(range(3, 20))
+    e.generate_batch([prompt], p)
+    for i in range(6):
+        e.generate_batch([[50 + i] * 33], p)
+    again = e.generate_batch([prompt], p)[0]
+    assert again.miss["evicted"] == 16 and again.miss["host"] == 0
+    assert e.stats()["host_evicted_pages"] > 0
+    assert_no_leak(e)
+
+
+def test_host_pages_config():
+    assert engine().pool.host_allocator is None  # None on the CPU: no host tier
+    assert engine(host_pages=0).pool.host_allocator is None
+    assert engine(cache="chunk", host_pages=8).pool.host_allocator is None  # nothing to keep
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="--host-pages must be an int >= 0"):
+            EngineConfig(host_pages=bad)
+
+
+def test_engine_events_name_the_tier_store_before_remove():
+    from radixray.cache_index import BlockRemoved, BlockStored
+
+    P = 16
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    e = engine(page_size=P, num_pages=12, host_pages=64)
+    prompt = list(range(3, 20))
+    e.generate_batch([prompt], p)
+    for i in range(6):
+        e.generate_batch([[50 + i] * 33], p)
+    e.generate_batch([prompt], p)  # loaded back
+    events = e.take_events()
+    seen: dict[tuple, int] = {}
+    for i, ev in enumerate(events):
+        if isinstance(ev, (BlockStored, BlockRemoved)):
+            for h in ev.block_hashes:
+                seen.setdefault((type(ev).__name__, ev.medium, h), i)
+    assert e.cache.match_prefix(prompt).num_tokens == 16  # device-resident again
+    demoted = [k[2] for k in seen if k[:2] == ("BlockStored", "CPU")]
+    assert demoted
+    for h in demoted:  # each demotion: the host store before the device remove
+        assert seen[("BlockStored", "CPU", h)] < seen[("BlockRemoved", "GPU", h)]
+    assert not any(k[:2] == ("BlockRemoved", "CPU") for k in seen)  # the host kept everything
