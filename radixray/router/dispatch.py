@@ -3,7 +3,8 @@ router and the simulator.
 
     decide    policy.choose over the routable workers -> the decision and its record (with the
               reuse telemetry by the index: *available*, the longest prefix any worker holds,
-              and *captured*, what the chosen worker holds, whatever the policy predicted); the
+              and *captured*, what the chosen worker holds, whatever the policy predicted, each
+              over both tiers with its host-only part beside it); the
               herding alarm sees it; the request's blocks go into the index on the chosen worker
               (optimistic: it will hold them after prefill); policy.on_dispatch
     complete  the worker's actual cached tokens (*delivered*) go on the record and back to the
@@ -60,6 +61,10 @@ class DecisionRecord:
     ts: float = field(default_factory=time.time)
     scores: dict = field(default_factory=dict)
     miss: dict | None = None
+    # Of available and captured, what only host tiers held (docs/host_tier.md): a load-back,
+    # not a device hit; the delivered split is the worker's ``miss["host"]``.
+    available_host_tokens: int = 0
+    captured_host_tokens: int = 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -131,9 +136,12 @@ class Dispatcher:
         # A worker reuses at most the page-aligned first n - 1 tokens (one is always computed).
         P = self.index.page_size
         cap = (rr.num_tokens - 1) // P * P if rr.num_tokens else 0
-        hashes = rr.block_hashes
-        available = self.index.longest_match(hashes) * P if hashes else 0
-        captured = self.index.prefix_on(d.worker_id, hashes) * P if hashes else 0
+        tiers = self.index.match_tiers(rr.block_hashes) if rr.block_hashes else {}
+        # prefixes over both tiers; the device-only ones under them
+        available = min(max((b for _, b in tiers.values()), default=0) * P, cap)
+        available_device = min(max((dv for dv, _ in tiers.values()), default=0) * P, cap)
+        device, both = tiers.get(d.worker_id, (0, 0))
+        captured, captured_device = min(both * P, cap), min(device * P, cap)
         return DecisionRecord(
             request_id=str(rr.request_id),
             worker_id=d.worker_id,
@@ -141,10 +149,12 @@ class Dispatcher:
             reason=d.reason,
             prompt_tokens=rr.num_tokens,
             predicted_cached_tokens=min(d.predicted_cached_tokens, cap),
-            available_tokens=min(available, cap),
-            captured_tokens=min(captured, cap),
+            available_tokens=available,
+            captured_tokens=captured,
             queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
             running=st.running if st else 0,
             attempts=attempt,
             scores=dict(d.scores),
+            available_host_tokens=available - available_device,
+            captured_host_tokens=captured - captured_device,
         )

@@ -13,7 +13,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 _REUSE_HELP = (
     "Prompt tokens reusable by kind: available (the longest prefix any worker held, by the index "
-    "at decision), captured (held by the chosen worker, by the index), delivered (actually reused)"
+    "at decision), captured (held by the chosen worker, by the index), delivered (actually reused: "
+    "device hits and host loads); the *_host kinds are the parts only a host tier held or loaded"
 )
 _REUSE_ERROR_HELP = (
     "Delivered minus captured reuse, by sign: over (the index promised more than the worker had) "
@@ -65,7 +66,13 @@ class RouterMetrics:
             setattr(self, attr, kind(name, doc, list(labels), registry=r, **extra))
         # Labelled children are looked up once (a labels() call costs microseconds per request):
         # on_decision runs for every request.
-        self._reuse = {k: self.reuse.labels(k) for k in ("available", "captured", "delivered")}
+        self._reuse = {
+            k: self.reuse.labels(k)
+            for k in (
+                "available", "captured", "delivered",
+                "available_host", "captured_host", "delivered_host",
+            )
+        }  # fmt: skip
         self._reuse_error = {k: self.reuse_error.labels(k) for k in ("over", "under")}
         self._by_cause = {c: self.prompt_tokens.labels(c) for c in MISS_CAUSES}
         self._by_decision: dict[tuple[str, str], object] = {}
@@ -100,6 +107,9 @@ class RouterMetrics:
             self._reuse["available"].inc(rec.available_tokens)
             self._reuse["captured"].inc(rec.captured_tokens)
             self._reuse["delivered"].inc(delivered)
+            self._reuse["available_host"].inc(rec.available_host_tokens)
+            self._reuse["captured_host"].inc(rec.captured_host_tokens)
+            self._reuse["delivered_host"].inc((rec.miss or {}).get("host", 0))
             error = delivered - rec.captured_tokens
             if error:
                 self._reuse_error["under" if error > 0 else "over"].inc(abs(error))

@@ -173,6 +173,7 @@ class WorkerPool:
                     overhead,
                     r.decode_step_s or 0.0,
                     True,
+                    *_load_cost(r),
                 )
             )
         return out
@@ -219,3 +220,17 @@ class WorkerPool:
         await self.stop()
         for wid in list(self.workers):
             await self.remove(wid)
+
+
+# Before a worker has loaded anything back its rate is unknown: assume this many bytes per second
+# (a plain memory copy on a busy host, a PCIe link at a third of its peak; the fit replaces it
+# after the first load-back), so a fresh router prices a host hit as a load, not a recompute.
+PRIOR_LOAD_BYTES_PER_S = 8e9
+
+
+def _load_cost(r: LoadReport) -> tuple[float, float]:
+    """A report's host-tier load-back as ``(tokens_per_s, overhead_s)``; (0, 0) without one."""
+    if not r.host_total_pages or not r.kv_bytes_per_token:
+        return 0.0, 0.0
+    rate = r.load_bytes_per_s or PRIOR_LOAD_BYTES_PER_S
+    return rate / r.kv_bytes_per_token, r.load_overhead_s or 0.0

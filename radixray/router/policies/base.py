@@ -72,7 +72,8 @@ class WorkerState:
     is the context held by decoding requests. ``prefill_overhead_s`` and ``prefill_tokens_per_s``
     are the prefill step cost fit (``overhead + tokens / rate``) the router pools over the
     workers of one performance class (``radixray.step_cost``); ``decode_step_s`` is the worker's
-    own moving average of a decode-only step.
+    own moving average of a decode-only step; ``load_tokens_per_s`` and ``load_overhead_s`` its
+    host tier's measured load-back cost.
     """
 
     worker_id: Hashable
@@ -86,6 +87,16 @@ class WorkerState:
     prefill_overhead_s: float = 0.0  # fixed cost of a prefill step (rate is per extra token)
     decode_step_s: float = 0.0
     healthy: bool = True
+    # Its host tier's load-back (docs/host_tier.md), in prompt tokens: ``overhead + tokens /
+    # rate``; a rate of 0 means no host tier.
+    load_tokens_per_s: float = 0.0
+    load_overhead_s: float = 0.0
+
+    def load_time(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` back from the host tier (0 for none)."""
+        if tokens <= 0 or self.load_tokens_per_s <= 0:
+            return 0.0
+        return self.load_overhead_s + tokens / self.load_tokens_per_s
 
     @property
     def load(self) -> int:

@@ -2,12 +2,13 @@
 recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + L * (c_best - c_w) + h * spill_w) / R_w
-             (+ decode_step_s_w while it decodes)
+             + load_w(c_w - d_w)  (+ decode_step_s_w while it decodes)
 
-(``c_w`` tokens cached on ``w``, none if under ``min_match`` of the prompt, ``R_w`` / ``O_w``
-its pooled prefill fit, ``L = rho / (1 - rho)`` from the measured utilisation, ``h`` the
-measured reuse share, ``spill_w`` the cached tokens the placement would evict). Why each term
-is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
+(``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
+its device pool and the rest on its host tier, loaded back at its measured ``load_w``; ``R_w``
+/ ``O_w`` its pooled prefill fit, ``L = rho / (1 - rho)`` from the measured utilisation, ``h``
+the measured reuse share, ``spill_w`` the cached tokens the placement would evict). Why each
+term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
 random, or by rank in a fleet of routers.
 """
 
@@ -76,10 +77,13 @@ class PredictedTTFT(Policy):
         if self.reuse_weight is not None:
             weight = self.reuse_weight
         P = index.page_size
-        matched = index.match(request.block_hashes) if request.block_hashes else {}
+        tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         n = request.num_tokens
         cap = max(n - 1, 0)
-        longest = min(max(matched.values(), default=0) * P, cap)
+        # c_w: the prefix w can reuse, on its device pool or loaded back from its host tier
+        # (d_w of it on the device); a worker without a host tier has d_w = c_w.
+        reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items()}
+        longest = max(reusable.values(), default=0)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value
         # Matches that save less than min_match of the prompt's prefill count as none: they are
         # inside the cost model's error, and a header every prompt shares would otherwise draw
@@ -87,22 +91,28 @@ class PredictedTTFT(Policy):
         floor = self.min_match * n
         c_best = longest if longest >= floor else 0
 
-        def cached(w: WorkerState) -> int:
-            c = min(matched.get(w.worker_id, 0) * P, cap)
-            return c if c >= floor else 0
+        def cached(w: WorkerState) -> tuple[int, int]:
+            """(c_w, d_w): reusable and device-resident tokens, none under the floor."""
+            c = reusable.get(w.worker_id, 0)
+            if not c or c < floor:
+                return 0, 0
+            d = min(tiers[w.worker_id][0] * P, c)
+            # a worker without a measured host tier recomputes what only its host holds
+            return (c, d) if w.load_tokens_per_s > 0 else (d, d)
 
         def cost(w: WorkerState) -> float:
-            c = cached(w)
-            # Cached tokens this placement would evict (its new pages beyond the free ones),
-            # each worth a recompute with the probability that a cached token is reused.
-            spill = max(0, n - c - w.free_pages * P) if w.total_pages else 0
+            c, d = cached(w)
+            # Cached tokens this placement would evict (its new pages beyond the free ones,
+            # the loaded-back ones included), each worth a recompute with the probability that
+            # a cached token is reused.
+            spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
             work = w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill
-            t = w.prefill_overhead_s + work / w.prefill_tokens_per_s
+            t = w.prefill_overhead_s + work / w.prefill_tokens_per_s + w.load_time(c - d)
             return t + w.decode_step_s if w.running else t
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
-        c = min(matched.get(pick.worker_id, 0) * P, cap)
+        c = reusable.get(pick.worker_id, 0)
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores)
 

@@ -3,6 +3,8 @@ weight, Dynamo's 0.75 and llm-d's 0.8) and tier-blind routing (weight 0)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from radixray.router.policies import make_policy
@@ -34,3 +36,54 @@ def test_kv_cost_weighs_host_blocks_at_its_discount():
 def test_host_weight_is_checked():
     with pytest.raises(ValueError, match="host_block_weight must be in"):
         make_policy("kv_cost", host_block_weight=1.5)
+
+
+def _ttft(**kw):
+    return make_policy("ttft", reuse_weight=0.0, **kw)
+
+
+def test_ttft_loads_from_a_host_tier_when_its_measured_load_time_says_so():
+    """A 128-token prompt: worker 0 holds 32 tokens on its device and 64 more on its host tier,
+    worker 1 holds 64 on its device. At 500 prefill tokens/s, worker 1 costs 64 / 500 = 0.128 s;
+    worker 0 computes 32 (0.064 s) and loads 64: fast enough at 10,000 tokens/s (6.4 ms), not at
+    100 tokens/s (0.64 s). A busy holder, or one whose host tier is unmeasured, loses too."""
+    idx = _tiered_index()
+    fast = replace(ws(0), load_tokens_per_s=10_000.0, load_overhead_s=0.001)
+    d = _ttft().choose(req(8), [fast, ws(1)], idx)
+    assert d.worker_id == 0 and d.predicted_cached_tokens == 6 * P
+    assert d.scores[0] == pytest.approx(32 / 500 + 0.001 + 64 / 10_000)
+    assert d.scores[1] == pytest.approx(64 / 500)
+    slow = replace(fast, load_tokens_per_s=100.0)
+    assert _ttft().choose(req(8), [slow, ws(1)], idx).worker_id == 1
+    busy = replace(fast, queued_prefill_tokens=500)
+    assert _ttft().choose(req(8), [busy, ws(1)], idx).worker_id == 1
+    blind = _ttft().choose(req(8), [ws(0), ws(1)], idx)  # no host tier reported: recompute
+    assert blind.worker_id == 1 and blind.scores[0] == pytest.approx(96 / 500)
+
+
+def test_a_report_becomes_a_load_cost():
+    from radixray.protocol import LoadReport
+    from radixray.router.worker_pool import PRIOR_LOAD_BYTES_PER_S, _load_cost
+
+    assert _load_cost(LoadReport()) == (0.0, 0.0)  # no host tier
+    tiered = LoadReport(host_total_pages=100, kv_bytes_per_token=1000)
+    assert _load_cost(tiered) == (PRIOR_LOAD_BYTES_PER_S / 1000, 0.0)  # nothing loaded yet
+    fitted = LoadReport(
+        host_total_pages=100, kv_bytes_per_token=1000, load_bytes_per_s=2e9, load_overhead_s=0.002
+    )
+    assert _load_cost(fitted) == (2e6, 0.002)
+
+
+def test_the_decision_record_splits_reuse_by_tier():
+    from radixray.router.dispatch import Dispatcher
+
+    idx = _tiered_index()
+    fast = replace(ws(0), load_tokens_per_s=10_000.0)
+    dispatch = Dispatcher(_ttft(), idx, optimistic=False, herd_window=0)
+    decision, rec = dispatch.decide(req(8), [fast, ws(1)])
+    assert decision.worker_id == 0
+    # the longest reusable prefix: 6 blocks on worker 0, 4 of them only on its host tier; the
+    # longest device-only prefix anywhere is worker 1's 4 blocks
+    assert (rec.available_tokens, rec.available_host_tokens) == (6 * P, 2 * P)
+    assert (rec.captured_tokens, rec.captured_host_tokens) == (6 * P, 4 * P)
+    assert rec.predicted_cached_tokens == 6 * P
