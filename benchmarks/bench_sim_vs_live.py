@@ -180,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--num-pages", type=int, default=768)
     p.add_argument("--seed", type=int, default=0)
+    # not bench_serving's 18100: the two can run side by side (pytest -n 2)
+    p.add_argument("--base-port", type=int, default=18600)
     p.add_argument("--out-dir", default="/tmp/bench_sim_vs_live")
     p.add_argument("--live-json", default=None, help="reuse a live run's bench_serving.json")
     p.add_argument(
@@ -230,6 +232,7 @@ def main(argv=None) -> int:
             probe_requests=3,
             command=" ".join(sys.argv),
             step_logs=True,
+            base_port=args.base_port,
         )
         report = run_compare(cfg)
     spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
