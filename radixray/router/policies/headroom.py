@@ -11,8 +11,8 @@ second, over the worker-seconds the fleet has per second, is its utilisation::
 Both means are moving averages over ``memory`` arrivals, so ``rho`` follows the offered load of
 the last ``memory`` requests. It counts work, not busy workers: a worker decoding one request
 is "busy" for the whole of its answer and yet has almost all its prefill capacity free (the
-busy fraction read 0.83-0.98 on Mooncake at loads from 2.5x to 4x, where the real spare
-capacity went from about a third to none; docs/ttft_policy.md, "Near saturation").
+busy fraction read 0.82-1.0 on Mooncake at loads from 2.5x to 4x, where the spare prefill
+capacity went from about half to none; docs/ttft_policy.md, "Near saturation").
 
 The work is what the router *placed*, with its own reuse: a policy that recomputes prefixes
 raises its own ``rho``, as it should. The fixed cost per request is an upper bound when several

@@ -119,9 +119,11 @@ class PredictedTTFT(Policy):
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
         c = min(matched.get(pick.worker_id, 0) * P, cap)
-        # The work this placement brings the fleet, by the fit it was priced with.
+        # The work this placement brings the fleet, by the fit it was priced with. In a fleet of
+        # routers sharing the workers this one sees about 1 / routers of the arrivals.
         work = pick.prefill_overhead_s + (n - c) / pick.prefill_tokens_per_s
-        self.capacity.observe(request.arrival_time, work, len(live))
+        routers = max(1, request.fleet[1])
+        self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom)
 

@@ -98,6 +98,12 @@ def test_headroom_on_the_decision_record_and_in_metrics():
         fresh = RoutingRequest(k, 8 * P, list(range(100 * k, 100 * k + 8)), None, float(k))
         _, rec = dispatch.decide(fresh, state)
     assert rec.headroom == pytest.approx(1 - 1.28, abs=1e-4)
+    # one of two routers sharing the worker: it sees half the arrivals, the fleet twice its own
+    shared = make_policy("ttft")
+    for k in range(3):
+        fresh = RoutingRequest(k, 8 * P, list(range(100 * k, 100 * k + 8)), None, float(k), (1, 2))
+        shared.choose(fresh, state, ApproxIndex(P, 1 << 16))
+    assert shared.headroom == pytest.approx(1 - 2 * 1.28)
     metrics.refresh_headroom(ttft)
     assert 'radixray_fleet_headroom{policy="ttft"} -0.28' in metrics.render().decode()
     _, rec = Dispatcher(make_policy("cache_aware"), idx, herd_window=0).decide(req(9, 9.0), state)
