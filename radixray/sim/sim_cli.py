@@ -152,6 +152,12 @@ def format_table(summaries: dict[str, dict]) -> str:
             f"{s['excess_p50']:>8.2f}{s['excess_p99']:>8.2f}"
             f"{s['throughput']:>8.2f}{s['imbalance']:>7.2f}{s['index_memory_bytes'] / 1024:>10.0f}"
         )
+    refused = {k: s["refused"] for k, s in summaries.items() if s.get("refused")}
+    if refused:
+        lines.append(
+            "refused by the admission limit (left out of every figure above): "
+            + ", ".join(f"{k} {n}" for k, n in refused.items())
+        )
     if summaries:
         s = next(iter(summaries.values()))
         lines.append(
