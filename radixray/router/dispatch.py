@@ -22,6 +22,7 @@ calls ``decide`` at each arrival and ``complete`` at each finish in simulated ti
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -54,6 +55,9 @@ class DecisionRecord:
     queued_prefill_tokens: int = 0
     running: int = 0
     attempts: int = 1
+    # the fleet's spare capacity as the policy estimated it at decision (1 - rho; <= 0:
+    # saturated); None for policies that do not estimate it
+    headroom: float | None = None
     ttft_s: float | None = None
     latency_s: float | None = None
     finish_reason: str | None = None
@@ -72,6 +76,11 @@ class DecisionRecord:
             str(k): round(v, 6) if isinstance(v, float) else v for k, v in self.scores.items()
         }
         return d
+
+
+def _finite(x: float | None) -> float | None:
+    """A headroom for JSON and logs: rounded, and None where no finite estimate exists yet."""
+    return round(x, 4) if x is not None and math.isfinite(x) else None
 
 
 class Dispatcher:
@@ -154,6 +163,7 @@ class Dispatcher:
             queued_prefill_tokens=st.queued_prefill_tokens if st else 0,
             running=st.running if st else 0,
             attempts=attempt,
+            headroom=_finite(d.headroom),
             scores=dict(d.scores),
             available_host_tokens=available - available_device,
             captured_host_tokens=captured - captured_device,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixray.protocol import MISS_CAUSES
@@ -19,6 +21,11 @@ _REUSE_HELP = (
 _REUSE_ERROR_HELP = (
     "Delivered minus captured reuse, by sign: over (the index promised more than the worker had) "
     "and under (the worker had more than the index knew)"
+)
+_HEADROOM_HELP = (
+    "The fleet's spare prefill capacity as the routing policy estimates it: 1 - offered prefill "
+    "work / capacity over the last ~64 requests (<= 0: saturated, queues grow); absent for "
+    "policies that do not estimate it"
 )
 _HERDING_HELP = "1 while the router's decisions pile onto this worker and others sit idle"
 
@@ -49,6 +56,7 @@ _METRICS = (
      "(block, worker) entries in the router's index", ()),
     ("index_memory", Gauge, "radixray_index_memory_bytes", "Router index memory", ()),
     ("herded", Gauge, "radixray_herding", _HERDING_HELP, ("worker",)),
+    ("headroom", Gauge, "radixray_fleet_headroom", _HEADROOM_HELP, ("policy",)),
     ("herd_episodes", Counter, "radixray_herding_episodes",
      "Herding episodes noticed (see /debug/decisions)", ()),
 )  # fmt: skip
@@ -153,6 +161,13 @@ class RouterMetrics:
         st = pool.index.stats()
         self.index_entries.set(st["entries"])
         self.index_memory.set(st["memory_bytes"])
+
+    def refresh_headroom(self, policy) -> None:
+        """The routing policy's current estimate of the fleet's headroom (policies without
+        one, such as cache_aware, leave the gauge unset)."""
+        h = getattr(policy, "headroom", None)
+        if h is not None and math.isfinite(h):
+            self.headroom.labels(policy.name).set(h)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -137,6 +137,7 @@ class RouterService:
     async def render_metrics(self) -> bytes:
         self.metrics.refresh(self.pool)
         self.metrics.refresh_herding(self.router.dispatch.herd, self.pool.workers)
+        self.metrics.refresh_headroom(self.router.policy)
         text = self.metrics.render()
         if self.fleet_metrics is not None:
             try:

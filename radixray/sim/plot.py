@@ -7,7 +7,7 @@ from pathlib import Path
 
 from radixray.plots import ttft_cdf
 
-from .results import RunResult
+from .results import REFUSED, RunResult
 
 __all__ = ["plot_results"]
 
@@ -38,7 +38,8 @@ def plot_results(results: Mapping[str, RunResult], path: str | Path | None = Non
     ax1.set_title("Cache hit rate")
     ax1.tick_params(axis="x", rotation=30)
     ax1.legend(fontsize=8)
-    ttft_cdf(ax2, {k: [r.ttft for r in results[k].records] for k in names}, "s", "simulated")
+    served = {k: [r.ttft for r in results[k].records if r.reason != REFUSED] for k in names}
+    ttft_cdf(ax2, served, "s", "simulated")
     ax2.set_title("TTFT CDF")
     width = 0.8 / max(len(names), 1)
     for j, k in enumerate(names):

@@ -15,6 +15,7 @@ from .timing import TimingModel
 from .workload import Workload
 
 __all__ = [
+    "REFUSED",
     "RequestRecord",
     "RunResult",
     "SUMMARY_KEYS",
@@ -24,6 +25,10 @@ __all__ = [
     "pooled_hits",
     "ttft_bound",
 ]
+
+# The reason on the record of a request the router's admission refused (a 429; worker -1). It is
+# left out of every figure of the served requests and counted in ``refused``.
+REFUSED = "refused: admission limit"
 
 SUMMARY_KEYS = (
     "hit_rate",
@@ -164,8 +169,14 @@ class RunResult:
     pooled_tokens: int = 0
 
     def summary(self) -> dict:
-        recs = self.records
+        """Figures of the served requests (all of them unless the run modelled admission),
+        ``refused`` the count refused; the bound is the whole workload's."""
+        served = [k for k, r in enumerate(self.records) if r.reason != REFUSED]
+        recs = [self.records[k] for k in served]
+        own_bound = [self.bound[k] for k in served] if self.bound else []
         prompt = sum(r.prompt_tokens for r in recs)
+        # the references are the whole workload's: over every request's prompt
+        whole = sum(r.prompt_tokens for r in self.records)
         cached = sum(r.cached for r in recs)
         fb = self.first_block_tokens
         beyond_prompt = sum(max(r.prompt_tokens - fb, 0) for r in recs)
@@ -187,20 +198,21 @@ class RunResult:
         # above compares two distributions at one percentile (the requests at TTFT's median
         # need not be those at the bound's); this asks what the request at each percentile of
         # delay waited beyond what it could have.
-        delays = [max(0.0, r.ttft - b) for r, b in zip(recs, self.bound, strict=True)]
+        delays = [max(0.0, r.ttft - b) for r, b in zip(recs, own_bound, strict=True)]
         delay = {f"delay_p{q}": percentile(delays, q) for q in (50, 90, 99)}
         pooled: dict[str, float] = {}
         if self.pooled_ttft:
-            pooled["pooled_hit_rate"] = self.pooled_tokens / prompt if prompt else 0.0
+            pooled["pooled_hit_rate"] = self.pooled_tokens / whole if whole else 0.0
             for q in (50, 90, 99):
                 b = percentile(self.pooled_ttft, q)
                 pooled[f"pooled_ttft_p{q}"] = b
                 pooled[f"pooled_excess_p{q}"] = max(0.0, percentile(ttfts, q) - b)
         return {
             "requests": len(recs),
+            "refused": len(self.records) - len(recs),
             "hit_rate": cached / prompt if prompt else 0.0,
             "hit_rate_beyond_first_block": beyond_cached / beyond_prompt if beyond_prompt else 0.0,
-            "ceiling": self.ceiling_tokens / prompt if prompt else 0.0,
+            "ceiling": self.ceiling_tokens / whole if whole else 0.0,
             # reuse telemetry, as fractions of prompt tokens: available >= captured always;
             # delivered above or below captured is the index's error, counted both ways
             "reuse_available": sum(r.available for r in recs) / prompt if prompt else 0.0,
@@ -235,6 +247,8 @@ class RunResult:
         reqs = [0] * n
         toks = [0] * n
         for r in self.records:
+            if r.reason == REFUSED:
+                continue
             reqs[r.worker] += 1
             toks[r.worker] += r.prompt_tokens - r.cached
         return {"busy_s": list(self.busy_time), "requests": reqs, "prefill_tokens": toks}

@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=SimConfig.event_delay_s,
         help="KV event delay to the router (s)",
     )
+    c.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        help="model the router's admission: refuse (429) arrivals while this many requests are "
+        "in flight (default: serve every request)",
+    )
+    c.add_argument(
+        "--max-inflight-per-worker",
+        type=int,
+        default=None,
+        help="likewise, while every worker has this many requests (running + waiting)",
+    )
     c.add_argument("--no-events", action="store_true", help="index learns only from decisions")
     c.add_argument("--no-optimistic", action="store_true", help="index learns only from KV events")
     p.add_argument(
@@ -139,6 +152,12 @@ def format_table(summaries: dict[str, dict]) -> str:
             f"{s['excess_p50']:>8.2f}{s['excess_p99']:>8.2f}"
             f"{s['throughput']:>8.2f}{s['imbalance']:>7.2f}{s['index_memory_bytes'] / 1024:>10.0f}"
         )
+    refused = {k: s["refused"] for k, s in summaries.items() if s.get("refused")}
+    if refused:
+        lines.append(
+            "refused by the admission limit (left out of every figure above): "
+            + ", ".join(f"{k} {n}" for k, n in refused.items())
+        )
     if summaries:
         s = next(iter(summaries.values()))
         lines.append(
@@ -185,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         event_delay_s=None if args.no_events else args.event_delay,
         optimistic_index=not args.no_optimistic,
         seed=args.seed,
+        max_inflight=args.max_inflight,
+        max_inflight_per_worker=args.max_inflight_per_worker,
     )
     print(
         f"workload {wl.name}: {len(wl)} requests, {wl.total_tokens()} prompt tokens "
@@ -199,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(summaries))
     if args.json_path:
         out = {
-            k: {m: s[m] for m in (*JSON_KEYS, "requests", "sim_wall_s")}
+            k: {m: s[m] for m in (*JSON_KEYS, "requests", "refused", "sim_wall_s")}
             for k, s in summaries.items()
         }
         with open(args.json_path, "w") as f:

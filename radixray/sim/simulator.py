@@ -29,7 +29,7 @@ from radixray.step_cost import pooled_fits
 from radixray.worker.engine_config import EngineConfig
 from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_order
 
-from .results import RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
+from .results import REFUSED, RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .sim_worker import SimWorker
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, TimingModel
 from .workload import SimRequest, Workload
@@ -55,6 +55,11 @@ class SimConfig:
     seed: int = 0
     check_every: int = 0  # run every worker's check_integrity every N steps (0: only at the end)
     prefill_order: str = SchedulerConfig.prefill_order  # the workers' scheduler's
+    # The live router's admission (RouterSettings): refuse an arrival (a 429) while this many
+    # requests are in flight across the fleet, or while every worker has this many (running +
+    # waiting). None: no limit, every request is served (the default).
+    max_inflight: int | None = None
+    max_inflight_per_worker: int | None = None
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -64,6 +69,10 @@ class SimConfig:
         if self.event_delay_s is not None and self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0 or None, got {self.event_delay_s}")
         check_prefill_order(self.prefill_order)
+        for name in ("max_inflight", "max_inflight_per_worker"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {v}")
         if self.event_delay_s is None and not self.optimistic_index:
             raise ValueError("with no KV events and no optimistic index the router sees nothing")
 
@@ -144,6 +153,7 @@ class _Run:
         for w in self.workers:
             self.index.add_worker(w.worker_id)
         self.heap: list = []
+        self.inflight = 0  # admitted, not finished (the live router's admission count)
         self.seq = 0
         self.steps = 0
         self.mem_peak = 0
@@ -157,11 +167,17 @@ class _Run:
 
     def _on_finish(self, req: SimRequest, cached: int, now: float) -> None:
         i = self.pos_of[req.rid]
-        self.finished[i] += 1
-        self.records[i].finish = now
+        self.inflight -= 1
         self.dispatch.complete(self.decisions[i], req.rid, cached)
         self.decisions[i] = None  # its record is kept; the decision is no longer needed
-        for k in self.released_by.get(req.rid, ()):
+        self._end(i, now)
+
+    def _end(self, i: int, now: float) -> None:
+        """Request ``i`` ended (served or refused): the turns waiting on it are released."""
+        rid = self.wl.requests[i].rid
+        self.finished[i] += 1
+        self.records[i].finish = now
+        for k in self.released_by.get(rid, ()):
             self.seq += 1
             at = max(now, self.wl.requests[k].arrival)
             heapq.heappush(self.heap, (at, 0, self.seq, _ARRIVE, None, k))
@@ -207,6 +223,11 @@ class _Run:
         # One timing model, one performance class: the router pools the workers' fits.
         fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
         states = [w.state(fits[w.worker_id]) for w in self.workers]
+        if self._refuse(states):
+            self.records[i] = RequestRecord(req.rid, -1, now, req.num_tokens, 0, REFUSED)
+            self._end(i, now)
+            return
+        self.inflight += 1
         decision, rec = self.dispatch.decide(rreq, states)
         self.decisions[i] = rec
         wid = decision.worker_id
@@ -222,6 +243,13 @@ class _Run:
         )
         w = self.workers[wid]
         self._after_step(w, w.enqueue(req, hs, now), now)
+
+    def _refuse(self, states) -> bool:
+        """Whether the live router's admission would answer this arrival 429."""
+        limit, per_worker = self.cfg.max_inflight, self.cfg.max_inflight_per_worker
+        if limit is not None and self.inflight >= limit:
+            return True
+        return per_worker is not None and all(s.load >= per_worker for s in states)
 
     def execute(self, progress: str | None) -> RunResult:
         reqs = self.wl.requests

@@ -3,6 +3,7 @@ infinite-cache ceiling, caches are intact at the end, one seed gives one result.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -240,3 +241,26 @@ def test_the_step_hook_sees_every_step_each_worker_runs(trace):
     first = {(w, s + d): e for w, log in steps.items() for s, d, e in log}
     for rec in result.records:
         assert str(rec.rid) in first[(rec.worker, rec.first_token)]
+
+
+def test_admission_refuses_as_the_router_does_and_reports_the_refused():
+    """With the live router's admission modelled, arrivals beyond the in-flight limit are
+    refused (never routed) and counted apart; the served requests' figures leave them out."""
+    from radixray.sim import SimRequest, Workload
+
+    reqs = [SimRequest(i, 0.001 * i, ((i + 1, 64),), 4) for i in range(40)]  # a burst
+    wl = Workload("burst", reqs, 16)
+    base = SimConfig(num_workers=2, num_pages=256, page_size=16)
+    served = simulate(wl, "ttft", base).summary()
+    assert served["refused"] == 0 and served["requests"] == 40
+    limited = simulate(wl, "ttft", dataclasses.replace(base, max_inflight=5))
+    s = limited.summary()
+    refused = [r for r in limited.records if r.worker == -1]
+    assert s["refused"] == len(refused) > 0 and s["requests"] + s["refused"] == 40
+    assert all(r.worker >= 0 for r in limited.records[:5])  # the first 5 fit the limit
+    assert sum(limited.per_worker()["requests"]) == s["requests"]
+    assert s["ttft_p99"] <= served["ttft_p99"]  # fewer queued ahead of the served ones
+    per_worker = simulate(wl, "ttft", dataclasses.replace(base, max_inflight_per_worker=3))
+    assert 0 < per_worker.summary()["refused"] < 40
+    with pytest.raises(ValueError, match="max_inflight"):
+        SimConfig(max_inflight=0)

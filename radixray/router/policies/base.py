@@ -107,12 +107,15 @@ class WorkerState:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Where a request goes and why. ``scores`` maps worker id -> the policy's score (lower is
-    better unless the policy's docstring says otherwise); it is for logs and debugging."""
+    better unless the policy's docstring says otherwise); it is for logs and debugging.
+    ``headroom``: the fleet's spare capacity as the policy estimates it (``Headroom``: ``1 -
+    rho``, <= 0 when saturated), None for policies that do not estimate it."""
 
     worker_id: Hashable
     reason: str
     predicted_cached_tokens: int = 0
     scores: dict = field(default_factory=dict)
+    headroom: float | None = None
 
 
 class NoHealthyWorker(RuntimeError):

@@ -6,9 +6,11 @@ recomputation imposes on everyone else, is lowest::
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; ``R_w``
-/ ``O_w`` its pooled prefill fit, ``L = rho / (1 - rho)`` from the measured utilisation, ``h``
-the measured reuse share, ``spill_w`` the cached tokens the placement would evict). Why each
-term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
+/ ``O_w`` its pooled prefill fit, ``L`` the larger of ``rho / (1 - rho)`` by the share of busy
+workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
+uncapped as the headroom closes), ``h`` the measured reuse share, ``spill_w`` the cached tokens
+the placement would evict). Why each term is there, and what was tried instead:
+docs/ttft_policy.md. Lowest cost wins; ties: seeded
 random, or by rank in a fleet of routers.
 """
 
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from radixray.numbers import Ewma
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
+from .headroom import Headroom
 
 __all__ = ["PredictedTTFT"]
 
@@ -32,17 +35,20 @@ class PredictedTTFT(Policy):
         ewma_requests: int = 64,
         rho_max: float = 0.8,
         min_match: float = 0.01,
+        headroom: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
-        ``ewma_requests`` is the memory of the utilisation estimate, in arrivals; ``rho_max``
-        caps it, so ``L <= rho_max / (1 - rho_max)`` (4: why, docs/ttft_policy.md);
-        a cached prefix shorter than ``min_match`` of the prompt does not steer placement
-        (counts as none; why, docs/ttft_policy.md)."""
+        ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
+        caps the busy-worker estimate, so its ``L <= rho_max / (1 - rho_max)`` (4: why,
+        docs/ttft_policy.md); ``headroom``: ``L`` is also at least the fleet's offered work
+        over its capacity's ``rho / (1 - rho)`` (``Headroom``; False: the rule before issue 23,
+        for comparison); a cached prefix shorter than ``min_match`` of the prompt does not
+        steer placement (counts as none; why, docs/ttft_policy.md)."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
-        if ewma_requests < 1:
-            raise ValueError(f"ewma_requests must be >= 1, got {ewma_requests}")
+        if ewma_requests < 2:
+            raise ValueError(f"ewma_requests must be >= 2, got {ewma_requests}")
         if not 0 < rho_max < 1:
             raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
         if not 0 <= min_match < 1:
@@ -50,32 +56,42 @@ class PredictedTTFT(Policy):
         self.reuse_weight = reuse_weight
         self.rho_max = rho_max
         self.min_match = min_match
+        self.use_headroom = headroom
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
-        # sees (the utilisation), the share of its prompt found cached on some worker.
+        # sees, the fleet's offered prefill work against its capacity, the share of a prompt
+        # found cached on some worker.
         self._rho = Ewma(1.0 / ewma_requests, initial=0.0)
+        self.capacity = Headroom(ewma_requests)
         self._reuse = Ewma(1.0 / ewma_requests, initial=0.0)
 
     @property
     def rho(self) -> float:
+        """The busy fraction of the workers arrivals see (an upper bound on utilisation)."""
         return self._rho.value
+
+    @property
+    def headroom(self) -> float:
+        """The fleet's spare prefill capacity, ``1 - `` offered work over capacity (``<= 0``:
+        saturated): what the decision record and ``/metrics`` show."""
+        return self.capacity.headroom
 
     @property
     def reuse(self) -> float:
         return self._reuse.value
 
-    def _observe(self, live: Sequence[WorkerState]) -> float:
-        busy = 0
-        for w in live:
-            if w.running or w.waiting:
-                busy += 1
+    def _weight(self, live: Sequence[WorkerState]) -> float:
+        """``L``, the reuse weight, from the utilisation measured before this arrival: the
+        larger of the capped busy-worker rule and the uncapped offered-work rule."""
+        busy = sum(1 for w in live if w.running or w.waiting)
         rho = min(self._rho.update(busy / len(live)), self.rho_max)
-        return rho / (1.0 - rho)
+        if self.reuse_weight is not None:
+            return self.reuse_weight
+        weight = rho / (1.0 - rho)
+        return max(weight, self.capacity.reuse_weight) if self.use_headroom else weight
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weight = self._observe(live)
-        if self.reuse_weight is not None:
-            weight = self.reuse_weight
+        weight = self._weight(live)
         P = index.page_size
         tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         n = request.num_tokens
@@ -113,11 +129,19 @@ class PredictedTTFT(Policy):
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
         c = reusable.get(pick.worker_id, 0)
+        # The prefill work this placement brings the fleet, by the fit it was priced with (what
+        # it loads back from a host tier is not prefill). In a fleet of routers sharing the
+        # workers this one sees about 1 / routers of the arrivals.
+        done = c if pick.load_tokens_per_s > 0 else min(tiers.get(pick.worker_id, (0,))[0] * P, c)
+        work = pick.prefill_overhead_s + (n - done) / pick.prefill_tokens_per_s
+        routers = max(1, request.fleet[1])
+        self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
-        return Decision(pick.worker_id, reason, c, scores)
+        return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom)
 
     def __repr__(self) -> str:
         return (
             f"PredictedTTFT(reuse_weight={self.reuse_weight}, rho={self.rho:.3f}, "
+            f"headroom={self.headroom:.3f}, "
             f"min_match={self.min_match})"
         )

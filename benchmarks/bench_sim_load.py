@@ -1,0 +1,218 @@
+"""Load sweep in the routing simulator: one workload at rising arrival rates, every policy, TTFT
+p50 / p99 and hit rate against offered load, and each policy's sustainable rate.
+
+The **sustainable rate** of a policy is the highest speedup on the grid whose whole-run TTFT
+p50 stays within 2x the bound's p50 (the bound: every request hits its whole infinite-cache
+prefix on an idle worker), at that speedup and every lower one. Every request is served (past
+saturation the queue grows with the run, the same run for every policy) unless ``--admission``
+models the live router's admission limit (``RouterSettings``: 1,024 requests in flight, or 256
+on every worker); then refused requests are counted beside the percentiles of the served ones,
+so that no policy wins by refusing more.
+
+Checks ttft against the best baseline at each speed (TTFT p50 and p99 <= 1.0x, hit >= 0.97x)
+and its sustainable rate against theirs; medians over ``--seeds``.
+
+    .venv/bin/python benchmarks/bench_sim_load.py                 # Mooncake 8 x 8192, 1..6
+    .venv/bin/python benchmarks/bench_sim_load.py --admission     # with the router's 429s
+    .venv/bin/python benchmarks/bench_sim_load.py --quick         # a smoke run (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from radixray.sim import (
+    SimConfig,
+    hot_prefix,
+    load_mooncake,
+    multiturn_chat,
+    simulate,
+    timing_preset,
+)
+
+BASELINES = ["cache_aware", "cache_aware_smallest_cache", "kv_cost", "least_load"]
+OURS = "ttft"
+# The live router's admission defaults (radixray.router.service.RouterSettings).
+ADMISSION = (1024, 256)
+METRICS = ("ttft_p50", "ttft_p99", "hit_rate", "bound_p50", "bound_p99", "refused", "requests")
+
+
+def workload(name: str, speedup: float, limit: int | None, seed: int):
+    """``name`` at ``speedup`` times its base rate (hot_prefix: 10 requests/s, multiturn_chat:
+    4 requests/s, their defaults)."""
+    if name == "mooncake":
+        return load_mooncake("mooncake", block_tokens=16, speedup=speedup, limit=limit, seed=seed)
+    n = limit or 3000
+    if name == "hot_prefix":
+        return hot_prefix(num_requests=n, rate=10.0 * speedup, seed=seed)
+    if name == "multiturn_chat":
+        return multiturn_chat(num_requests=n, rate=4.0 * speedup, seed=seed)
+    raise ValueError(f"unknown workload {name!r}: mooncake, hot_prefix or multiturn_chat")
+
+
+def run_point(speedup: float, seed: int, args) -> dict[str, dict]:
+    wl = workload(args.workload, speedup, args.limit, seed)
+    limit, per_worker = ADMISSION if args.admission else (None, None)
+    cfg = SimConfig(
+        num_workers=args.workers,
+        num_pages=args.pages,
+        page_size=16,
+        timing=timing_preset(args.timing),
+        seed=seed,
+        max_inflight=limit,
+        max_inflight_per_worker=per_worker,
+    )
+    out = {}
+    for name in args.policies.split(","):
+        s = simulate(wl, name, cfg).summary()
+        out[name] = {k: s[k] for k in METRICS}
+    return out
+
+
+def median_over_seeds(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    return {p: {k: statistics.median(r[p][k] for r in runs) for k in METRICS} for p in runs[0]}
+
+
+def sustainable(points: dict[float, dict[str, dict]], policy: str) -> float | None:
+    """The highest speedup whose p50 (and every lower one's) is within 2x the bound's."""
+    best = None
+    for s in sorted(points):
+        v = points[s][policy]
+        if v["ttft_p50"] > 2.0 * v["bound_p50"]:
+            break
+        best = s
+    return best
+
+
+def verdict(points: dict[float, dict[str, dict]], names: list[str]) -> list[str]:
+    base = [n for n in names if n != OURS]
+    lines, ok = [], True
+    for s, pt in sorted(points.items()):
+        ours = pt[OURS]
+        ratios = {q: ours[q] / min(pt[b][q] for b in base) for q in ("ttft_p50", "ttft_p99")} | {
+            "hit_rate": ours["hit_rate"] / max(pt[b]["hit_rate"] for b in base)
+        }
+        good = ratios["ttft_p50"] <= 1.0 and ratios["ttft_p99"] <= 1.0
+        good = good and ratios["hit_rate"] >= 0.97
+        ok = ok and good
+        lines.append(
+            f"| {s:g} | x{ratios['ttft_p50']:.2f} | x{ratios['ttft_p99']:.2f} | "
+            f"x{ratios['hit_rate']:.3f} | {'met' if good else 'NOT met'} |"
+        )
+    rates = {n: sustainable(points, n) for n in names}
+    best_base = max((rates[b] or 0.0) for b in base)
+    ok_rate = (rates[OURS] or 0.0) >= best_base
+    head = [
+        "| speedup | ttft p50 / best | p99 / best | hit / best | target |",
+        "|---|---|---|---|---|",
+    ]
+    tail = [
+        "",
+        "sustainable rate (p50 <= 2x the bound's): "
+        + ", ".join(f"{n} {rates[n] if rates[n] is not None else '<grid'}" for n in names),
+        f"ttft {'>=' if ok_rate else '<'} the best baseline's ({best_base:g}); per-speed "
+        f"targets {'all met' if ok else 'not all met'}",
+    ]
+    return head + lines + tail
+
+
+def table(points: dict[float, dict[str, dict]], names: list[str], admission: bool) -> str:
+    cols = " | ".join(f"{n} p50 / p99 s, hit" + (", refused" if admission else "") for n in names)
+    lines = [f"| speedup | bound p50 s | {cols} |", "|---" * (len(names) + 2) + "|"]
+    for s, pt in sorted(points.items()):
+        cells = []
+        for n in names:
+            v = pt[n]
+            c = f"{v['ttft_p50']:.2f} / {v['ttft_p99']:.2f}, {v['hit_rate']:.3f}"
+            cells.append(c + (f", {v['refused']:.0f}" if admission else ""))
+        b = next(iter(pt.values()))["bound_p50"]
+        lines.append(f"| {s:g} | {b:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(points: dict[float, dict[str, dict]], names: list[str], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    xs = sorted(points)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    for ax, q in zip(axes, ("ttft_p50", "ttft_p99"), strict=True):
+        for n in names:
+            ax.plot(
+                xs, [points[s][n][q] for s in xs], marker="o", label=n, lw=2 if n == OURS else 1
+            )
+        bound = [points[s][names[0]][f"bound_{q[-3:]}"] for s in xs]
+        ax.plot(xs, bound, "k--", label="bound")
+        if q == "ttft_p50":
+            ax.plot(xs, [2 * b for b in bound], "k:", label="2x bound (sustainable)")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (speedup of the trace's arrivals)")
+        ax.set_ylabel(f"TTFT {q[-3:]} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workload", default="mooncake", help="mooncake, multiturn_chat, hot_prefix")
+    p.add_argument("--speedups", default="1,1.5,2,2.5,3,3.5,4,4.5,5,5.5,6")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per point (medians reported)")
+    p.add_argument("--policies", default=",".join([OURS, *BASELINES]))
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--pages", type=int, default=8192)
+    p.add_argument("--timing", default="cpu")
+    p.add_argument("--limit", type=int, default=None, help="the first N requests")
+    p.add_argument(
+        "--admission",
+        action="store_true",
+        help=f"refuse arrivals as the live router does ({ADMISSION[0]} in flight, or "
+        f"{ADMISSION[1]} on every worker) and report the refused",
+    )
+    p.add_argument("--out", default="/tmp/bench_sim_load.json")
+    p.add_argument("--plot", default="benchmarks/bench_sim_load.png")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 4 x 2048, 300 requests, speedups 2,4"
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.pages, args.speedups, args.plot = 4, 2048, "2,4", ""
+        args.limit = args.limit or 300
+    names = args.policies.split(",")
+    if OURS not in names:
+        p.error(f"--policies must include {OURS}")
+    points: dict[float, dict[str, dict]] = {}
+    for s in [float(x) for x in args.speedups.split(",")]:
+        t0 = time.perf_counter()
+        points[s] = median_over_seeds([run_point(s, seed, args) for seed in range(args.seeds)])
+        print(f"speedup {s:g}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    title = (
+        f"{args.workload}, {args.workers} workers x {args.pages} pages, {args.timing} timing, "
+        f"{args.seeds} seed(s){', admission modelled' if args.admission else ''}"
+    )
+    print(f"#### {title}\n\n{table(points, names, args.admission)}\n")
+    print("\n".join(verdict(points, names)))
+    if args.plot:
+        plot(points, names, args.plot, title)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        meta = {"date": date.today().isoformat(), "argv": sys.argv, "machine": platform.machine()}
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "points": {str(k): v for k, v in points.items()}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``Headroom``: how close the fleet is to saturation, from what the router already measures.
+
+Each routed request brings the fleet an amount of prefill work, in worker-seconds: its uncached
+tokens (the prompt less what its chosen worker holds) over that worker's measured prefill rate,
+plus the step's fixed cost, both from the prefill fit the router routes by. Work arriving per
+second, over the worker-seconds the fleet has per second, is its utilisation::
+
+    rho      = E[work per request] / (E[time between arrivals] * workers)
+    headroom = 1 - rho                    (<= 0: work arrives faster than the fleet does it)
+
+Both means are moving averages over ``memory`` arrivals, so ``rho`` follows the offered load of
+the last ``memory`` requests. It counts work, not busy workers: a worker decoding one request
+is "busy" for the whole of its answer and yet has almost all its prefill capacity free (the
+busy fraction read 0.82-1.0 on Mooncake at loads from 2.5x to 4x, where the spare prefill
+capacity went from about half to none; docs/ttft_policy.md, "Near saturation").
+
+The work is what the router *placed*, with its own reuse: a policy that recomputes prefixes
+raises its own ``rho``, as it should. The fixed cost per request is an upper bound when several
+short prompts share a prefill step, and the fit's intercept holds the decode steps that ride
+along with prefill chunks, which do take worker time: on the ``cpu`` timing preset the estimate
+crosses 1 between 3.5x and 4x Mooncake, where the best policy's queue stops draining.
+
+``reuse_weight`` is the M/M/1 mean number in system, ``rho / (1 - rho)``: how many requests a
+second of extra work delays. ``rho`` is clipped below ``1 - 1 / memory``: an average over
+``memory`` arrivals cannot tell a headroom smaller than that from none, and past it the weight
+is ``memory - 1``, every request the estimate remembers.
+"""
+
+from __future__ import annotations
+
+from radixray.numbers import Ewma
+
+__all__ = ["Headroom"]
+
+
+class Headroom:
+    """The fleet's measured utilisation. ``observe`` once per routed request; read ``rho``,
+    ``headroom`` and ``reuse_weight``. Not thread-safe (one router's event loop calls it)."""
+
+    def __init__(self, memory: int = 64):
+        if memory < 2:
+            raise ValueError(f"memory must be >= 2 arrivals, got {memory}")
+        self.memory = memory
+        # Both start at 0 and take each arrival's sample together, so their ratio weighs every
+        # arrival alike (no first sample standing in for the whole window).
+        self._work = Ewma(1.0 / memory, initial=0.0)  # worker-seconds per request
+        self._gap = Ewma(1.0 / memory, initial=0.0)  # seconds between arrivals, x workers
+        self._last: float | None = None
+        self.seen = 0  # arrivals that gave a sample (all but the first)
+
+    def observe(self, now: float, work_s: float, workers: int) -> None:
+        """A request arrived at ``now`` (seconds, any monotonic clock) bringing ``work_s``
+        worker-seconds of prefill to a fleet of ``workers`` routable workers."""
+        if self._last is not None:
+            self._gap.update(max(0.0, now - self._last) * workers)
+            self._work.update(max(0.0, work_s))
+            self.seen += 1
+        self._last = now if self._last is None else max(self._last, now)
+
+    @property
+    def rho(self) -> float:
+        """Offered work over capacity (0 until two arrivals were seen; may exceed 1)."""
+        work, gap = self._work.value, self._gap.value
+        if gap <= 0.0:
+            return float("inf") if work > 0 else 0.0
+        return work / gap
+
+    @property
+    def headroom(self) -> float:
+        """``1 - rho``: the share of the fleet's prefill capacity left; <= 0 when saturated."""
+        rho = self.rho
+        return 1.0 - rho if rho != float("inf") else float("-inf")
+
+    @property
+    def reuse_weight(self) -> float:
+        """``rho / (1 - rho)``, with ``rho`` clipped below ``1 - 1 / memory``; 0 until
+        ``memory`` arrivals were seen (a cold start's first prompts, all misses arriving
+        together, would read as saturation and pile the first cached prefix's requests onto
+        one worker)."""
+        if self.seen < self.memory:
+            return 0.0
+        rho = min(self.rho, 1.0 - 1.0 / self.memory)
+        return rho / (1.0 - rho)
+
+    def __repr__(self) -> str:
+        return f"Headroom(rho={self.rho:.3f}, memory={self.memory})"

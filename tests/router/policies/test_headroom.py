@@ -1,0 +1,113 @@
+"""The fleet's headroom: ``Headroom`` on scripted arrivals, against a simulated fleet whose
+capacity is known, and ttft's choice flipping from spreading to keeping a prefix as the fleet
+saturates; the estimate on the decision record and on /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixray.cache_index import ApproxIndex
+from radixray.router.dispatch import Dispatcher
+from radixray.router.policies import RoutingRequest, WorkerState, make_policy
+from radixray.router.policies.headroom import Headroom
+from radixray.router.prometheus_metrics import RouterMetrics
+from radixray.sim import SimConfig, SimRequest, Workload, simulate, timing_preset
+
+P = 16
+
+
+def test_headroom_is_offered_work_over_capacity():
+    h = Headroom(memory=8)
+    for k in range(20):  # 4 workers; 0.2 worker-s of work every 0.1 s: half the fleet's time
+        h.observe(0.1 * k, 0.2, 4)
+    assert h.rho == pytest.approx(0.5) and h.headroom == pytest.approx(0.5)
+    assert h.reuse_weight == pytest.approx(1.0)  # rho / (1 - rho)
+    for k in range(20, 200):  # twice the capacity: no headroom, the weight at its clip
+        h.observe(0.1 * k, 0.8, 4)
+    assert h.rho == pytest.approx(2.0, rel=1e-3) and h.headroom < 0
+    assert h.reuse_weight == pytest.approx(7.0)  # rho clipped at 1 - 1/8
+
+
+def test_headroom_weighs_nothing_until_its_window_is_full():
+    h = Headroom(memory=8)
+    for k in range(8):  # a cold start: misses arriving together read as saturation...
+        h.observe(0.001 * k, 2.0, 4)
+    assert h.headroom < 0
+    assert h.reuse_weight == 0.0  # ...but 7 samples are not yet a window of 8
+    h.observe(0.008, 2.0, 4)
+    assert h.reuse_weight == pytest.approx(7.0)
+    with pytest.raises(ValueError, match="memory"):
+        Headroom(memory=1)
+
+
+def _cold_fleet_workload(rate: float, n: int = 400, tokens: int = 256) -> Workload:
+    """``n`` distinct ``tokens``-token prompts (nothing to reuse), one every ``1 / rate`` s, one
+    output token each: every request is one prefill step of known cost."""
+    reqs = [SimRequest(i, i / rate, ((i + 1, tokens),), 1) for i in range(n)]
+    return Workload("cold", reqs, P)
+
+
+@pytest.mark.parametrize("load", [0.5, 2.0])
+def test_ttft_headroom_against_a_simulated_fleet_of_known_capacity(load):
+    timing = timing_preset("cpu")
+    step = timing.step_time(0, 0, 256, 256 * 255 // 2)  # one request's prefill, alone
+    workers = 4
+    capacity = workers / step  # requests per second the fleet prefills
+    policy = make_policy("ttft")
+    cfg = SimConfig(num_workers=workers, num_pages=1024, page_size=P, timing=timing)
+    simulate(_cold_fleet_workload(load * capacity), policy, cfg)
+    assert policy.headroom == pytest.approx(1.0 - load, abs=0.03)
+
+
+def req(k: int, at: float) -> RoutingRequest:
+    return RoutingRequest(k, 8 * P, list(range(1000, 1008)), None, at)
+
+
+def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
+    """Worker 1 holds 6 of the prompt's 8 pages behind 300 queued tokens; worker 0 is empty.
+    With headroom, moving costs 128 + L * 96 tokens against 300 + 32 staying: spread while
+    L < 2.1, keep the prefix beyond. Only worker 1 is busy, so the busy-worker rule alone keeps
+    L at 1/3 whatever the arrival rate."""
+    idx = ApproxIndex(P, 1 << 16)
+    for w in range(4):
+        idx.add_worker(w)
+    idx.insert(1, list(range(1000, 1006)))
+    room = {"prefill_tokens_per_s": 100.0, "free_pages": 100, "total_pages": 100}
+    workers = [WorkerState(w, **room) for w in (0, 2, 3)]
+    workers.insert(1, WorkerState(1, running=1, queued_prefill_tokens=300, **room))
+    new, old = make_policy("ttft"), make_policy("ttft", headroom=False)
+    for k in range(100):  # one request every 10 s: 1.3 s of work each, the fleet nearly idle
+        picks = {p.choose(req(k, 10.0 * k), workers, idx).worker_id for p in (new, old)}
+        assert picks <= {0, 2, 3}
+    assert new.headroom > 0.9
+    t = 1000.0
+    for k in range(100, 700):  # one every 0.05 s: more than the fleet does, prefix kept or not
+        t += 0.05
+        d = new.choose(req(k, t), workers, idx)
+        assert old.choose(req(k, t), workers, idx).worker_id != 1  # blind to saturation
+    assert d.headroom < 0 and d.worker_id == 1 and d.reason == "ttft: best match"
+
+
+def test_headroom_on_the_decision_record_and_in_metrics():
+    idx = ApproxIndex(P, 1 << 16)
+    idx.add_worker("a")
+    ttft, metrics = make_policy("ttft"), RouterMetrics()
+    dispatch = Dispatcher(ttft, idx, herd_window=0)
+    state = [WorkerState("a", prefill_tokens_per_s=100.0)]
+    for k in range(3):  # distinct prompts, one a second: 1.28 worker-s of work each
+        fresh = RoutingRequest(k, 8 * P, list(range(100 * k, 100 * k + 8)), None, float(k))
+        _, rec = dispatch.decide(fresh, state)
+    assert rec.headroom == pytest.approx(1 - 1.28, abs=1e-4)
+    # one of two routers sharing the worker: it sees half the arrivals, the fleet twice its own
+    shared = make_policy("ttft")
+    for k in range(3):
+        fresh = RoutingRequest(k, 8 * P, list(range(100 * k, 100 * k + 8)), None, float(k), (1, 2))
+        shared.choose(fresh, state, ApproxIndex(P, 1 << 16))
+    assert shared.headroom == pytest.approx(1 - 2 * 1.28)
+    metrics.refresh_headroom(ttft)
+    assert 'radixray_fleet_headroom{policy="ttft"} -0.28' in metrics.render().decode()
+    _, rec = Dispatcher(make_policy("cache_aware"), idx, herd_window=0).decide(req(9, 9.0), state)
+    assert rec.headroom is None
+    quiet = RouterMetrics()
+    quiet.refresh_headroom(make_policy("cache_aware"))
+    assert "radixray_fleet_headroom{" not in quiet.render().decode()
