@@ -12,6 +12,7 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
     commit(req, upto)       hand computed full pages to the cache; the request keeps them locked
     fork(src, dst)          dst shares src's cached pages and gets copies of its private ones
     release(req)            give everything back: full computed pages cached, the rest freed
+    trim_window(req)        drop the window-pool pages out of req's window (a window pool only)
 
 Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
 ``pages[:num_tree_pages]`` (the cache's, locked through ``node``) then private pages; every page
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 
 from radixray.cache_index import ChunkCache, PrefixCache
 from radixray.cache_index.prefix_cache import MatchResult
+from radixray.cache_index.window_pages import WindowedAllocator
 from radixray.protocol import MISS_CAUSES
 
 from .request import Request
@@ -49,11 +51,20 @@ class PageManager:
         self.reuse = not isinstance(cache, ChunkCache)
         self.num_evicted_pages = 0
         self.num_loaded_pages = 0  # host pages loaded back for admitted requests
+        # With a window pool (docs/window_cache.md) every page taken brings a window page too.
+        self.window = self.alloc if isinstance(self.alloc, WindowedAllocator) else None
+        self.num_window_dropped = 0  # window pages dropped out of running requests' windows
 
     @property
     def available_pages(self) -> int:
         """Pages a request could get now: free ones and cached ones nobody holds."""
         return self.alloc.num_free + self.cache.evictable_tokens // self.P
+
+    def _window_available(self) -> int:
+        """Window pages that ``_take`` could get: free ones, and those of cached pages nobody
+        holds (full eviction frees them, or the cache drops them alone)."""
+        free = self.window.num_window_free
+        return free + getattr(self.cache, "window_evictable", lambda: 0)()
 
     def match(self, req: Request) -> MatchResult:
         """The cached prefix of the request's tokens; the last token is always computed (its
@@ -143,9 +154,36 @@ class PageManager:
             return []
         if n > self.available_pages:
             return None
+        win = self.window
+        if win is not None and n > win.num_window_free and n > self._window_available():
+            return None
         if n > self.alloc.num_free:
             self.num_evicted_pages += self.cache.evict(n - self.alloc.num_free)
+        if win is not None and n > win.num_window_free:
+            self.cache.evict_window(n - win.num_window_free)
         return self.alloc.alloc(n)
+
+    def trim_window(self, req: Request) -> None:
+        """Drop the window-pool pages that no future query of ``req`` reads: a query at
+        position p >= num_computed sees keys > p - W, so pages wholly before
+        ``num_computed - W + 1`` are out of its window. Its private pages lose theirs; pages
+        it shares with the cache lose theirs only where no other request holds them
+        (``drop_window_held``). No window pool: nothing to do."""
+        win = self.window
+        if win is None:
+            return
+        upto = max(0, req.num_computed - win.window + 1) // self.P
+        if upto <= req.window_start:
+            return
+        ntp = req.num_tree_pages
+        lo = max(req.window_start, ntp)
+        if lo < upto:
+            self.num_window_dropped += win.drop_window(req.pages[lo:upto])
+        if req.window_start < ntp and req.node is not None:
+            drop_held = getattr(self.cache, "drop_window_held", None)
+            if drop_held is not None:
+                self.num_window_dropped += drop_held(req.node, req.window_start, min(upto, ntp))
+        req.window_start = upto
 
     def commit(self, req: Request, upto: int) -> None:
         """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``; pages
@@ -157,22 +195,27 @@ class PageManager:
         tokens = req.all_ids[: k * P]
         cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
         dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
-        m = cache.match_prefix(tokens, req.extra_key)
+        # every cached page, tombstoned window pages or not (swa_radix's match stops before)
+        m = getattr(cache, "match_cached", cache.match_prefix)(tokens, req.extra_key)
         assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
         cache.lock(m.node)
         if req.node is not None:
             cache.unlock(req.node)
         req.node = m.node
+        revive = getattr(cache, "revive_window", None)
+        if dups and revive is not None:  # a window pool: tombstoned cached pages come back
+            revive(m.node, req.num_tree_pages, dups)
         req.pages[:k] = m.pages
         req.num_tree_pages = k
         if dups:
             self.alloc.free(dups)
 
     def attribute(
-        self, req: Request, cached: int, in_flight: set[int], host: int = 0
+        self, req: Request, cached: int, in_flight: set[int], host: int = 0, window: int = 0
     ) -> dict[str, int]:
         """Split the prompt's tokens by why they were (not) reused (``cached`` of them were on
-        the device, the ``host`` after them loaded back); the values sum to the prompt length.
+        the device, the ``host`` after them loaded back, the ``window`` after those cached but
+        not reusable: their window was dropped); the values sum to the prompt length.
         ``evicted``: gone from both tiers."""
         miss = dict.fromkeys(MISS_CAUSES, 0)
         L, P = req.num_prompt, self.P
@@ -184,8 +227,10 @@ class PageManager:
         reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
         miss["cached"] = cached
         miss["host"] = host
+        window = max(0, min(window, reusable * P - cached - host))
+        miss["window"] = window
         miss["page_tail"] = L - max(reusable * P, cached + host)
-        for j in range((cached + host) // P, reusable):
+        for j in range((cached + host + window) // P, reusable):
             h = req.block_hashes[j]
             if h in in_flight:
                 miss["in_flight"] += P
@@ -233,12 +278,15 @@ class PageManager:
         req.pages = []
         req.num_tree_pages = 0
         req.node = None
+        req.window_start = 0
 
     def check_integrity(self, holders: Iterable[Request], idle: Iterable[Request] = ()) -> None:
         """Every page is free, cached or private to exactly one of ``holders``; each holder has
         pages for what it computed; ``idle`` requests hold none."""
         holders = list(holders)
         self.cache.check_integrity(held_pages=[p for r in holders for p in r.private_pages])
+        if self.window is not None:
+            self.window.check_window()
         for r in holders:
             if len(r.pages) < _cdiv(r.num_computed, self.P):
                 raise AssertionError(
