@@ -21,34 +21,18 @@ from both. No host tier yet: ``host_allocator`` is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from .cache_contract import MatchResult
 from .events import SLIDING_WINDOW, BlockRemoved, BlockStored, KVEvent
 from .radix_cache import RadixCache
 from .radix_tree import EVICTION_POLICIES, TreeNode
-from .window_pages import WindowedAllocator
+from .window_pages import WindowedAllocator, reusable_pages
 
 __all__ = ["SWARadixCache", "reusable_pages", "WINDOW_GROUP"]
 
 WINDOW_GROUP = 1  # the group_idx of window-layer blocks in KV events (0: full attention)
-
-
-def reusable_pages(pages: Sequence[int], has_window: Callable[[int], bool], P: int, W: int) -> int:
-    """The most leading ``pages`` a request can start after: the largest ``e`` such that every
-    page holding a position in ``[e*P - W + 1, e*P)`` has its window page. Right to left: a
-    missing page ``j`` rules out every ``e`` in ``(j, end]``, so the next candidate is ``j``."""
-    end = len(pages)
-    while end > 0:
-        start = max(0, end * P - W + 1) // P  # the first page the query at end*P reads
-        j = end - 1
-        while j >= start and has_window(pages[j]):
-            j -= 1
-        if j < start:
-            return end
-        end = j
-    return 0
 
 
 class SWARadixCache(RadixCache):
@@ -73,6 +57,7 @@ class SWARadixCache(RadixCache):
         self.window = allocator.window
         self._group = (WINDOW_GROUP, SLIDING_WINDOW, self.window)
         self.num_window_evicted = 0  # window pages dropped by evict_window
+        self._announced = False
 
     # -------------------------------------------------------------- match / insert
 
@@ -104,6 +89,9 @@ class SWARadixCache(RadixCache):
         cached = super().insert(token_ids, pages, extra_key, block_hashes)
         if len(self._events) > before:  # the full group's BlockStored of the new pages
             ev = self._events[-1]
+            if not self._announced:  # a router learns the window before any window block
+                self._events.append(self._marker())
+                self._announced = True
             first = cached // self.page_size
             new = pages[first : first + len(ev.block_hashes)]
             has = self.allocator.has_window
@@ -125,6 +113,11 @@ class SWARadixCache(RadixCache):
                 ev = BlockStored(hashes[a:b], par, tokens[a * P : b * P], P, self.medium)
                 self._events.append(_in_group(ev, self._group))
                 run = []
+
+    def _marker(self) -> BlockStored:
+        """An empty window-group BlockStored: says that this worker has a window group, and
+        its window, before (or without) any block of it."""
+        return _in_group(BlockStored([], None, [], self.page_size, self.medium), self._group)
 
     def _drop(self, node: TreeNode, idx: Iterable[int]) -> int:
         """Drop the window pages of ``node``'s pages at ``idx`` (those that have one)."""
@@ -216,6 +209,7 @@ class SWARadixCache(RadixCache):
 
     def snapshot_events(self) -> list[KVEvent]:
         events = super().snapshot_events()
+        events.append(self._marker())
         self._events, saved = events, self._events
         try:
             has = self.allocator.has_window

@@ -19,11 +19,11 @@ Pure Python, like the rest of ``cache_index``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .page_allocator import PageAllocator
 
-__all__ = ["NULL_WINDOW_PAGE", "WindowedAllocator", "window_pages_needed"]
+__all__ = ["NULL_WINDOW_PAGE", "WindowedAllocator", "reusable_pages", "window_pages_needed"]
 
 NULL_WINDOW_PAGE = 0
 
@@ -32,6 +32,23 @@ def window_pages_needed(window: int, page_size: int, chunk: int) -> int:
     """The window pages one request may hold at once: its last ``window - 1`` positions before
     a chunk of ``chunk`` new ones, page-aligned on both ends."""
     return -(-(window - 1 + chunk) // page_size) + 1
+
+
+def reusable_pages(pages: Sequence, has_window: Callable[[int], bool], P: int, W: int) -> int:
+    """The most leading ``pages`` (page ids, or block hashes: whatever ``has_window`` takes) a
+    request can start after: the largest ``e`` such that every page holding a position in
+    ``[e*P - W + 1, e*P)`` has its window page. Right to left: a missing page ``j`` rules out
+    every ``e`` in ``(j, end]``, so the next candidate is ``j``."""
+    end = len(pages)
+    while end > 0:
+        start = max(0, end * P - W + 1) // P  # the first page the query at end*P reads
+        j = end - 1
+        while j >= start and has_window(pages[j]):
+            j -= 1
+        if j < start:
+            return end
+        end = j
+    return 0
 
 
 class WindowedAllocator(PageAllocator):
