@@ -156,3 +156,26 @@ def test_config_errors(loaded):
         Engine(EngineConfig(model="tiny", cache="swa_radix", device="cpu", num_pages=8))
     with pytest.raises(ValueError, match="host tier"):
         Engine(EngineConfig(model="tiny", device="cpu", num_pages=16, host_pages=4), loaded=loaded)
+
+
+def test_samples_fork_the_window_pool(loaded, monkeypatch):
+    """n samples of one prompt: the followers copy the leader's private pages in both pools
+    (greedy: every sample is the single pool's answer)."""
+    expected, _, _ = _run(loaded, monkeypatch, True, num_pages=64)
+    for cache in ("radix", "chunk"):  # a partial page copied; every computed page copied
+        engine = Engine(
+            EngineConfig(
+                model="tiny",
+                cache=cache,
+                device="cpu",
+                page_size=4,
+                num_pages=64,
+                max_batch_tokens=64,
+                debug_checks=True,
+            ),
+            loaded=loaded,
+        )
+        params = SamplingParams(n=3, max_tokens=24, temperature=0.0, ignore_eos=True)
+        out = engine.generate_batch([PROMPTS[0]], params)
+        assert [c.token_ids for c in out] == [expected[0]] * 3
+        engine.check_integrity()
