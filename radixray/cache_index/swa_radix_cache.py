@@ -73,6 +73,21 @@ class SWARadixCache(RadixCache):
             ._replace(window_tokens=m.num_tokens - len(tokens))
         )
 
+    def peek_prefix(
+        self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        """``RadixCache.peek_prefix`` cut to the reusable prefix, read-only: the pages along
+        the peeked path, found by their first-page keys."""
+        P = self.page_size
+        n = super().peek_prefix(token_ids, block_hashes, extra_key) // P
+        pages: list[int] = []
+        node = self._tree.roots().get(extra_key)
+        while node is not None and len(pages) < n:
+            node = node.children.get(tuple(token_ids[len(pages) * P : (len(pages) + 1) * P]))
+            if node is not None:
+                pages += node.pages[: n - len(pages)]
+        return reusable_pages(pages, self.allocator.has_window, P, self.window) * P
+
     def match_cached(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         """The longest cached prefix, whether or not its window pages are there (a request that
         just inserted its pages locks them all: it computed its own window)."""

@@ -161,6 +161,8 @@ class SWAMachine(RuleBasedStateMachine):
     def checked_match(self, toks):
         full = self.cache.match_cached(toks)
         e = brute_reusable([self.alloc.has_window(p) for p in full.pages], P, W)
+        hashes = hash_blocks(toks[: len(toks) // P * P], P)
+        assert self.cache.peek_prefix(toks, hashes) == e * P
         m = self.cache.match_prefix(toks)
         assert m.pages == full.pages[:e] and m.num_tokens == e * P
         assert m.window_tokens == (len(full.pages) - e) * P
