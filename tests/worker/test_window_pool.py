@@ -9,7 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from radixray.cache_index import PageAllocator
+from radixray.cache_index import (
+    ApproxIndex,
+    EventBatch,
+    PageAllocator,
+    decode_events,
+    encode_events,
+    hash_blocks,
+)
 from radixray.cache_index.swa_radix_cache import SWARadixCache
 from radixray.cache_index.window_pages import WindowedAllocator
 from radixray.model_meta.byte_tokenizer import ByteTokenizer
@@ -179,3 +186,40 @@ def test_samples_fork_the_window_pool(loaded, monkeypatch):
         out = engine.generate_batch([PROMPTS[0]], params)
         assert [c.token_ids for c in out] == [expected[0]] * 3
         engine.check_integrity()
+
+
+def test_the_router_index_predicts_what_the_worker_delivers(loaded):
+    """The worker's KV events (through the wire codec) into an ApproxIndex: for each next
+    prompt the index predicts exactly the cached tokens the worker then reuses, windows
+    dropped or not."""
+    engine = Engine(
+        EngineConfig(model="tiny", device="cpu", page_size=4, num_pages=64), loaded=loaded
+    )
+    index = ApproxIndex(4)
+    seq = 0
+
+    def sync():
+        nonlocal seq
+        seq += 1
+        wire = encode_events(EventBatch("w", seq, 0.0, engine.take_events()))
+        index.apply("w", decode_events(wire))
+
+    (long,) = engine.generate_batch([PROMPTS[0]], GREEDY)
+    sync()
+    assert index.window_of("w") == W
+    grown = PROMPTS[0] + long.token_ids + [3]
+    cut = 0  # prompts whose full blocks were there but not their window
+    for prompt in (PROMPTS[3], grown, PROMPTS[0][:20], grown[:40], grown + [9] * 6):
+        usable = (len(prompt) - 1) // 4  # the last token is always computed
+        hashes = hash_blocks(prompt[: usable * 4], 4)
+        predicted = index.prefix_on("w", hashes) * 4
+        held = index.blocks("w")
+        cut += next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * 4 > predicted
+        (c,) = engine.generate_batch([prompt], GREEDY)
+        assert c.cached_tokens == predicted, prompt
+        sync()
+    assert cut >= 2
+    snap = ApproxIndex(4)
+    snap.apply("w", engine.snapshot_events())
+    assert snap.blocks("w") == index.blocks("w")
+    assert snap._window_held["w"] == index._window_held["w"]
