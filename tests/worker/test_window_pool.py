@@ -111,6 +111,9 @@ def test_window_pool_under_pressure_preempts_and_still_equals(loaded, monkeypatc
     first, again, swa = _run(loaded, monkeypatch, False, num_pages=20, window_pages=12)
     assert first == expected and again == expected
     assert swa.scheduler.num_preemptions > 0 and swa.cache.num_window_evicted > 0
+    stats = swa.stats()
+    assert stats["window_total_pages"] == 12 and stats["window_evicted_pages"] > 0
+    assert stats["window_dropped_pages"] > 0 and 0 <= stats["window_free_pages"] <= 12
     off_first, _, off = _run(loaded, monkeypatch, False, cache="chunk", num_pages=20)
     assert off_first == expected and off.scheduler.num_preemptions > 0
 
