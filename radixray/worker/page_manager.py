@@ -37,6 +37,9 @@ __all__ = ["PageManager"]
 # CPU a page's copy costs far less than its prefill at any page size, and on a GPU a page is
 # ~page_size x KV bytes per token over PCIe (microseconds) against a forward (milliseconds).
 MIN_LOAD_PAGES = 1
+# With a window pool, a window-page shortage drops at least 1/this of the window pool's pages
+# from the cache at once (the walk over the tree is paid once per batch, not per page).
+WINDOW_EVICT_BATCH = 32
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -59,12 +62,6 @@ class PageManager:
     def available_pages(self) -> int:
         """Pages a request could get now: free ones and cached ones nobody holds."""
         return self.alloc.num_free + self.cache.evictable_tokens // self.P
-
-    def _window_available(self) -> int:
-        """Window pages that ``_take`` could get: free ones, and those of cached pages nobody
-        holds (full eviction frees them, or the cache drops them alone)."""
-        free = self.window.num_window_free
-        return free + getattr(self.cache, "window_evictable", lambda: 0)()
 
     def match(self, req: Request) -> MatchResult:
         """The cached prefix of the request's tokens; the last token is always computed (its
@@ -148,19 +145,25 @@ class PageManager:
         return True
 
     def _take(self, n: int) -> list[int] | None:
-        """``n`` pages, evicting the shortfall from the cache; None (nothing evicted) when the
-        free and evictable pages together are fewer."""
+        """``n`` pages, evicting the shortfall from the cache; None when the free and evictable
+        pages together are fewer (nothing evicted, except window pages: below)."""
         if n <= 0:
             return []
         if n > self.available_pages:
             return None
-        win = self.window
-        if win is not None and n > win.num_window_free and n > self._window_available():
-            return None
         if n > self.alloc.num_free:
             self.num_evicted_pages += self.cache.evict(n - self.alloc.num_free)
+        win = self.window
         if win is not None and n > win.num_window_free:
-            self.cache.evict_window(n - win.num_window_free)
+            # The cache's window eviction walks its tree: one walk drops a batch, for the next
+            # allocations too. What it drops stays cached (full pages); if running requests
+            # hold the rest of the window pool this still fails and the caller preempts.
+            evict_window = getattr(self.cache, "evict_window", None)
+            if evict_window is not None:
+                short = n - win.num_window_free
+                evict_window(max(short, win.num_window_pages // WINDOW_EVICT_BATCH))
+            if n > win.num_window_free:
+                return None
         return self.alloc.alloc(n)
 
     def trim_window(self, req: Request) -> None:
