@@ -793,6 +793,7 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "in_flight": 10**4,
         "disabled": 0,
         "host": 10**3,
+        "window": 10**2,
     }
     head = ("worker-3", f"{rng.getrandbits(64):016x}", rng.randrange(10**6), False)
     events = rng.randbytes(4096)

@@ -16,6 +16,14 @@ instead of recomputing). ``match`` sees the device tier only (what a tier-blind 
 ``match_tiers`` gives each worker's device prefix and its prefix over both tiers, so a policy can
 price the difference as a load. A device removal never drops a host copy, and the reverse.
 
+Sliding windows (docs/window_cache.md): a worker whose KV events name a ``sliding_window``
+group keeps its window layers' pages apart and can drop them while the full pages stay. The
+index then also holds which of its device blocks have their window pages, and every answer
+about that worker is cut to the *reusable* prefix: full blocks present and, before the match
+point, a whole window of window blocks (``window_pages.reusable_pages``). A block removed from
+the full group is gone from both. The router's own optimistic inserts count as both groups
+(a request it just sent there is computing its window).
+
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
 are bounded by an LRU of ``max_blocks_per_worker``. Below that bound a lookup is exact for the
@@ -29,7 +37,15 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 from .block_hash import check_page_size
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from .events import (
+    SLIDING_WINDOW,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+)
+from .window_pages import reusable_pages
 
 __all__ = ["ApproxIndex", "HOST_MEDIUM", "TIERS"]
 
@@ -54,6 +70,10 @@ class ApproxIndex:
         self._slot_worker: list[WorkerId | None] = []
         self._all_mask = 0
         self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
+        # Workers with a sliding-window group: its window, and their device blocks that have
+        # their window pages.
+        self._window: dict[WorkerId, int] = {}
+        self._window_held: dict[WorkerId, set[int]] = {}
 
     # ------------------------------------------------------------------ workers
 
@@ -81,6 +101,8 @@ class ApproxIndex:
         del self._host_lru[worker]
         self._slot_worker[slot] = None
         self._all_mask &= ~(1 << slot)
+        self._window.pop(worker, None)
+        self._window_held.pop(worker, None)
 
     def workers(self) -> list[WorkerId]:
         return list(self._slot)
@@ -105,10 +127,17 @@ class ApproxIndex:
 
     # ------------------------------------------------------------------ updates
 
-    def insert(self, worker: WorkerId, hashes: Sequence[int], tier: str = "device") -> None:
-        """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU)."""
+    def insert(
+        self, worker: WorkerId, hashes: Sequence[int], tier: str = "device", window: bool = True
+    ) -> None:
+        """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU);
+        on a windowed worker's device tier, with their window pages unless ``window`` is False
+        (a full-group event says nothing of them)."""
         if worker not in self._slot:
             self.add_worker(worker)
+        held = self._window_held.get(worker)
+        if held is not None and window and tier == "device":
+            held.update(hashes)
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -126,6 +155,8 @@ class ApproxIndex:
             for _ in range(excess):
                 h, _ = lru.popitem(last=False)
                 _clear_bit(owners, h, bit)
+                if held is not None and tier == "device":
+                    held.discard(h)
 
     def remove(self, worker: WorkerId, hashes: Iterable[int], tier: str = "device") -> None:
         """Record that ``worker`` no longer holds these blocks in ``tier``."""
@@ -134,15 +165,20 @@ class ApproxIndex:
         if lru is None:
             return
         bit = 1 << self._slot[worker]
+        held = self._window_held.get(worker) if tier == "device" else None
         for h in hashes:
             if lru.pop(h, _MISSING) is not _MISSING:
                 _clear_bit(owners, h, bit)
+            if held is not None:
+                held.discard(h)
 
     def clear(self, worker: WorkerId) -> None:
         """Drop every entry of ``worker``, both tiers (it stays registered)."""
         if worker not in self._slot:
             return
         bit = 1 << self._slot[worker]
+        if worker in self._window_held:
+            self._window_held[worker].clear()
         for tier in TIERS:
             owners, lrus = self._tier(tier)
             lru = lrus[worker]
@@ -155,8 +191,10 @@ class ApproxIndex:
         if isinstance(events, EventBatch):
             events = events.events
         for ev in events:
-            if isinstance(ev, BlockStored):
-                self.insert(worker, ev.block_hashes, _tier_of(ev.medium))
+            if isinstance(ev, (BlockStored, BlockRemoved)) and ev.kind == SLIDING_WINDOW:
+                self._apply_window(worker, ev)
+            elif isinstance(ev, BlockStored):
+                self.insert(worker, ev.block_hashes, _tier_of(ev.medium), window=False)
             elif isinstance(ev, BlockRemoved):
                 self.remove(worker, ev.block_hashes, _tier_of(ev.medium))
             elif isinstance(ev, AllBlocksCleared):
@@ -164,10 +202,44 @@ class ApproxIndex:
             else:
                 raise TypeError(f"not a KV event: {ev!r}")
 
+    def _apply_window(self, worker: WorkerId, ev: BlockStored | BlockRemoved) -> None:
+        """A sliding-window group's event: the worker is windowed from now on; its blocks gain
+        or lose their window pages (a block the full group does not hold cannot gain one)."""
+        if worker not in self._slot:
+            self.add_worker(worker)
+        self._window[worker] = ev.window
+        held = self._window_held.setdefault(worker, set())
+        if isinstance(ev, BlockRemoved):
+            held.difference_update(ev.block_hashes)
+            return
+        lru = self._lru[worker]
+        held.update(h for h in ev.block_hashes if h in lru)
+
+    def window_of(self, worker: WorkerId) -> int | None:
+        """The worker's sliding window, once its events named one (None: not windowed)."""
+        return self._window.get(worker)
+
+    def _cut(self, worker: WorkerId, hashes: Sequence[int], n: int) -> int:
+        """``n`` leading device blocks of ``worker`` cut to its reusable prefix."""
+        window = self._window.get(worker)
+        if window is None or not n:
+            return n
+        held = self._window_held[worker]
+        return reusable_pages(hashes[:n], held.__contains__, self.page_size, window)
+
+    def _cut_all(self, hashes: Sequence[int], result: dict[WorkerId, int]) -> dict:
+        if not self._window:
+            return result
+        cut = {w: self._cut(w, hashes, n) for w, n in result.items()}
+        return {w: n for w, n in cut.items() if n}
+
     # ------------------------------------------------------------------ queries
 
     def match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
-        """Matched leading blocks per worker, in one walk; workers with 0 are omitted."""
+        """Reusable leading blocks per worker, in one walk; workers with 0 are omitted."""
+        return self._cut_all(hashes, self._match(hashes))
+
+    def _match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
         owners = self._owners
         mask = self._all_mask
         result: dict[WorkerId, int] = {}
@@ -208,11 +280,15 @@ class ApproxIndex:
         else:
             if i:
                 self._credit(mask, i, both)
-        return {w: (device.get(w, 0), n) for w, n in both.items()}
+        for w in self._window.keys() & both.keys():  # windowed: no host tier (window_cache.md)
+            both[w] = device.get(w, 0)
+        return {w: (device.get(w, 0), n) for w, n in both.items() if n}
 
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,
-        without building the per-worker answer)."""
+        without building the per-worker answer unless a worker is windowed)."""
+        if self._window:
+            return max(self.match(hashes).values(), default=0)
         owners = self._owners
         mask = self._all_mask
         i = 0
@@ -233,7 +309,7 @@ class ApproxIndex:
             if h not in lru:
                 break
             i += 1
-        return i
+        return self._cut(worker, hashes, i)
 
     def _credit(self, bits: int, n: int, result: dict) -> None:
         slot_worker = self._slot_worker

@@ -48,6 +48,9 @@ class MatchResult(NamedTuple):
     host_pages: Sequence[int] = ()
     host_tokens: int = 0
     host_node: TreeNode | None = None
+    # Tokens after ``num_tokens`` that are cached but not reusable: their window was dropped
+    # (``swa_radix_cache``); attributed to the miss cause "window".
+    window_tokens: int = 0
 
 
 class PrefixCache(ABC):

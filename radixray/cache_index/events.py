@@ -3,12 +3,19 @@
 Field names follow vLLM's KV events (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) so a
 router that indexes radixray workers can index vLLM or SGLang engines the same way.
 
-Wire format (version 1), one msgpack array per batch::
+Wire format (version 2), one msgpack array per batch::
 
-    [1, worker_id, seq, ts, [event, ...]]
-    event = ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, medium]
-          | ["BlockRemoved", block_hashes, medium]
+    [2, worker_id, seq, ts, [event, ...]]
+    event = ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, medium,
+             group_idx, kind, window]
+          | ["BlockRemoved", block_hashes, medium, group_idx, kind, window]
           | ["AllBlocksCleared"]
+
+The group fields are vLLM's (a hybrid model's KV cache groups): ``group_idx`` numbers the
+groups, ``kind`` is "full_attention" or "sliding_window", ``window`` the window in tokens (None
+for full attention). A model with sliding-window layers whose window pages are kept apart
+(docs/window_cache.md) stores each block in both groups and can remove it from the window group
+alone. Version 1 (no group fields: the full-attention group) is still read.
 
 Decoding never executes anything from the network (no pickle) and rejects anything that is not
 exactly this shape with a ValueError: a half-decoded batch is never returned.
@@ -31,9 +38,15 @@ __all__ = [
     "decode_events",
     "WIRE_VERSION",
     "MAX_BATCH_BYTES",
+    "FULL_ATTENTION",
+    "SLIDING_WINDOW",
 ]
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+_READ_VERSIONS = (1, 2)
+FULL_ATTENTION = "full_attention"
+SLIDING_WINDOW = "sliding_window"
+_KINDS = (FULL_ATTENTION, SLIDING_WINDOW)
 # A batch larger than this is refused before msgpack looks at it. 64 MiB holds ~8M block hashes,
 # far more than one poll interval produces.
 MAX_BATCH_BYTES = 64 << 20
@@ -51,14 +64,20 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
     medium: str | None = "GPU"
+    group_idx: int = 0
+    kind: str = FULL_ATTENTION
+    window: int | None = None
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Pages left the cache (eviction)."""
+    """Pages left the cache (eviction; in the window group, their window pages were dropped)."""
 
     block_hashes: list[int]
     medium: str | None = "GPU"
+    group_idx: int = 0
+    kind: str = FULL_ATTENTION
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,9 +108,12 @@ def _event_to_wire(ev: KVEvent) -> list[Any]:
             list(ev.token_ids),
             ev.block_size,
             ev.medium,
+            ev.group_idx,
+            ev.kind,
+            ev.window,
         ]
     if isinstance(ev, BlockRemoved):
-        return ["BlockRemoved", list(ev.block_hashes), ev.medium]
+        return ["BlockRemoved", list(ev.block_hashes), ev.medium, ev.group_idx, ev.kind, ev.window]
     if isinstance(ev, AllBlocksCleared):
         return ["AllBlocksCleared"]
     raise TypeError(f"not a KV event: {ev!r}")
@@ -124,12 +146,25 @@ def _medium(x: Any) -> str | None:
     return x
 
 
-def _event_from_wire(w: Any) -> KVEvent:
+def _group(x: list[Any]) -> tuple[int, str, int | None]:
+    """``(group_idx, kind, window)`` from a v2 event's last three fields."""
+    group_idx, kind, window = x
+    _expect(type(group_idx) is int and group_idx >= 0, "group_idx must be an int >= 0")
+    _expect(kind in _KINDS, f"kind must be one of {_KINDS}")
+    if kind == SLIDING_WINDOW:
+        _expect(type(window) is int and window >= 1, "a sliding_window group needs window >= 1")
+    else:
+        _expect(window is None, "a full_attention group has no window")
+    return group_idx, kind, window
+
+
+def _event_from_wire(w: Any, version: int) -> KVEvent:
     _expect(isinstance(w, list) and w and isinstance(w[0], str), "an event must be [tag, ...]")
     tag = w[0]
+    extra = 3 if version >= 2 else 0
     if tag == "BlockStored":
-        _expect(len(w) == 6, "BlockStored must have 6 fields")
-        _, hashes, parent, tokens, block_size, medium = w
+        _expect(len(w) == 6 + extra, f"BlockStored must have {6 + extra} fields")
+        _, hashes, parent, tokens, block_size, medium = w[:6]
         _expect(
             parent is None or (type(parent) is int and 0 <= parent <= _MAX_U64),
             "parent_block_hash must be uint64 or null",
@@ -139,12 +174,14 @@ def _event_from_wire(w: Any) -> KVEvent:
             "token_ids must be a list of ints",
         )
         _expect(type(block_size) is int and block_size >= 1, "block_size must be an int >= 1")
+        group = _group(w[6:]) if extra else ()
         return BlockStored(
-            _hashes(hashes, "block_hashes"), parent, tokens, block_size, _medium(medium)
+            _hashes(hashes, "block_hashes"), parent, tokens, block_size, _medium(medium), *group
         )
     if tag == "BlockRemoved":
-        _expect(len(w) == 3, "BlockRemoved must have 3 fields")
-        return BlockRemoved(_hashes(w[1], "block_hashes"), _medium(w[2]))
+        _expect(len(w) == 3 + extra, f"BlockRemoved must have {3 + extra} fields")
+        group = _group(w[3:]) if extra else ()
+        return BlockRemoved(_hashes(w[1], "block_hashes"), _medium(w[2]), *group)
     if tag == "AllBlocksCleared":
         _expect(len(w) == 1, "AllBlocksCleared has no fields")
         return AllBlocksCleared()
@@ -168,8 +205,8 @@ def decode_events(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
     version, worker_id, seq, ts, events = obj
     # type() first: True == 1.0 == 1 in Python, but a bool or float version is not ours.
     _expect(
-        type(version) is int and version == WIRE_VERSION,
-        f"unsupported wire version {version!r} (want {WIRE_VERSION})",
+        type(version) is int and version in _READ_VERSIONS,
+        f"unsupported wire version {version!r} (want one of {_READ_VERSIONS})",
     )
     _expect(
         isinstance(worker_id, (str, int)) and not isinstance(worker_id, bool),
@@ -178,4 +215,4 @@ def decode_events(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> EventBatch:
     _expect(type(seq) is int and seq >= 0, "seq must be an int >= 0")
     _expect(isinstance(ts, (int, float)) and not isinstance(ts, bool), "ts must be a number")
     _expect(isinstance(events, list), "events must be a list")
-    return EventBatch(worker_id, seq, float(ts), [_event_from_wire(e) for e in events])
+    return EventBatch(worker_id, seq, float(ts), [_event_from_wire(e, version) for e in events])

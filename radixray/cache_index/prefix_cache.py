@@ -11,16 +11,26 @@ from .cache_contract import MatchResult, PrefixCache
 from .chunk_cache import ChunkCache
 from .page_allocator import PageAllocator
 from .radix_cache import RadixCache
+from .swa_radix_cache import SWARadixCache
 
-__all__ = ["MatchResult", "PrefixCache", "RadixCache", "ChunkCache", "CACHE_TYPES", "make_cache"]
+__all__ = [
+    "MatchResult",
+    "PrefixCache",
+    "RadixCache",
+    "SWARadixCache",
+    "ChunkCache",
+    "CACHE_TYPES",
+    "make_cache",
+]
 
-CACHE_TYPES = {"radix": RadixCache, "chunk": ChunkCache}
+CACHE_TYPES = {"radix": RadixCache, "swa_radix": SWARadixCache, "chunk": ChunkCache}
 
 
 def make_cache(kind: str, page_size: int, allocator: PageAllocator, **kwargs) -> PrefixCache:
-    """Build a cache by name ("radix" or "chunk"); kwargs go to RadixCache only."""
+    """Build a cache by name ("radix", "swa_radix" or "chunk"); kwargs go to the radix caches
+    only ("swa_radix" needs a ``WindowedAllocator``)."""
     if kind not in CACHE_TYPES:
         raise ValueError(f"cache must be one of {sorted(CACHE_TYPES)}, got {kind!r}")
     if kind == "chunk":
         return ChunkCache(page_size, allocator)
-    return RadixCache(page_size, allocator, **kwargs)
+    return CACHE_TYPES[kind](page_size, allocator, **kwargs)

@@ -56,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 6  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 7  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -65,7 +65,9 @@ PROTOCOL_VERSION = 6  # what each version changed: docs/architecture.md, "Versio
 #   page_tail  the unaligned tail, or the page holding the last prompt token (logits need it)
 #   in_flight  another running request was computing it at the same time
 #   disabled   the cache is a ChunkCache (reuse off)
-MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled", "host")
+#   host       loaded back from the worker's host tier
+#   window     cached, but the sliding-window layers' pages before it were dropped (swa_radix)
+MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled", "host", "window")
 FINISH_REASONS = ("stop", "length", "abort")
 
 NonNegInt = Annotated[int, Meta(ge=0)]

@@ -38,7 +38,7 @@ from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
 from .live import Live, LiveRequests, Sink
 from .logprobs import keep_prompt_logprobs, token_logprobs, with_logprobs
-from .memory_pool import KVPool
+from .memory_pool import KVPool, cache_kind
 from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
@@ -69,7 +69,8 @@ class Engine:
         self.max_model_len = min(
             config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
-        self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len)
+        self.cache_kind = cache_kind(config.cache, mcfg)
+        self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len, self.cache_kind)
         self.page_size = config.page_size
         cache_kwargs = (
             {
@@ -77,10 +78,12 @@ class Engine:
                 "enable_events": config.enable_events,
                 "host_allocator": self.pool.host_allocator,
             }
-            if config.cache == "radix"
+            if self.cache_kind != "chunk"
             else {}
         )
-        self.cache = make_cache(config.cache, config.page_size, self.pool.allocator, **cache_kwargs)
+        self.cache = make_cache(
+            self.cache_kind, config.page_size, self.pool.allocator, **cache_kwargs
+        )
         self.scheduler = Scheduler(
             self.cache,
             SchedulerConfig(

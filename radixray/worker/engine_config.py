@@ -24,7 +24,12 @@ class EngineConfig:
     model: str = setting(
         "smollm2", '"smollm2" (embedded), "tiny" (random test model) or a GGUF/HF path'
     )
-    cache: str = setting("radix", "prefix reuse: radix, or chunk (off)", choices=CACHE_TYPES)
+    cache: str = setting(
+        "radix",
+        "prefix reuse: radix (swa_radix for a model with sliding-window layers), swa_radix, "
+        "or chunk (off)",
+        choices=CACHE_TYPES,
+    )
     page_size: int = setting(16, "tokens per KV page (the router hashes pages of this size)")
     num_pages: int | None = setting(
         None, "KV pool pages (None: sized from --kv-memory-gb, else from free memory)"
@@ -35,6 +40,12 @@ class EngineConfig:
         None,
         "host-memory KV pages behind the device pool, of the same page size (None: on CUDA 2x "
         "the device pages, at most half the free host memory; on the CPU 0; 0: off)",
+    )
+    # The window layers' own pool (docs/window_cache.md), for models with sliding-window layers.
+    window_pages: int | None = setting(
+        None,
+        "window-layer KV pages, for models with sliding-window layers (None: as many as "
+        "--num-pages when that is set, else sized from the budget)",
     )
     # "auto": the accelerator when there is one (what `radixray serve` and `worker` always did).
     device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"')
@@ -97,6 +108,17 @@ class EngineConfig:
             raise ValueError(
                 f"--host-pages must be an int >= 0 (0: no host tier) or unset, "
                 f"got {self.host_pages!r}"
+            )
+        if self.window_pages is not None and (
+            isinstance(self.window_pages, bool)
+            or not isinstance(self.window_pages, int)
+            or self.window_pages < 1
+        ):
+            raise ValueError(f"window_pages must be None or an int >= 1, got {self.window_pages!r}")
+        if self.cache == "swa_radix" and self.host_pages:
+            raise ValueError(
+                "cache='swa_radix' does not compose with a host tier yet: set host_pages=0 "
+                "(docs/window_cache.md)"
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")

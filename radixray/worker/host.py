@@ -125,7 +125,7 @@ class WorkerHost:
             page_size=e.page_size,
             max_model_len=e.max_model_len,
             vocab_size=e.model_config.vocab_size,
-            cache=e.config.cache,
+            cache=getattr(e, "cache_kind", e.config.cache),
             num_pages=e.pool.num_pages,
             device=str(e.device),
             perf_class=e.perf_class,

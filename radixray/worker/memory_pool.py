@@ -3,6 +3,12 @@ host tier's K and V (docs/host_tier.md) with the copies between them.
 
     k_cache, v_cache: [num_layers, num_pages, page_size, num_kv_heads, head_dim]
     host_k, host_v:   [host_pages, num_layers, page_size, num_kv_heads, head_dim]
+    window_k, window_v: [window layers, window_pages, page_size, num_kv_heads, head_dim]
+
+With ``window_layers`` (a model's sliding-window layers, docs/window_cache.md) those layers keep
+their KV in a pool of their own (``window_k``/``window_v``, paged by the allocator's window
+pages: ``cache_index.window_pages``) and ``k_cache``/``v_cache`` hold the other layers only;
+``layer_slots[i]`` says where layer ``i`` lives.
 
 ``k_cache[l]`` is the per-layer view the kernels take ([num_pages, P, Hkv, D], the layout of
 vLLM's flash-attn fork). Page ids index dimension 1 and are handed out by ``PageAllocator``. A
@@ -19,6 +25,7 @@ import mmap
 import torch
 
 from radixray.cache_index import PageAllocator
+from radixray.cache_index.window_pages import WindowedAllocator, window_pages_needed
 
 __all__ = [
     "KVPool",
@@ -27,6 +34,7 @@ __all__ = [
     "default_kv_budget",
     "default_host_pages",
     "DTYPES",
+    "cache_kind",
 ]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,6 +43,24 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _CPU_DEFAULT_BUDGET = 2 << 30
 # On a GPU the pool takes this share of the memory left free after the weights are loaded.
 _GPU_MEMORY_SHARE = 0.85
+# A window pool sized from a budget gets this many window pages per full page: full pages keep
+# whole prefixes for reuse; a window page is needed only for a running request's window and
+# the last window before each cached prefix's end.
+WINDOW_SHARE = 0.25
+
+
+def cache_kind(cache: str, mcfg) -> str:
+    """The cache an engine builds for ``cache`` (EngineConfig's) and a model: "radix" on a
+    model with sliding-window layers is "swa_radix" (docs/window_cache.md)."""
+    windowed = any(mcfg.window(i) is not None for i in range(mcfg.num_layers))
+    if cache == "radix" and windowed:
+        return "swa_radix"
+    if cache == "swa_radix" and not windowed:
+        raise ValueError(
+            "cache='swa_radix' needs a model with sliding-window layers; this one has none "
+            "(use cache='radix')"
+        )
+    return cache
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -99,11 +125,33 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         host_pages: int = 0,
+        *,
+        window_layers: tuple[int, ...] = (),
+        window_pages: int = 0,
+        window: int = 0,
     ):
-        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        self.window_layers = tuple(sorted(window_layers))
+        full = [i for i in range(num_layers) if i not in self.window_layers]
+        # layer -> (in the window pool, its index in that pool's tensors)
+        self.layer_slots = [
+            (True, self.window_layers.index(i))
+            if i in self.window_layers
+            else (False, full.index(i))
+            for i in range(num_layers)
+        ]
+        shape = (len(full), num_pages, page_size, num_kv_heads, head_dim)
         self.k_cache = _zeros(shape, dtype, device)
         self.v_cache = _zeros(shape, dtype, device)
-        self.allocator = PageAllocator(num_pages)
+        self.window_k = self.window_v = None
+        if self.window_layers:
+            if host_pages:
+                raise ValueError("a window pool with a host tier is not supported (host_pages=0)")
+            wshape = (len(self.window_layers), window_pages, page_size, num_kv_heads, head_dim)
+            self.window_k = _zeros(wshape, dtype, device)
+            self.window_v = _zeros(wshape, dtype, device)
+            self.allocator = WindowedAllocator(num_pages, window_pages, window)
+        else:
+            self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         self.num_pages = num_pages
         self.host_pages = host_pages
@@ -111,10 +159,18 @@ class KVPool:
         self.host_allocator = PageAllocator(host_pages) if host_pages else None
 
     @classmethod
-    def for_model(cls, mcfg, config, device: torch.device, max_model_len: int) -> KVPool:
+    def for_model(
+        cls, mcfg, config, device: torch.device, max_model_len: int, cache: str | None = None
+    ) -> KVPool:
         """Size a pool for a ModelConfig under an EngineConfig: ``num_pages`` if set, else the
         memory budget, capped at what ``max_running`` sequences of ``max_model_len`` could ever
-        use (a tiny test model must not allocate gigabytes)."""
+        use (a tiny test model must not allocate gigabytes). ``cache`` (the resolved kind,
+        default ``config.cache``) "swa_radix", or "chunk" on a model with window layers, gives
+        the window layers a pool of their own (``_windowed``)."""
+        cache = cache or config.cache
+        windows = [i for i in range(mcfg.num_layers) if mcfg.window(i) is not None]
+        if windows and cache in ("swa_radix", "chunk"):
+            return cls._windowed(mcfg, config, device, max_model_len, windows)
         dtype = DTYPES[config.dtype]
         P = config.page_size
         if config.num_pages is not None:
@@ -128,19 +184,77 @@ class KVPool:
         if host_pages is None:
             per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
             host_pages = default_host_pages(device, num_pages, P * per_token)
-        if config.cache != "radix":
+        if cache != "radix":
             host_pages = 0  # no reuse, nothing to keep
         shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
         return cls(*shape, dtype, device, host_pages)
 
+    @classmethod
+    def _windowed(cls, mcfg, config, device, max_model_len: int, windows: list[int]) -> KVPool:
+        """A pool whose window layers have their own pages. With ``num_pages`` set the window
+        pool gets ``window_pages`` (default: as many); from a budget, ``WINDOW_SHARE`` window
+        pages per full page, at least two requests' worth of window, at most one per full
+        page, and the budget pays for both."""
+        if config.host_pages:
+            raise ValueError(
+                "a model with sliding-window layers cannot use a host tier yet: "
+                "set host_pages=0 (docs/window_cache.md)"
+            )
+        dtype, P = DTYPES[config.dtype], config.page_size
+        window = max(mcfg.window(i) for i in windows)
+        one = window_pages_needed(window, P, config.max_batch_tokens)
+        if config.num_pages is not None:
+            num_pages = config.num_pages
+            wpages = config.window_pages or num_pages
+        else:
+            H, D = mcfg.num_kv_heads, mcfg.head_dim
+            full = kv_bytes_per_token(mcfg.num_layers - len(windows), H, D, dtype)
+            win = kv_bytes_per_token(len(windows), H, D, dtype)
+            budget = config.kv_memory_bytes or default_kv_budget(device)
+            cap = -(-config.max_running * max_model_len // P)
+            per_token = max(1, int(full + WINDOW_SHARE * win))
+            num_pages = max(2, min(pages_for_budget(budget, P, per_token), cap))
+            wpages = min(num_pages, max(int(WINDOW_SHARE * num_pages), 2 * one))
+        wpages = max(wpages, one)  # one request's chunk must always fit
+        shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
+        return cls(
+            *shape,
+            dtype,
+            device,
+            0,
+            window_layers=tuple(windows),
+            window_pages=wpages + 1,
+            window=window,
+        )  # + the NULL page
+
     @property
     def nbytes(self) -> int:
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+        return 2 * self.k_cache.numel() * self.k_cache.element_size() + self.window_nbytes
+
+    @property
+    def window_nbytes(self) -> int:
+        if self.window_k is None:
+            return 0
+        return 2 * self.window_k.numel() * self.window_k.element_size()
 
     @property
     def page_bytes(self) -> int:
-        """K and V bytes of one page, all layers."""
-        return self.nbytes // self.num_pages
+        """K and V bytes of one page, all layers (of the full pool: the host tier's unit)."""
+        return 2 * self.k_cache.numel() * self.k_cache.element_size() // self.num_pages
+
+    @property
+    def window_page_bytes(self) -> int:
+        """K and V bytes of one window-pool page, all window layers (0 without a window pool)."""
+        return self.window_nbytes // self.window_k.shape[1] if self.window_k is not None else 0
+
+    def held_bytes(self, pages) -> int:
+        """KV bytes that the full ``pages`` of a sequence hold in both pools, from the
+        allocator's accounting (a page whose window page was dropped costs its full part)."""
+        pages = list(pages)
+        n = len(pages) * self.page_bytes
+        if self.window_k is not None:
+            n += sum(map(self.allocator.has_window, pages)) * self.window_page_bytes
+        return n
 
     def run_copies(self, copies) -> int:
         """Run the cache's recorded copies (``host_tier.PageCopy``), in order; the bytes moved."""
@@ -159,6 +273,12 @@ class KVPool:
         dst = torch.tensor([b for _, b in pairs], device=dev)
         self.k_cache[:, dst] = self.k_cache[:, src]
         self.v_cache[:, dst] = self.v_cache[:, src]
+        if self.window_k is not None:
+            table = self.allocator.window_table
+            src = torch.tensor(table([a for a, _ in pairs]), device=dev)
+            dst = torch.tensor(table([b for _, b in pairs]), device=dev)
+            self.window_k[:, dst] = self.window_k[:, src]
+            self.window_v[:, dst] = self.window_v[:, src]
 
 
 class HostKV:

@@ -7,7 +7,7 @@ import torch
 from radixray.kernels import make_backend
 
 from .memory_pool import KVPool
-from .model.attention import AttentionMetadata
+from .model.attention import AttentionMetadata, WindowKV
 from .scheduler import Batch
 
 __all__ = ["ModelRunner", "load_for_engine", "resolve_device"]
@@ -50,6 +50,7 @@ class ModelRunner:
             cached.append(it.start)
             new.append(it.num_tokens)
         meta, positions = AttentionMetadata.build(tables, cached, new, P, self.device)
+        window = self._window_kv(tables, cached, new)
         ids: list[int] = []
         for it in items:
             ids += _token_slice(it.req, it.start, it.start + it.num_tokens)
@@ -69,7 +70,13 @@ class ModelRunner:
                 (logits_indices, torch.tensor(extra, dtype=torch.int64, device=self.device))
             )
         logits = self.model(
-            input_ids, positions, meta, self.pool.k_cache, self.pool.v_cache, logits_indices
+            input_ids,
+            positions,
+            meta,
+            self.pool.k_cache,
+            self.pool.v_cache,
+            logits_indices,
+            window=window,
         ).float()
         self.prompt_logits = []
         at = len(rows)
@@ -77,6 +84,16 @@ class ModelRunner:
             self.prompt_logits.append((req, start, logits[at : at + n]))
             at += n
         return logits[: len(rows)] if extra else logits
+
+    def _window_kv(self, tables, cached, new) -> WindowKV | None:
+        """The window layers' pool and block tables: each full page's window page, NULL where
+        it was dropped (docs/window_cache.md). None without a window pool."""
+        pool = self.pool
+        if pool.window_k is None:
+            return None
+        wtables = [pool.allocator.window_table(t) for t in tables]
+        meta, _ = AttentionMetadata.build(wtables, cached, new, pool.page_size, self.device)
+        return WindowKV(meta, pool.window_k, pool.window_v, pool.layer_slots)
 
 
 def _token_slice(req, start: int, end: int) -> list[int]:

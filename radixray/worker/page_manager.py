@@ -12,6 +12,7 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
     commit(req, upto)       hand computed full pages to the cache; the request keeps them locked
     fork(src, dst)          dst shares src's cached pages and gets copies of its private ones
     release(req)            give everything back: full computed pages cached, the rest freed
+    trim_window(req)        drop the window-pool pages out of req's window (a window pool only)
 
 Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
 ``pages[:num_tree_pages]`` (the cache's, locked through ``node``) then private pages; every page
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 
 from radixray.cache_index import ChunkCache, PrefixCache
 from radixray.cache_index.prefix_cache import MatchResult
+from radixray.cache_index.window_pages import WindowedAllocator
 from radixray.protocol import MISS_CAUSES
 
 from .request import Request
@@ -35,6 +37,9 @@ __all__ = ["PageManager"]
 # CPU a page's copy costs far less than its prefill at any page size, and on a GPU a page is
 # ~page_size x KV bytes per token over PCIe (microseconds) against a forward (milliseconds).
 MIN_LOAD_PAGES = 1
+# With a window pool, a window-page shortage drops at least 1/this of the window pool's pages
+# from the cache at once (the walk over the tree is paid once per batch, not per page).
+WINDOW_EVICT_BATCH = 32
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -49,6 +54,9 @@ class PageManager:
         self.reuse = not isinstance(cache, ChunkCache)
         self.num_evicted_pages = 0
         self.num_loaded_pages = 0  # host pages loaded back for admitted requests
+        # With a window pool (docs/window_cache.md) every page taken brings a window page too.
+        self.window = self.alloc if isinstance(self.alloc, WindowedAllocator) else None
+        self.num_window_dropped = 0  # window pages dropped out of running requests' windows
 
     @property
     def available_pages(self) -> int:
@@ -137,15 +145,48 @@ class PageManager:
         return True
 
     def _take(self, n: int) -> list[int] | None:
-        """``n`` pages, evicting the shortfall from the cache; None (nothing evicted) when the
-        free and evictable pages together are fewer."""
+        """``n`` pages, evicting the shortfall from the cache; None when the free and evictable
+        pages together are fewer (nothing evicted, except window pages: below)."""
         if n <= 0:
             return []
         if n > self.available_pages:
             return None
         if n > self.alloc.num_free:
             self.num_evicted_pages += self.cache.evict(n - self.alloc.num_free)
+        win = self.window
+        if win is not None and n > win.num_window_free:
+            # The cache's window eviction walks its tree: one walk drops a batch, for the next
+            # allocations too. What it drops stays cached (full pages); if running requests
+            # hold the rest of the window pool this still fails and the caller preempts.
+            evict_window = getattr(self.cache, "evict_window", None)
+            if evict_window is not None:
+                short = n - win.num_window_free
+                evict_window(max(short, win.num_window_pages // WINDOW_EVICT_BATCH))
+            if n > win.num_window_free:
+                return None
         return self.alloc.alloc(n)
+
+    def trim_window(self, req: Request) -> None:
+        """Drop the window-pool pages that no future query of ``req`` reads: a query at
+        position p >= num_computed sees keys > p - W, so pages wholly before
+        ``num_computed - W + 1`` are out of its window. Its private pages lose theirs; pages
+        it shares with the cache lose theirs only where no other request holds them
+        (``drop_window_held``). No window pool: nothing to do."""
+        win = self.window
+        if win is None:
+            return
+        upto = max(0, req.num_computed - win.window + 1) // self.P
+        if upto <= req.window_start:
+            return
+        ntp = req.num_tree_pages
+        lo = max(req.window_start, ntp)
+        if lo < upto:
+            self.num_window_dropped += win.drop_window(req.pages[lo:upto])
+        if req.window_start < ntp and req.node is not None:
+            drop_held = getattr(self.cache, "drop_window_held", None)
+            if drop_held is not None:
+                self.num_window_dropped += drop_held(req.node, req.window_start, min(upto, ntp))
+        req.window_start = upto
 
     def commit(self, req: Request, upto: int) -> None:
         """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``; pages
@@ -157,22 +198,27 @@ class PageManager:
         tokens = req.all_ids[: k * P]
         cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
         dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
-        m = cache.match_prefix(tokens, req.extra_key)
+        # every cached page, tombstoned window pages or not (swa_radix's match stops before)
+        m = getattr(cache, "match_cached", cache.match_prefix)(tokens, req.extra_key)
         assert len(m.pages) == k, f"inserted {k} pages, matched {len(m.pages)}"
         cache.lock(m.node)
         if req.node is not None:
             cache.unlock(req.node)
         req.node = m.node
+        revive = getattr(cache, "revive_window", None)
+        if dups and revive is not None:  # a window pool: tombstoned cached pages come back
+            revive(m.node, req.num_tree_pages, dups)
         req.pages[:k] = m.pages
         req.num_tree_pages = k
         if dups:
             self.alloc.free(dups)
 
     def attribute(
-        self, req: Request, cached: int, in_flight: set[int], host: int = 0
+        self, req: Request, cached: int, in_flight: set[int], host: int = 0, window: int = 0
     ) -> dict[str, int]:
         """Split the prompt's tokens by why they were (not) reused (``cached`` of them were on
-        the device, the ``host`` after them loaded back); the values sum to the prompt length.
+        the device, the ``host`` after them loaded back, the ``window`` after those cached but
+        not reusable: their window was dropped); the values sum to the prompt length.
         ``evicted``: gone from both tiers."""
         miss = dict.fromkeys(MISS_CAUSES, 0)
         L, P = req.num_prompt, self.P
@@ -184,8 +230,10 @@ class PageManager:
         reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
         miss["cached"] = cached
         miss["host"] = host
+        window = max(0, min(window, reusable * P - cached - host))
+        miss["window"] = window
         miss["page_tail"] = L - max(reusable * P, cached + host)
-        for j in range((cached + host) // P, reusable):
+        for j in range((cached + host + window) // P, reusable):
             h = req.block_hashes[j]
             if h in in_flight:
                 miss["in_flight"] += P
@@ -233,12 +281,15 @@ class PageManager:
         req.pages = []
         req.num_tree_pages = 0
         req.node = None
+        req.window_start = 0
 
     def check_integrity(self, holders: Iterable[Request], idle: Iterable[Request] = ()) -> None:
         """Every page is free, cached or private to exactly one of ``holders``; each holder has
         pages for what it computed; ``idle`` requests hold none."""
         holders = list(holders)
         self.cache.check_integrity(held_pages=[p for r in holders for p in r.private_pages])
+        if self.window is not None:
+            self.window.check_window()
         for r in holders:
             if len(r.pages) < _cdiv(r.num_computed, self.P):
                 raise AssertionError(

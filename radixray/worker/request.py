@@ -120,6 +120,9 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     node: object = None  # locked tree node covering pages[:num_tree_pages]
+    # Pages below this index had their window-pool pages dropped (out of every future query's
+    # window) or left to the cache (docs/window_cache.md); 0 without a window pool.
+    window_start: int = 0
     miss: dict[str, int] | None = None  # set on first admission
     num_preemptions: int = 0
     deferred_steps: int = 0

@@ -340,7 +340,7 @@ class Scheduler:
             return None
         if req.miss is None:
             loaded = start.num_tokens - m.num_tokens
-            req.miss = self.pages.attribute(req, m.num_tokens, in_flight, loaded)
+            req.miss = self.pages.attribute(req, m.num_tokens, in_flight, loaded, m.window_tokens)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
@@ -361,6 +361,7 @@ class Scheduler:
             req.num_computed = it.start + it.num_tokens
             if it.num_tokens > 1:
                 self.pages.commit(req, req.num_computed)
+            self.pages.trim_window(req)  # a window pool: pages out of its window go back
 
     def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
         """Start ``dst``, another sample of ``src``'s prompt, where ``src`` is now: running,

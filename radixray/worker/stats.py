@@ -172,6 +172,13 @@ def engine_stats(engine) -> dict:
         evicted_pages=sched.num_evicted_pages,
         kv_bytes_per_token=engine.pool.page_bytes // engine.page_size,
     )
+    if engine.pool.window_k is not None:  # the window layers' pool (docs/window_cache.md)
+        s.update(
+            window_total_pages=alloc.num_window_pages,
+            window_free_pages=alloc.num_window_free,
+            window_dropped_pages=sched.pages.num_window_dropped,
+            window_evicted_pages=getattr(engine.cache, "num_window_evicted", 0),
+        )
     tier, host_alloc = getattr(engine.cache, "host", None), engine.pool.host_allocator
     if tier is not None and host_alloc is not None:
         s.update(

@@ -49,6 +49,7 @@ CASES = {
     "bench_samples.py": ([], "| n=4 |", ()),
     "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     "bench_host_tier.py": ([], "| loaded back from host |", ()),
+    "bench_window_pool.py": ([], "held at end:", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
     "bench_router.py": (["--out", "{out}", "--targets", "sglang", "http"], "|", (integration,)),

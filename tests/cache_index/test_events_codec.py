@@ -60,6 +60,14 @@ events_st = st.one_of(
         st.lists(st.integers(0, U64_MAX), max_size=5),
         st.none() | st.just("GPU"),
     ),
+    st.builds(
+        BlockRemoved,
+        st.lists(st.integers(0, U64_MAX), max_size=5),
+        st.just("GPU"),
+        st.integers(0, 3),
+        st.just("sliding_window"),
+        st.integers(1, 1 << 20),
+    ),
     st.just(AllBlocksCleared()),
 )
 
@@ -74,6 +82,20 @@ events_st = st.one_of(
 def test_round_trip_property(worker, seq, ts, events):
     b = EventBatch(worker, seq, ts, events)
     assert decode_events(encode_events(b)) == b
+
+
+def test_window_group_round_trips_and_version_1_still_reads():
+    stored = BlockStored([5, 6], None, list(range(8)), 4, "GPU", 1, "sliding_window", 512)
+    removed = BlockRemoved([6], "GPU", 1, "sliding_window", 512)
+    b = EventBatch("w", 1, 0.0, [stored, removed])
+    assert decode_events(encode_events(b)) == b
+    # a version-1 batch (no group fields) reads as the full-attention group
+    v1 = msgpack.packb(
+        [1, "w", 0, 0.0, [GOOD_STORED[:6], ["BlockRemoved", [1], "GPU"]]], use_bin_type=True
+    )
+    out = decode_events(v1).events
+    assert out == [BlockStored([1, 2], None, list(range(8)), 4, "GPU"), BlockRemoved([1], "GPU")]
+    assert out[0].kind == "full_attention" and out[0].window is None and out[0].group_idx == 0
 
 
 def test_every_truncation_raises_value_error():
@@ -93,7 +115,7 @@ def _raw(version=WIRE_VERSION, worker="w", seq=0, ts=0.0, events=None):
     return msgpack.packb([version, worker, seq, ts, events], use_bin_type=True)
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, "1", None, 1.5, [1]])
+@pytest.mark.parametrize("version", [0, 3, -1, "1", None, 1.5, [1]])
 def test_wrong_version(version):
     with pytest.raises(ValueError, match="version"):
         decode_events(_raw(version=version))
@@ -106,13 +128,13 @@ def test_version_must_be_the_int_one(version):
         decode_events(_raw(version=version))
 
 
-GOOD_STORED = ["BlockStored", [1, 2], None, [0, 1, 2, 3, 4, 5, 6, 7], 4, "GPU"]
+G = [0, "full_attention", None]  # the group fields of wire version 2
+GOOD_STORED = ["BlockStored", [1, 2], None, [0, 1, 2, 3, 4, 5, 6, 7], 4, "GPU", *G]
+STORED_FIELDS = ["tag", "hashes", "parent", "tokens", "bs", "medium", "group", "kind", "window"]
 
 
 def _stored(**changes):
-    fields = dict(
-        zip(["tag", "hashes", "parent", "tokens", "bs", "medium"], GOOD_STORED, strict=True)
-    )
+    fields = dict(zip(STORED_FIELDS, GOOD_STORED, strict=True))
     fields.update(changes)
     return list(fields.values())
 
@@ -141,12 +163,12 @@ def _stored(**changes):
         _raw(events=[["AllBlocksCleared", 1]]),
         _raw(events=[["BlockRemoved", [1]]]),
         _raw(events=[["BlockRemoved", [1], "GPU", 3]]),
-        _raw(events=[["BlockRemoved", [-1], "GPU"]]),
-        _raw(events=[["BlockRemoved", ["1"], "GPU"]]),
-        _raw(events=[["BlockRemoved", [1.0], "GPU"]]),
-        _raw(events=[["BlockRemoved", [True], "GPU"]]),
-        _raw(events=[["BlockRemoved", 1, "GPU"]]),
-        _raw(events=[["BlockRemoved", [1], 5]]),
+        _raw(events=[["BlockRemoved", [-1], "GPU", *G]]),
+        _raw(events=[["BlockRemoved", ["1"], "GPU", *G]]),
+        _raw(events=[["BlockRemoved", [1.0], "GPU", *G]]),
+        _raw(events=[["BlockRemoved", [True], "GPU", *G]]),
+        _raw(events=[["BlockRemoved", 1, "GPU", *G]]),
+        _raw(events=[["BlockRemoved", [1], 5, *G]]),
         _raw(events=[_stored(hashes=[1, -2])]),
         _raw(events=[_stored(hashes=None)]),
         _raw(events=[_stored(parent=-1)]),
@@ -160,8 +182,17 @@ def _stored(**changes):
         _raw(events=[_stored(bs="4")]),
         _raw(events=[_stored(medium=1)]),
         _raw(events=[GOOD_STORED[:5]]),
+        _raw(events=[GOOD_STORED[:6]]),  # version 2 without the group fields
+        _raw(events=[_stored(group=-1)]),
+        _raw(events=[_stored(group="0")]),
+        _raw(events=[_stored(kind="mamba")]),
+        _raw(events=[_stored(window=512)]),  # a full-attention group has no window
+        _raw(events=[_stored(kind="sliding_window")]),  # a window group needs one
+        _raw(events=[_stored(kind="sliding_window", window=0)]),
+        _raw(events=[_stored(kind="sliding_window", window=True)]),
+        _raw(events=[["BlockRemoved", [1], "GPU", 1, "sliding_window", None]]),
         # One good event then a bad one: no half batch comes back.
-        _raw(events=[GOOD_STORED, ["BlockRemoved", [-5], None]]),
+        _raw(events=[GOOD_STORED, ["BlockRemoved", [-5], None, *G]]),
         b"",
         b"\xc1",  # a byte msgpack never uses
         b"\x92\x01",  # an array header promising more than there is

@@ -112,6 +112,7 @@ def test_second_request_reuses_and_attribution():
         "in_flight": 0,
         "disabled": 0,
         "host": 0,
+        "window": 0,
     }
     assert sum(r.miss.values()) == r.num_prompt
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["AttentionMetadata"]
+__all__ = ["AttentionMetadata", "WindowKV"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +107,18 @@ class AttentionMetadata:
             max_seqlen_q=max(num_new, default=0),
         )
         return meta, torch.tensor(positions, dtype=torch.int64, device=device)
+
+
+class WindowKV(NamedTuple):
+    """The sliding-window layers' own pool and the step's metadata for it (docs/window_cache.md).
+
+    ``attn`` has the same rows, sequences and lengths as the step's metadata; its
+    ``slot_mapping`` and ``block_table`` are window-pool page ids (a dropped page reads the NULL
+    page, out of every query's window). ``layer_slots[i]`` is ``(in_window_pool, index)``: where
+    layer ``i``'s K/V live, in ``k_cache``/``v_cache`` here or in the main pool's.
+    """
+
+    attn: AttentionMetadata
+    k_cache: torch.Tensor  # [window layers, window pages, P, Hkv, D]
+    v_cache: torch.Tensor
+    layer_slots: Sequence[tuple[bool, int]]

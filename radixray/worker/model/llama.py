@@ -33,7 +33,7 @@ from torch import nn
 from radixray.kernels import AttentionBackend, make_backend
 from radixray.model_meta.model_config import ModelConfig
 
-from .attention import AttentionMetadata
+from .attention import AttentionMetadata, WindowKV
 from .hf_weights import export_hf_weights, load_hf_weights
 from .layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 from .linear import Linear
@@ -214,6 +214,7 @@ class LlamaModel(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         logits_indices: torch.Tensor | None = None,
+        window: WindowKV | None = None,
     ) -> torch.Tensor:
         """One step over ``T`` new tokens; returns float32 logits ``[len(logits_indices), vocab]``.
 
@@ -221,16 +222,16 @@ class LlamaModel(nn.Module):
         - ``attn``: where K/V go and which pages each sequence reads (:class:`AttentionMetadata`);
         - ``k_cache``, ``v_cache``: the pool, ``[num_layers, num_pages, page_size, Hkv, D]`` in the
           model's dtype, written in place at ``attn.slot_mapping``;
-        - ``logits_indices``: rows that need logits; ``None`` = each sequence's last new token.
+        - ``logits_indices``: rows that need logits; ``None`` = each sequence's last new token;
+        - ``window``: the sliding-window layers' own pool and metadata; then ``k_cache`` and
+          ``v_cache`` hold the other layers only, in order (docs/window_cache.md).
         """
         cfg = self.config
-        expect = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if cache.dim() != 5 or (cache.shape[0], *cache.shape[3:]) != expect:
-                raise ValueError(
-                    f"{name} must be [num_layers={expect[0]}, num_pages, page_size, "
-                    f"num_kv_heads={expect[1]}, head_dim={expect[2]}], got {tuple(cache.shape)}"
-                )
+        slots = window.layer_slots if window is not None else [(False, i) for i in self.idx]
+        n_win = sum(w for w, _ in slots)
+        self._check_pool(k_cache, v_cache, cfg.num_layers - n_win, "")
+        if window is not None:
+            self._check_pool(window.k_cache, window.v_cache, n_win, "window ")
         if input_ids.shape != positions.shape or input_ids.dim() != 1:
             raise ValueError(
                 f"input_ids and positions must both be [T], got {tuple(input_ids.shape)} and "
@@ -248,9 +249,18 @@ class LlamaModel(nn.Module):
         rope = {
             key: table(positions) for key, table in zip(self._rope_keys, self.ropes, strict=True)
         }
-        step = Step(backend, plan, attn, rope)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, step, k_cache[i], v_cache[i])
+        steps = [Step(backend, plan, attn, rope)]
+        pools = [(k_cache, v_cache)]
+        if window is not None:  # the window layers read their own pool's pages
+            w = window.attn
+            wplan = backend.prepare(
+                w.slot_mapping, w.block_table, w.cu_seqlens_q, w.seq_lens, w.max_seqlen_q
+            )
+            steps.append(Step(backend, wplan, w, rope))
+            pools.append((window.k_cache, window.v_cache))
+        for layer, (in_window, s) in zip(self.layers, slots, strict=True):
+            k, v = pools[in_window]
+            h = layer(h, steps[in_window], k[s], v[s])
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         h = self.norm(h[logits_indices])
@@ -259,6 +269,20 @@ class LlamaModel(nn.Module):
             cap = cfg.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    @property
+    def idx(self) -> range:
+        return range(self.config.num_layers)
+
+    def _check_pool(self, k_cache, v_cache, layers: int, what: str) -> None:
+        cfg = self.config
+        expect = (layers, cfg.num_kv_heads, cfg.head_dim)
+        for name, cache in ((f"{what}k_cache", k_cache), (f"{what}v_cache", v_cache)):
+            if cache.dim() != 5 or (cache.shape[0], *cache.shape[3:]) != expect:
+                raise ValueError(
+                    f"{name} must be [num_layers={expect[0]}, num_pages, page_size, "
+                    f"num_kv_heads={expect[1]}, head_dim={expect[2]}], got {tuple(cache.shape)}"
+                )
 
     # --- weights ------------------------------------------------------------------------------
 

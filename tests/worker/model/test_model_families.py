@@ -240,6 +240,9 @@ def test_greedy_tokens_match_transformers_through_the_engine(checkpoints, family
     half = STEPS // 2
     rest = SamplingParams(max_tokens=STEPS - half, temperature=0.0, ignore_eos=True)
     again = engine.generate_batch([prompt + ref[:half]], rest)[0]
-    assert again.cached_tokens >= len(prompt) + half - 4  # the cached path, all but a page
+    # the cached path, all but a page; with window layers (swa_radix) the pages are cached but
+    # the first run dropped their window pages as it went on: a "window" miss, recomputed
+    present = again.cached_tokens + again.miss["window"]
+    assert present >= len(prompt) + half - 4
     assert again.token_ids == ref[half:]
     engine.check_integrity()
