@@ -4,6 +4,8 @@ prices a host-tier holder's load against a recompute elsewhere."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from radixray.cache_index import ApproxIndex
@@ -12,7 +14,7 @@ from radixray.sim import SimConfig, multiturn_chat, simulate
 from radixray.sim.results import pooled_hits
 from radixray.sim.sim_cli import main as sim_main
 from radixray.sim.sim_worker import SimWorker
-from radixray.sim.timing import TimingModel, timing_preset
+from radixray.sim.timing import TimingModel, load_timing, timing_preset
 from radixray.sim.workload import SimRequest, Workload
 
 P = 4
@@ -85,7 +87,7 @@ def test_the_pooled_reference_counts_host_capacity():
     assert r.host_copies["pages_from_host"] > 0 and r.host_copies["copy_seconds"] > 0
 
 
-def test_a_host_tier_needs_a_priced_copy_and_a_valid_flag(capsys):
+def test_a_host_tier_needs_a_priced_copy_and_a_valid_flag(capsys, tmp_path):
     no_rate = TIMING.with_(load_bytes_per_s=0.0)
     with pytest.raises(ValueError, match="load_bytes_per_s"):
         SimConfig(num_pages=8, host_pages=8, timing=no_rate)
@@ -93,6 +95,12 @@ def test_a_host_tier_needs_a_priced_copy_and_a_valid_flag(capsys):
     with pytest.raises(SystemExit):
         sim_main(["--host-pages", "-1"])
     assert "--host-pages: must be an int >= 0" in capsys.readouterr().err
+    # a timing file written before host tiers still loads, with no copy price
+    old = {k: v for k, v in TIMING.to_dict().items() if "load" not in k and "kv_" not in k}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load_timing(str(tmp_path / "old.json")) == TIMING.with_(
+        kv_bytes_per_token=0, load_bytes_per_s=0.0, load_overhead_s=0.0
+    )
     gpu = timing_preset("gpu")
     assert gpu.kv_bytes_per_token == 128 * 1024 and gpu.load_bytes_per_s == 50e9
 
