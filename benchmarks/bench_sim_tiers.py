@@ -15,6 +15,8 @@ cluster) and its placement target (excess over the pooled reference <= 0.5x the 
 baseline's at p50 and p99, delay p90 <= 0.5x, hit >= 0.95x), and prints which are met.
 
     .venv/bin/python benchmarks/bench_sim_tiers.py           # Mooncake, 512-token pages, gpu
+    .venv/bin/python benchmarks/bench_sim_tiers.py --workload multiturn_chat --workers 4 \
+        --pages 64 --host-pages 256 --page-size 16 --timing cpu
     .venv/bin/python benchmarks/bench_sim_tiers.py --quick   # a smoke run (seconds)
 """
 
@@ -27,7 +29,14 @@ import sys
 import time
 from datetime import date
 
-from radixray.sim import SimConfig, load_mooncake, multiturn_chat, simulate, timing_preset
+from radixray.sim import (
+    SimConfig,
+    hot_prefix,
+    load_mooncake,
+    multiturn_chat,
+    simulate,
+    timing_preset,
+)
 
 OURS = "ttft"
 BLIND = "ttft:tiers=false"
@@ -44,8 +53,10 @@ def runs(args) -> list[tuple[str, str, int, int]]:
 
 
 def run_all(args) -> list[dict]:
-    if args.quick:
-        wl = multiturn_chat(num_requests=400, seed=args.seed)
+    if args.workload == "multiturn_chat":
+        wl = multiturn_chat(num_requests=args.limit or 3000, seed=args.seed)
+    elif args.workload == "hot_prefix":
+        wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
     else:
         wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
     timing = timing_preset(args.timing)
@@ -123,6 +134,10 @@ def _met(x: float, target: str) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="multiturn_chat, 400 requests, small pools")
+    p.add_argument(
+        "--workload", choices=("mooncake", "multiturn_chat", "hot_prefix"), default="mooncake"
+    )
+    p.add_argument("--limit", type=int, default=None, help="requests of a generated workload")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--pages", type=int, default=2000, help="device pages per worker")
     p.add_argument("--host-pages", type=int, default=8000, help="host pages per worker")
@@ -134,11 +149,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.workers, args.pages, args.host_pages, args.page_size = 4, 48, 192, 16
-        args.timing = "cpu"
+        args.timing, args.workload, args.limit = "cpu", "multiturn_chat", 400
     rows = run_all(args)
     checks = targets(rows)
     print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-          f"{date.today()}; {args.workers} workers, {args.page_size}-token pages, "
+          f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
           f"timing {args.timing}, {args.prefill_order} prefills, seed {args.seed}")  # fmt: skip
     print(table(rows))
     print()
