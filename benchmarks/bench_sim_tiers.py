@@ -63,7 +63,7 @@ def run_all(args) -> list[dict]:
         wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
     else:
         wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
-    timing = timing_preset(args.timing)
+    timing = timing_preset(args.timing, charge_demotions=not args.free_demotions)
     rows = []
     for label, policy, dev, host in runs(args):
         cfg = SimConfig(
@@ -149,6 +149,11 @@ def main(argv=None) -> int:
     p.add_argument("--timing", default="gpu")
     p.add_argument("--prefill-order", default="shortest")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--free-demotions",
+        action="store_true",
+        help="demotions cost the step nothing (an engine that overlaps its write-back)",
+    )
     p.add_argument("--only", help="run only these policies (comma-separated), no target checks")
     p.add_argument("--out", help="write the rows and the targets as JSON here")
     args = p.parse_args(argv)

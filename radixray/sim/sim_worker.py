@@ -189,10 +189,12 @@ class SimWorker:
         pages = sum(len(c.src) for c in copies)
         self.pages_to_host += out
         self.pages_from_host += pages - out
-        nbytes = pages * self.page_bytes
+        charged = pages if self.timing.charge_demotions else pages - out
+        nbytes = charged * self.page_bytes
         t = self.timing.copy_time(nbytes)
         self.copy_seconds += t
-        self.load_cost.update(nbytes, t)
+        if nbytes:
+            self.load_cost.update(nbytes, t)
         return t
 
     def step_end(self, now: float) -> float | None:

@@ -60,6 +60,9 @@ class TimingModel:
     kv_bytes_per_token: int = 0
     load_bytes_per_s: float = 0.0
     load_overhead_s: float = 0.0
+    # False: demotions cost the step nothing (copied out in the background, as an engine that
+    # overlaps its write-back would); the engine today runs them before the forward: True
+    charge_demotions: bool = True
 
     def __post_init__(self):
         for name in ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_attn_s",
@@ -165,7 +168,7 @@ def load_timing(spec: str) -> TimingModel:
     return TimingModel(**{n: data[n] for n in names if n in data})
 
 
-_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s")
+_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions")
 
 
 def timing_preset(name: str, **overrides) -> TimingModel:

@@ -64,6 +64,10 @@ def test_a_sim_worker_loads_a_demoted_prefix_back_and_charges_its_copies():
     assert w.copy_seconds == pytest.approx(2 * 0.002 + (w.pages_from_host + w.pages_to_host) * P
                                            * 1000 / 1e6)  # fmt: skip
     w.check_integrity()
+    # an engine that overlaps its write-back: only the load is charged
+    free = SimWorker(0, 8, P, TIMING.with_(charge_demotions=False), wl, host_pages=32)
+    dt_free, _ = _run(free, wl, 2)
+    assert dt_free == pytest.approx(TIMING.step_time(*free.batch.shape()) + 0.002 + 0.024)
     # the router sees its load-back as the worker pool would report it, in prompt tokens
     s = w.state()
     assert s.load_tokens_per_s == pytest.approx(1e6 / 1000) and s.load_overhead_s == (
