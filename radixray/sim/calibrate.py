@@ -11,6 +11,11 @@ simulator can stand for the workers a user actually has:
 * a prefill over a long cached prefix (the attention term again, with few new tokens);
 * decode batches of several sizes and context lengths (per-sequence and per-context cost).
 
+With a host tier (``--host-pages``; 64 pages unless given, 0: none) it also times the engine's
+own copy path (``KVPool.run_copies``) on runs of 1 to 64 pages, both directions, records each
+as the engine records a step's copies and takes the engine's own load-back fit
+(``EngineStats.load_cost``: overhead + bytes / rate), with the pool's KV bytes per token.
+
 Each probe runs once to warm up, then is measured (``--quick``, for tests: the fastest of three
 runs, the least disturbed on a busy machine). The output is a JSON file of
 ``TimingModel`` fields plus a fit report; ``radixray sim --timing FILE`` reads it.
@@ -19,6 +24,7 @@ runs, the least disturbed on a busy machine). The output is a JSON file of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -31,9 +37,10 @@ from radixray.worker.engine_config import EngineConfig
 from .timing import TimingModel
 
 # The engine settings a calibration takes, with EngineConfig's flags and defaults.
-_ENGINE_FLAGS = ("model", "max_batch_tokens", "max_running", "cpu_threads", "device")
+_ENGINE_FLAGS = ("model", "max_batch_tokens", "max_running", "cpu_threads", "device", "host_pages")
+_PROBE_HOST_PAGES = 64  # the host tier a calibration gives the engine unless told
 
-__all__ = ["fit_timing", "main", "probe_engine"]
+__all__ = ["fit_timing", "main", "probe_engine", "probe_copies"]
 
 Sample = tuple[int, int, int, int, float]
 
@@ -141,6 +148,41 @@ def probe_engine(
     return samples
 
 
+def probe_copies(engine, quick: bool = False) -> dict[str, float]:
+    """Time the engine's host-tier copies (runs of pages each way, the fastest of a few runs of
+    each), record them in its stats as its steps would, and return the timing model's fields
+    from its load-back fit; empty without a host tier or a fit."""
+    from radixray.cache_index.host_tier import PageCopy
+
+    pool = engine.pool
+    if pool.host is None:
+        return {}
+    most = min(pool.host_pages, pool.allocator.num_pages, 64)
+    sizes = sorted({n for n in (1, 4, 16, 64) if n <= most} | {most})
+    for n in sizes:
+        for to_host in (True, False):
+            copies = [PageCopy(to_host, list(range(n)), list(range(n)))]
+            best = None
+            for _ in range(3 if quick else 5):
+                t0 = time.perf_counter()
+                moved = pool.run_copies(copies)
+                if engine.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize()
+                took = time.perf_counter() - t0
+                best = took if best is None else min(best, took)
+            engine.meter.record_copies(copies, moved, best)
+    fit = engine.meter.load_cost.fit()
+    if fit is None:
+        return {}
+    return {
+        "kv_bytes_per_token": pool.page_bytes // engine.page_size,
+        "load_bytes_per_s": fit[1],
+        "load_overhead_s": fit[0],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="radixray sim calibrate",
@@ -153,10 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from radixray.sysinfo import cpu_model
     from radixray.worker import Engine
 
-    engine = Engine(from_args(EngineConfig, args, only=_ENGINE_FLAGS, enable_events=False))
+    config = from_args(EngineConfig, args, only=_ENGINE_FLAGS, enable_events=False)
+    if config.host_pages is None:
+        config = dataclasses.replace(config, host_pages=_PROBE_HOST_PAGES)
+    engine = Engine(config)
     try:
         samples = probe_engine(engine, args.quick, lambda m: print(m, file=sys.stderr, flush=True))
         model, report = fit_timing(samples, args.max_batch_tokens, args.max_running)
+        model = model.with_(**probe_copies(engine, args.quick))
     finally:
         engine.shutdown()
     out = model.to_dict() | {

@@ -167,6 +167,8 @@ class RunResult:
     # the same with the hits of one cache of the cluster's pages (pooled_hits), and those hits
     pooled_ttft: list[float] = field(default_factory=list)
     pooled_tokens: int = 0
+    # the host tiers' copies over the run (all workers): pages demoted and loaded back, seconds
+    host_copies: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Figures of the served requests (all of them unless the run modelled admission),

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("cluster")
     c.add_argument("--workers", type=int, default=SimConfig.num_workers)
     c.add_argument("--pages", type=int, default=SimConfig.num_pages, help="KV pages per worker")
+    c.add_argument(
+        "--host-pages",
+        type=_pages,
+        default=SimConfig.host_pages,
+        help="host-tier pages per worker (0: none): device eviction demotes, admission loads "
+        "back, the copies priced by the timing model (docs/host_tier.md)",
+    )
     c.add_argument("--page-size", type=int, default=SimConfig.page_size)
     c.add_argument(
         "--timing",
@@ -113,6 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", dest="plot_path", help="write a PNG: hit rate, TTFT CDF, load")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _pages(text: str) -> int:
+    """An int >= 0 (argparse names the flag when this refuses)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0 (0: no host tier), got {text!r}")
+    return n
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -191,26 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         timing = load_timing(args.timing)
         wl = build_workload(args)
+        config = _config(args, timing)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    config = SimConfig(
-        num_workers=args.workers,
-        num_pages=args.pages,
-        page_size=args.page_size,
-        timing=timing,
-        eviction=args.eviction,
-        prefill_order=args.prefill_order,
-        event_delay_s=None if args.no_events else args.event_delay,
-        optimistic_index=not args.no_optimistic,
-        seed=args.seed,
-        max_inflight=args.max_inflight,
-        max_inflight_per_worker=args.max_inflight_per_worker,
-    )
+    host = f" + {args.host_pages} host pages" if args.host_pages else ""
     print(
         f"workload {wl.name}: {len(wl)} requests, {wl.total_tokens()} prompt tokens "
-        f"{wl.description}; {args.workers} workers x {args.pages} pages of {args.page_size}, "
-        f"timing {args.timing}, {args.prefill_order} prefills",
+        f"{wl.description}; {args.workers} workers x {args.pages} pages{host} of "
+        f"{args.page_size}, timing {args.timing}, {args.prefill_order} prefills",
         file=sys.stderr,
     )
     results: dict[str, RunResult] = {}
@@ -230,3 +237,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         plot_results(results, args.plot_path, title=f"{wl.name}, {args.workers} workers")
     return 0
+
+
+def _config(args: argparse.Namespace, timing) -> SimConfig:
+    return SimConfig(
+        num_workers=args.workers,
+        num_pages=args.pages,
+        host_pages=args.host_pages,
+        page_size=args.page_size,
+        timing=timing,
+        eviction=args.eviction,
+        prefill_order=args.prefill_order,
+        event_delay_s=None if args.no_events else args.event_delay,
+        optimistic_index=not args.no_optimistic,
+        seed=args.seed,
+        max_inflight=args.max_inflight,
+        max_inflight_per_worker=args.max_inflight_per_worker,
+    )

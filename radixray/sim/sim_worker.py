@@ -8,6 +8,11 @@ that the next turn's prompt can hit it; other outputs are ids no prompt uses). A
 chunked prefill, in-flight dedupe, page allocation, eviction, preemption and what is cached when
 are the engine's, by construction: a change to the scheduler shows here.
 
+With ``host_pages`` the cache has the engine's host tier (docs/host_tier.md): device eviction
+demotes, admission loads back. The copies the cache records have no tensors here: each step is
+charged their time (``TimingModel.copy_time`` of the bytes, both directions, as the engine runs
+them before its forward) on top of its forward.
+
 The simulator calls ``enqueue`` and ``step_end``; both return the duration of the step they
 started (None: the worker is idle, or already in a step).
 """
@@ -47,15 +52,23 @@ class SimWorker:
         on_first_token: Callable[[SimRequest, int, float], None] | None = None,
         on_finish: Callable[[SimRequest, int, float], None] | None = None,
         prefill_order: str = "fcfs",
+        host_pages: int = 0,
     ):
         """``on_first_token(request, cached_tokens, now)`` and ``on_finish(...)`` report each
-        request once."""
+        request once; ``host_pages`` > 0 gives the cache a host tier of that many pages."""
         self.worker_id = worker_id
         self.P = page_size
         self.timing = timing
         self.workload = workload
         self.allocator = PageAllocator(num_pages)
-        self.cache = RadixCache(page_size, self.allocator, eviction, enable_events=enable_events)
+        self.host_allocator = PageAllocator(host_pages) if host_pages else None
+        self.cache = RadixCache(
+            page_size,
+            self.allocator,
+            eviction,
+            enable_events=enable_events,
+            host_allocator=self.host_allocator,
+        )
         self.scheduler = Scheduler(
             self.cache,
             SchedulerConfig(
@@ -77,6 +90,17 @@ class SimWorker:
         for tokens in {max(1, timing.max_batch_tokens // 8), timing.max_batch_tokens}:
             self.prefill_cost.update(tokens, timing.step_time(0, 0, tokens, 0))
         self._decode_step = Ewma(alpha=0.1, initial=timing.step_time(1, 0, 0, 0))
+        # The host tier's copies: pages each way, seconds, and the load-back cost fitted to
+        # them as the engine fits it (EngineStats.load_cost), seeded the same way.
+        self.pages_to_host = 0
+        self.pages_from_host = 0
+        self.copy_seconds = 0.0
+        self.load_cost = StepCostModel()
+        if host_pages:
+            self.page_bytes = page_size * timing.kv_bytes_per_token
+            for pages in (1, 16):
+                nbytes = pages * self.page_bytes
+                self.load_cost.update(nbytes, timing.copy_time(nbytes))
 
     @property
     def busy(self) -> bool:
@@ -106,7 +130,20 @@ class SimWorker:
             prefill_tokens_per_s=rate,
             prefill_overhead_s=overhead,
             decode_step_s=self._decode_step.value,
+            **self._load_report(),
         )
+
+    def _load_report(self) -> dict[str, float]:
+        """The host tier's load-back in prompt tokens, as the live router's worker pool turns
+        a worker's report into it (``worker_pool._load_cost``); nothing without a host tier."""
+        fit = self.load_cost.fit() if self.host_allocator else None
+        if fit is None:
+            return {}
+        overhead, bytes_per_s = fit
+        return {
+            "load_tokens_per_s": bytes_per_s / self.timing.kv_bytes_per_token,
+            "load_overhead_s": overhead,
+        }
 
     # ------------------------------------------------------------------ requests and steps
 
@@ -132,13 +169,33 @@ class SimWorker:
         shape = batch.shape()
         dt = self.timing.step_time(*shape)
         self._batch = batch
-        self.busy_time += dt
         self.steps += 1
+        # the engine measures its forward alone into these fits, its copies apart
         if shape.prefill_tokens:
             self.prefill_cost.update(shape.prefill_tokens, dt)
         elif shape.decode_batch:
             self._decode_step.update(dt)
+        dt += self._copy_time()
+        self.busy_time += dt
         return dt
+
+    def _copy_time(self) -> float:
+        """Seconds for the demotions and load-backs the cache recorded since the last step (run
+        before this step's forward, as the engine runs them)."""
+        copies = self.cache.take_copies()
+        if not copies:
+            return 0.0
+        out = sum(len(c.src) for c in copies if c.to_host)
+        pages = sum(len(c.src) for c in copies)
+        self.pages_to_host += out
+        self.pages_from_host += pages - out
+        charged = pages if self.timing.charge_demotions else pages - out
+        nbytes = charged * self.page_bytes
+        t = self.timing.copy_time(nbytes)
+        self.copy_seconds += t
+        if nbytes:
+            self.load_cost.update(nbytes, t)
+        return t
 
     def step_end(self, now: float) -> float | None:
         batch, self._batch = self._batch, None

@@ -41,11 +41,13 @@ _STEP, _EVENTS, _ARRIVE = 0, 1, 2
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulated cluster. ``num_pages`` is per worker; ``index_max_blocks`` bounds the
-    router's index per worker (default: ``num_pages``, what the worker can hold)."""
+    """One simulated cluster. ``num_pages`` is per worker, ``host_pages`` its host tier's (0:
+    none; the timing model prices the copies); ``index_max_blocks`` bounds the router's index per
+    worker and tier (default: the larger of the two, what a worker's tier can hold)."""
 
     num_workers: int = 8
     num_pages: int = 4096
+    host_pages: int = 0
     page_size: int = EngineConfig.page_size
     timing: TimingModel = field(default_factory=lambda: TIMING_PRESETS[DEFAULT_TIMING])
     eviction: str = EngineConfig.eviction
@@ -66,6 +68,14 @@ class SimConfig:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.host_pages < 0:
+            raise ValueError(f"host_pages must be >= 0, got {self.host_pages}")
+        if self.host_pages and (
+            self.timing.load_bytes_per_s <= 0 or self.timing.kv_bytes_per_token <= 0
+        ):
+            raise ValueError(
+                "a host tier needs a timing model with load_bytes_per_s and kv_bytes_per_token"
+            )
         if self.event_delay_s is not None and self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0 or None, got {self.event_delay_s}")
         check_prefill_order(self.prefill_order)
@@ -119,7 +129,7 @@ class _Run:
         self.wl, self.policy, self.cfg, self.on_step = workload, policy, cfg, on_step
         P = cfg.page_size
         self.hashes = workload.block_hashes(P)
-        self.index = ApproxIndex(P, cfg.index_max_blocks or cfg.num_pages)
+        self.index = ApproxIndex(P, cfg.index_max_blocks or max(cfg.num_pages, cfg.host_pages))
         # The live router's dispatch steps, with no decision log: records are kept below.
         self.dispatch = Dispatcher(
             policy, self.index, optimistic=cfg.optimistic_index, herd_window=0, decision_log_size=0
@@ -147,6 +157,7 @@ class _Run:
                 self._on_first_token,
                 self._on_finish,
                 cfg.prefill_order,
+                cfg.host_pages,
             )
             for w in range(cfg.num_workers)
         ]
@@ -288,7 +299,8 @@ class _Run:
             raise AssertionError(f"{len(bad)} requests did not finish exactly once: {bad[:10]}")
         mem = self.index.memory_bytes()
         P, timing = self.cfg.page_size, self.cfg.timing
-        total_pages = self.cfg.num_workers * self.cfg.num_pages
+        # the pooled reference: one cache of the cluster's whole capacity, device and host
+        total_pages = self.cfg.num_workers * (self.cfg.num_pages + self.cfg.host_pages)
         ceil = self.wl.memo(("ceiling_hits", P), lambda: ceiling_hits(self.wl, P))
         pooled = self.wl.memo(
             ("pooled_hits", P, total_pages), lambda: pooled_hits(self.wl, P, total_pages)
@@ -307,6 +319,11 @@ class _Run:
             bound=ttft_bound(self.wl, P, timing, ceil),
             pooled_ttft=ttft_bound(self.wl, P, timing, pooled),
             pooled_tokens=sum(pooled),
+            host_copies={
+                "pages_to_host": sum(w.pages_to_host for w in self.workers),
+                "pages_from_host": sum(w.pages_from_host for w in self.workers),
+                "copy_seconds": sum(w.copy_seconds for w in self.workers),
+            },
         )
 
 

@@ -22,6 +22,20 @@ Presets:
 - ``gpu`` -- illustrative numbers for an 8B model on one modern datacenter GPU (~12k prefill
   tokens/s, 12 ms decode steps growing slowly with batch). Not measured here: for shape, not for
   claims.
+
+The host tier (docs/host_tier.md): a step that demotes or loads back pages first copies them, as
+the engine does before its forward, for ``load_overhead_s + bytes / load_bytes_per_s`` (the cost
+the engine fits to its copies, both directions, per step; ``EngineStats.load_cost``), at
+``kv_bytes_per_token`` bytes per token of a page:
+
+- ``cpu``: SmolLM2-135M in float32 (30 layers x 3 KV heads x 64 x 4 bytes, K and V: 46,080 bytes
+  per token); 13.8 GB/s, what ``benchmarks/bench_host_tier.py`` measured for a load-back on this
+  machine (benchmarks/README.md, "Host tier"); 50 us per step's copies, an estimate (the Python
+  calls around one run of pages).
+- ``gpu``: Llama-3.1-8B in bfloat16 (32 layers x 8 KV heads x 128 x 2 bytes, K and V: 128 KiB per
+  token); 50 GB/s, a PCIe Gen5 x16 link one way (64 GB/s line rate; ~50 GB/s is what pinned
+  host-to-device copies reach on H100, the figure issue 24 takes; not measured by this project,
+  which has no GPU); 20 us per step's copies, an estimate of the DMA launches.
 """
 
 from __future__ import annotations
@@ -42,9 +56,17 @@ class TimingModel:
     prefill_attn_s: float
     max_batch_tokens: int  # prefill tokens + decoding sequences per step (chunked prefill)
     max_running: int  # decoding requests per worker
+    # The host tier's copies (0: unknown; a simulated host tier needs all but the overhead).
+    kv_bytes_per_token: int = 0
+    load_bytes_per_s: float = 0.0
+    load_overhead_s: float = 0.0
+    # False: demotions cost the step nothing (copied out in the background, as an engine that
+    # overlaps its write-back would); the engine today runs them before the forward: True
+    charge_demotions: bool = True
 
     def __post_init__(self):
-        for name in ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_attn_s"):
+        for name in ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_attn_s",
+                     "kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.prefill_token_s <= 0:
@@ -67,6 +89,14 @@ class TimingModel:
             + self.prefill_token_s * prefill_tokens
             + self.prefill_attn_s * prefill_ctx_sum
         )
+
+    def copy_time(self, nbytes: int) -> float:
+        """Seconds for one step's host-tier copies of ``nbytes`` (0 for none)."""
+        if nbytes <= 0:
+            return 0.0
+        if self.load_bytes_per_s <= 0:
+            raise ValueError("a host tier needs load_bytes_per_s > 0 in the timing model")
+        return self.load_overhead_s + nbytes / self.load_bytes_per_s
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -95,6 +125,9 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         prefill_attn_s=1e-8,
         max_batch_tokens=512,
         max_running=32,
+        kv_bytes_per_token=2 * 30 * 3 * 64 * 4,
+        load_bytes_per_s=13.8e9,
+        load_overhead_s=5e-5,
     ),
     "gpu": TimingModel(
         step_overhead_s=0.012,
@@ -104,6 +137,9 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         prefill_attn_s=2e-10,
         max_batch_tokens=8192,
         max_running=256,
+        kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
+        load_bytes_per_s=50e9,
+        load_overhead_s=2e-5,
     ),
 }
 
@@ -125,10 +161,14 @@ def load_timing(spec: str) -> TimingModel:
         )
     data = json.loads(path.read_text())
     names = [f.name for f in fields(TimingModel)]
-    missing = [n for n in names if n not in data]
+    # the host tier's fields have defaults: files written before it still load
+    missing = [n for n in names if n not in data and n not in _OPTIONAL]
     if missing:
         raise ValueError(f"{spec}: a timing model needs the fields {missing}")
-    return TimingModel(**{n: data[n] for n in names})
+    return TimingModel(**{n: data[n] for n in names if n in data})
+
+
+_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions")
 
 
 def timing_preset(name: str, **overrides) -> TimingModel:

@@ -70,9 +70,18 @@ def test_calibrate_writes_a_model_that_sim_reads(tmp_path, capsys):
     model = load_timing(str(out))
     assert model.prefill_token_s > 0 and model.max_batch_tokens == 1024
     assert data["fit"]["samples"] == len(data["samples"]) > 5
+    # the load-back fitted to the engine's own copies (a 64-page host tier unless told)
+    assert model.load_bytes_per_s > 0 and model.load_overhead_s >= 0
+    tiny = Engine(EngineConfig(model="tiny", enable_events=False))
+    try:
+        assert model.kv_bytes_per_token == tiny.pool.page_bytes // tiny.page_size
+    finally:
+        tiny.shutdown()
     capsys.readouterr()
     argv = ["--workload", "hot_prefix", "--limit", "200", "--workers", "2", "--no-progress"]
     assert sim_main([*argv, "--policies", "ttft", "--timing", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2].startswith("bound")
+    assert sim_main([*argv, "--policies", "ttft", "--timing", str(out), "--host-pages", "64"]) == 0
     assert capsys.readouterr().out.splitlines()[-2].startswith("bound")
     assert sim_main([*argv, "--timing", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err

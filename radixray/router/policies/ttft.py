@@ -36,6 +36,7 @@ class PredictedTTFT(Policy):
         rho_max: float = 0.8,
         min_match: float = 0.01,
         headroom: bool = True,
+        tiers: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -43,7 +44,9 @@ class PredictedTTFT(Policy):
         docs/ttft_policy.md); ``headroom``: ``L`` is also at least the fleet's offered work
         over its capacity's ``rho / (1 - rho)`` (``Headroom``; False: the rule before issue 23,
         for comparison); a cached prefix shorter than ``min_match`` of the prompt does not
-        steer placement (counts as none; why, docs/ttft_policy.md)."""
+        steer placement (counts as none; why, docs/ttft_policy.md); ``tiers=False`` is the
+        tier-blind baseline (``ttft:tiers=false``): host-tier copies are invisible, a prefix is
+        reusable only where it is on the device."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -57,6 +60,7 @@ class PredictedTTFT(Policy):
         self.rho_max = rho_max
         self.min_match = min_match
         self.use_headroom = headroom
+        self.tiers = tiers
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -94,6 +98,8 @@ class PredictedTTFT(Policy):
         weight = self._weight(live)
         P = index.page_size
         tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
+        if not self.tiers:  # tier-blind: what index.match sees
+            tiers = {w: (dev, dev) for w, (dev, _) in tiers.items() if dev}
         n = request.num_tokens
         cap = max(n - 1, 0)
         # c_w: the prefix w can reuse, on its device pool or loaded back from its host tier

@@ -1,0 +1,179 @@
+"""Host tiers in the routing simulator (issue 24): time-priced ttft against tier-blind routing and
+the fixed-weight rules, and a host tier against an all-device cache of the same total pages.
+
+Three clusters of the same workers: ``D`` device pages each; ``D`` device + ``H`` host pages each;
+``D + H`` device pages each (the ceiling of a free load-back). On the tiered cluster, ttft
+(host copies priced in load time), ttft with the tier invisible (``ttft:tiers=false``), and
+kv_cost with a host block weighed 0.75 (Dynamo's default) and 0.8 (llm-d's), and cache_aware
+(SGLang's rule, which sees the device tier only); ttft alone on the
+other two. Each row: hit rate, share of prompt tokens loaded back from a host tier, TTFT excess
+over the infinite-cache bound and over the pooled-cache reference (one LRU cache of the
+cluster's whole capacity, device + host) at p50 / p99, and the per-request delay at p90.
+
+Checks the issue's capacity targets (tiered ttft's hit >= 0.95x and excess <= 1.2x the
+all-device cluster's at p50 and p99; its excess below every other policy's on the tiered
+cluster) and its placement target (excess over the pooled reference <= 0.5x the best
+baseline's at p50 and p99, delay p90 <= 0.5x, hit >= 0.95x; the baselines: both kv_cost rules
+and cache_aware), and prints which are met.
+
+    .venv/bin/python benchmarks/bench_sim_tiers.py           # Mooncake, 512-token pages, gpu
+    .venv/bin/python benchmarks/bench_sim_tiers.py --workload multiturn_chat --workers 4 \
+        --pages 64 --host-pages 256 --page-size 16 --timing cpu
+    .venv/bin/python benchmarks/bench_sim_tiers.py --quick   # a smoke run (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import date
+
+from radixray.sim import (
+    SimConfig,
+    hot_prefix,
+    load_mooncake,
+    multiturn_chat,
+    simulate,
+    timing_preset,
+)
+
+OURS = "ttft"
+BLIND = "ttft:tiers=false"
+RULES = ["kv_cost:host_block_weight=0.75", "kv_cost:host_block_weight=0.8"]
+BASELINES = [*RULES, "cache_aware"]  # cache_aware (SGLang's rule) sees the device tier only
+KEYS = ("hit_rate", "excess_p50", "excess_p99", "pooled_excess_p50", "pooled_excess_p99",
+        "delay_p90", "pooled_hit_rate", "ttft_p50", "ttft_p99")  # fmt: skip
+
+
+def runs(args) -> list[tuple[str, str, int, int]]:
+    """(label, policy, device pages, host pages) of each run."""
+    D, H = args.pages, args.host_pages
+    tiered = [(f"{D} + {H} host", p, D, H) for p in (OURS, BLIND, *BASELINES)]
+    rows = [*tiered, (f"{D} device", OURS, D, 0), (f"{D + H} device", OURS, D + H, 0)]
+    return [r for r in rows if not args.only or r[1] in args.only.split(",")]
+
+
+def run_all(args) -> list[dict]:
+    if args.workload == "multiturn_chat":
+        wl = multiturn_chat(num_requests=args.limit or 3000, seed=args.seed)
+    elif args.workload == "hot_prefix":
+        wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
+    else:
+        wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
+    timing = timing_preset(args.timing, charge_demotions=not args.free_demotions)
+    rows = []
+    for label, policy, dev, host in runs(args):
+        cfg = SimConfig(
+            num_workers=args.workers,
+            num_pages=dev,
+            host_pages=host,
+            page_size=args.page_size,
+            timing=timing,
+            prefill_order=args.prefill_order,
+            seed=args.seed,
+        )
+        t0 = time.perf_counter()
+        r = simulate(wl, policy, cfg)
+        s = r.summary()
+        prompt = sum(x.prompt_tokens for x in r.records)
+        loaded = r.host_copies.get("pages_from_host", 0) * args.page_size
+        row = {"cluster": label, "policy": policy, **{k: s[k] for k in KEYS}}
+        row["host_share"] = loaded / prompt if prompt else 0.0
+        row["copy_s"] = r.host_copies.get("copy_seconds", 0.0)
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        print(f"{label:>18} {policy:<32} hit {row['hit_rate']:.3f} "
+              f"xs {row['excess_p50']:.3f}/{row['excess_p99']:.3f} "
+              f"({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| cluster (pages/worker) | policy | hit | loaded | excess p50 s | excess p99 s "
+        "| vs pooled p50 s | vs pooled p99 s | delay p90 s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['cluster']} | {r['policy']} | {r['hit_rate']:.3f} | {r['host_share']:.3f} "
+            f"| {r['excess_p50']:.3f} | {r['excess_p99']:.3f} | {r['pooled_excess_p50']:.3f} "
+            f"| {r['pooled_excess_p99']:.3f} | {r['delay_p90']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (1.0 if a <= 0 else float("inf"))
+
+
+def targets(rows: list[dict]) -> list[tuple[str, float, str, bool]]:
+    """(what, measured ratio, target, met) for the issue's capacity and placement targets."""
+    tiered = [r for r in rows if "host" in r["cluster"]]
+    ours = next(r for r in tiered if r["policy"] == OURS)
+    ceiling = rows[-1]  # ttft on D + H device pages (runs())
+    out = [("hit vs all-device", _ratio(ours["hit_rate"], ceiling["hit_rate"]), ">= 0.95")]
+    for q in ("p50", "p99"):
+        x = _ratio(ours[f"excess_{q}"], ceiling[f"excess_{q}"])
+        out.append((f"excess {q} vs all-device", x, "<= 1.2"))
+        best = min(r[f"excess_{q}"] for r in tiered if r is not ours)
+        out.append((f"excess {q} vs best other on tiers", _ratio(ours[f"excess_{q}"], best), "< 1"))
+    base = [r for r in tiered if r["policy"] in BASELINES]
+    for key in ("pooled_excess_p50", "pooled_excess_p99", "delay_p90"):
+        out.append((f"{key} vs best baseline",
+                    _ratio(ours[key], min(r[key] for r in base)), "<= 0.5"))  # fmt: skip
+    out.append(("hit vs best baseline",
+                _ratio(ours["hit_rate"], max(r["hit_rate"] for r in base)), ">= 0.95"))  # fmt: skip
+    return [(w, x, t, _met(x, t)) for w, x, t in out]
+
+
+def _met(x: float, target: str) -> bool:
+    op, v = target.split()
+    return {">=": x >= float(v), "<=": x <= float(v), "<": x < float(v)}[op]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="multiturn_chat, 400 requests, small pools")
+    p.add_argument(
+        "--workload", choices=("mooncake", "multiturn_chat", "hot_prefix"), default="mooncake"
+    )
+    p.add_argument("--limit", type=int, default=None, help="requests of a generated workload")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--pages", type=int, default=2000, help="device pages per worker")
+    p.add_argument("--host-pages", type=int, default=8000, help="host pages per worker")
+    p.add_argument("--page-size", type=int, default=512)
+    p.add_argument("--timing", default="gpu")
+    p.add_argument("--prefill-order", default="shortest")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--free-demotions",
+        action="store_true",
+        help="demotions cost the step nothing (an engine that overlaps its write-back)",
+    )
+    p.add_argument("--only", help="run only these policies (comma-separated), no target checks")
+    p.add_argument("--out", help="write the rows and the targets as JSON here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.pages, args.host_pages, args.page_size = 4, 48, 192, 16
+        args.timing, args.workload, args.limit = "cpu", "multiturn_chat", 400
+    rows = run_all(args)
+    checks = [] if args.only else targets(rows)
+    print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+          f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
+          f"timing {args.timing}, {args.prefill_order} prefills, seed {args.seed}")  # fmt: skip
+    print(table(rows))
+    print()
+    for what, x, target, met in checks:
+        print(f"- {what}: {x:.2f}x (target {target}): {'met' if met else 'not met'}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows, "targets": checks}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
