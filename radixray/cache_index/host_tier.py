@@ -35,6 +35,7 @@ class PageCopy(NamedTuple):
     to_host: bool  # True: device -> host (a demotion); False: host -> device (a load-back)
     src: list[int]
     dst: list[int]
+    window: bool = False  # True: window-pool pages (``swa_host``), ids of the window pools
 
 
 class HostTier:
@@ -61,15 +62,19 @@ class HostTier:
 
     # ------------------------------------------------------------------ copies
 
-    def _record(self, to_host: bool, src: list[int], dst: list[int]) -> None:
-        """Append a copy, merged into the last one when it goes the same way and writes none of
-        the same pages (then the merged copy is one index_copy with distinct targets)."""
+    def _record(self, to_host: bool, src: list[int], dst: list[int], window: bool = False) -> None:
+        """Append a copy, merged into the last one when it goes the same way between the same
+        pools and writes none of the same pages (then the merged copy has distinct targets)."""
         last = self._copies[-1] if self._copies else None
-        if last is not None and last.to_host == to_host and self._group_dst.isdisjoint(dst):
+        if (
+            last is not None
+            and (last.to_host, last.window) == (to_host, window)
+            and self._group_dst.isdisjoint(dst)
+        ):
             last.src.extend(src)
             last.dst.extend(dst)
         else:
-            self._copies.append(PageCopy(to_host, list(src), list(dst)))
+            self._copies.append(PageCopy(to_host, list(src), list(dst), window))
             self._group_dst = set()
         self._group_dst.update(dst)
 
@@ -88,7 +93,7 @@ class HostTier:
             n = len(node.pages)
             if not self.make_room(n):
                 return None
-            host = self.allocator.alloc(n)
+            host = self._alloc_host(n)
             self.tree.set_host(node, host)
             self._record(True, node.pages, host)
             self.demotions += 1
@@ -99,6 +104,9 @@ class HostTier:
         if self.emit:
             self.emit(BlockRemoved(list(node.hashes), DEVICE))
         return self.tree.drop_device(node)
+
+    def _alloc_host(self, n: int) -> list[int]:
+        return self.allocator.alloc(n)
 
     def make_room(self, n: int) -> bool:
         """Evict host-only leaves, least recently used first, until ``n`` host pages are free.

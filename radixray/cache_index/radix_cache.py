@@ -48,7 +48,10 @@ class RadixCache(PrefixCache):
         self.host: HostTier | None = None
         if host_allocator is not None:
             emit = (lambda ev: self._events.append(ev)) if enable_events else None
-            self.host = HostTier(host_allocator, self._tree, self._ghost, emit)
+            self.host = self._host_tier(host_allocator, emit)
+
+    def _host_tier(self, host_allocator: PageAllocator, emit) -> HostTier:
+        return HostTier(host_allocator, self._tree, self._ghost, emit)
 
     @property
     def host_allocator(self) -> PageAllocator | None:

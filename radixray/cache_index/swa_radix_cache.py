@@ -16,7 +16,11 @@ gives the cached page its window page back (``revive_window``).
 KV events carry the group (``events``): every stored block is stored in the full-attention
 group (0) and, while its window page is there, in the sliding-window group (1, with the window);
 a dropped window page is a ``BlockRemoved`` of group 1. A block removed from group 0 is gone
-from both. No host tier yet: ``host_allocator`` is refused.
+from both.
+
+With a host tier (``host_allocator``: a ``WindowedAllocator`` of host pages) demotions and
+load-backs move window pages too (``swa_host``); a match counts a host-only page's host window
+page as its window page, so the reusable prefix is cut over both tiers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .cache_contract import MatchResult
 from .events import SLIDING_WINDOW, BlockRemoved, BlockStored, KVEvent
 from .radix_cache import RadixCache
 from .radix_tree import EVICTION_POLICIES, TreeNode
+from .swa_host import SWAHostTier
 from .window_pages import WindowedAllocator, reusable_pages
 
 __all__ = ["SWARadixCache", "reusable_pages", "WINDOW_GROUP"]
@@ -46,14 +51,13 @@ class SWARadixCache(RadixCache):
         medium: str | None = "GPU",
         host_allocator=None,
     ):
-        if host_allocator is not None:
-            raise ValueError(
-                "cache='swa_radix' does not compose with a host tier yet (host_pages=0)"
-            )
         if not isinstance(allocator, WindowedAllocator):
             raise TypeError("SWARadixCache needs a WindowedAllocator (a window pool)")
         kw = {} if ghost_capacity is None else {"ghost_capacity": ghost_capacity}
-        super().__init__(page_size, allocator, eviction, enable_events, medium=medium, **kw)
+        super().__init__(
+            page_size, allocator, eviction, enable_events, medium=medium,
+            host_allocator=host_allocator, **kw,
+        )  # fmt: skip
         self.window = allocator.window
         self._group = (WINDOW_GROUP, SLIDING_WINDOW, self.window)
         self.num_window_evicted = 0  # window pages dropped by evict_window
@@ -61,17 +65,40 @@ class SWARadixCache(RadixCache):
 
     # -------------------------------------------------------------- match / insert
 
+    def _host_tier(self, host_allocator, emit) -> SWAHostTier:
+        return SWAHostTier(host_allocator, self._tree, self._ghost, emit, self.allocator)
+
+    def _flags(self, pages: Sequence[int], host: Sequence[int] = ()) -> list[bool]:
+        """Whether each page of a path (device pages, then host-only pages) has its window
+        page: a device page's in the device window pool, a host-only page's on the host."""
+        flags = list(map(self.allocator.has_window, pages))
+        if host:
+            flags += map(self.host_allocator.has_window, host)
+        return flags
+
     def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         m = super().match_prefix(token_ids, extra_key)
-        k = reusable_pages(m.pages, self.allocator.has_window, self.page_size, self.window)
-        if k == len(m.pages):
+        flags = self._flags(m.pages, m.host_pages)
+        k = reusable_pages(flags, bool, self.page_size, self.window)
+        if k == len(flags):
             return m
         tokens = list(token_ids[: k * self.page_size])
         return (
             super()
             .match_prefix(tokens, extra_key)
-            ._replace(window_tokens=m.num_tokens - len(tokens))
+            ._replace(window_tokens=m.num_tokens + m.host_tokens - len(tokens))
         )
+
+    def load_back(self, m: MatchResult, pages: Sequence[int]) -> MatchResult:
+        """``RadixCache.load_back``, with the window pages of the last window before the match
+        end (``SWAHostTier.load_back``), announced in the window group."""
+        before = len(self._events)
+        full = super().load_back(m, pages)
+        if len(self._events) > before:
+            ev = self._events[-1]
+            present = map(self.allocator.has_window, pages)
+            self._stored_runs(ev.block_hashes, ev.parent_block_hash, ev.token_ids, present)
+        return full
 
     def peek_prefix(
         self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
@@ -80,13 +107,18 @@ class SWARadixCache(RadixCache):
         the peeked path, found by their first-page keys."""
         P = self.page_size
         n = super().peek_prefix(token_ids, block_hashes, extra_key) // P
-        pages: list[int] = []
+        flags: list[bool] = []
         node = self._tree.roots().get(extra_key)
-        while node is not None and len(pages) < n:
-            node = node.children.get(tuple(token_ids[len(pages) * P : (len(pages) + 1) * P]))
+        while node is not None and len(flags) < n:
+            node = node.children.get(tuple(token_ids[len(flags) * P : (len(flags) + 1) * P]))
             if node is not None:
-                pages += node.pages[: n - len(pages)]
-        return reusable_pages(pages, self.allocator.has_window, P, self.window) * P
+                k = len(node.hashes)
+                flags += (self._flags(node.pages) if node.pages else self._flags([], node.host))[
+                    : n - len(flags)
+                ]
+                if k == 0:
+                    break
+        return reusable_pages(flags, bool, P, self.window) * P
 
     def match_cached(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         """The longest cached prefix, whether or not its window pages are there (a request that
@@ -238,6 +270,8 @@ class SWARadixCache(RadixCache):
     def check_integrity(self, held_pages: Iterable[int] | None = None) -> None:
         super().check_integrity(held_pages)
         self.allocator.check_window()
+        if self.host is not None:
+            self.host_allocator.check_window()
 
     def __repr__(self) -> str:
         return f"SWA{super().__repr__()[:-1]}, window={self.window})"

@@ -74,17 +74,36 @@ class WindowedAllocator(PageAllocator):
         """Window pages that can be handed out (the NULL page not counted)."""
         return self.window_allocator.num_pages - 1
 
-    def alloc(self, n: int) -> list[int] | None:
-        """``n`` full pages, each with a window page; None (nothing taken) if either pool has
-        fewer than ``n`` free."""
-        if n > self.window_allocator.num_free:
+    def alloc(self, n: int, window: bool = True) -> list[int] | None:
+        """``n`` full pages, each with a window page (none with ``window=False``: a host tier
+        gives window pages only to the pages that keep them); None (nothing taken) if either
+        pool has fewer than ``n`` free."""
+        if window and n > self.window_allocator.num_free:
             return None
         pages = super().alloc(n)
-        if pages is None:
-            return None
+        if pages is None or not window:
+            return pages
         for p, w in zip(pages, self.window_allocator.alloc(n), strict=True):
             self._window_of[p] = w
         return pages
+
+    def give_window(self, pages: Sequence[int]) -> list[int]:
+        """Window pages for full ``pages`` (which have none), as many as are free, from the
+        last page back; returns the window pages given, in the order of ``pages`` given."""
+        k = min(len(pages), self.window_allocator.num_free)
+        if k == 0:
+            return []
+        got = pages[len(pages) - k :]
+        ws = self.window_allocator.alloc(k)
+        for p, w in zip(got, ws, strict=True):
+            if self._window_of[p] >= 0:
+                raise ValueError(f"full page {p} has a window page already")
+            self._window_of[p] = w
+        return ws
+
+    def window_of(self, page: int) -> int:
+        """The window page of full ``page``, -1 if none."""
+        return self._window_of[page]
 
     def free(self, pages: Iterable[int]) -> None:
         pages = list(pages)

@@ -78,8 +78,8 @@ def test_match_stops_where_the_window_is_gone_and_eviction_keeps_the_end():
     assert cache.match_prefix(toks).num_tokens == 12
     assert cache.evict_window(10) == 3 and cache.match_prefix(toks).num_tokens == 0
     cache.check_integrity(held_pages=[])
-    with pytest.raises(ValueError, match="host tier"):
-        SWARadixCache(P, alloc, host_allocator=object())
+    with pytest.raises(TypeError, match="WindowedAllocator"):
+        SWARadixCache(P, alloc, host_allocator=object())  # host pages need host windows
 
 
 def test_a_request_drops_cached_window_pages_only_where_it_alone_holds_them():

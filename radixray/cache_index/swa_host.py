@@ -1,0 +1,105 @@
+"""``SWAHostTier``: the host tier of a ``SWARadixCache`` (docs/window_cache.md, docs/host_tier.md).
+
+Host pages come from a ``WindowedAllocator`` too: each host page may own one host window page,
+the window layers' KV of its positions. The rules are the window cache's own:
+
+    demote(node)     full pages go to the host as ``HostTier`` moves them; each device window
+                     page goes with its page if it is within a window of the nearest leaf end
+                     below the node (``evict_window``'s first rule: the ends stay reusable) and
+                     the host window pool has room, else it is dropped (a host tombstone)
+    load_back(...)   full pages come back as ``HostTier`` brings them; window pages only for the
+                     last window before the match end (what a request starting there reads):
+                     copied from the host where the host has them, the other loaded pages'
+                     device window pages dropped
+
+Window copies are ``PageCopy(window=True)`` between the window pools' ids. A host page keeps its
+window page until the host page itself is freed (``forget``, ``free_all``: the allocator frees
+both). Ints only, like the rest of ``cache_index``.
+"""
+
+from __future__ import annotations
+
+from .host_tier import HostTier
+from .radix_tree import TreeNode
+from .window_pages import WindowedAllocator
+
+__all__ = ["SWAHostTier", "nearest_end_below"]
+
+
+def nearest_end_below(node: TreeNode, cap: int) -> int:
+    """Tokens from ``node``'s end to the nearest leaf end in its subtree (0 for a leaf), or
+    ``cap`` if every leaf end is at least that far (the walk stops there)."""
+    if not node.children:
+        return 0
+    best = cap
+    stack = [(c, len(c.key)) for c in node.children.values()]
+    while stack:
+        n, d = stack.pop()
+        if d >= best:
+            continue
+        if not n.children:
+            best = d
+            continue
+        stack.extend((c, d + len(c.key)) for c in n.children.values())
+    return best
+
+
+class SWAHostTier(HostTier):
+    def __init__(self, allocator: WindowedAllocator, tree, ghost, emit, device: WindowedAllocator):
+        if not isinstance(allocator, WindowedAllocator):
+            raise TypeError("a window cache's host tier needs a WindowedAllocator (host windows)")
+        super().__init__(allocator, tree, ghost, emit)
+        self.device = device
+        self.window = device.window
+        self.demoted_window_pages = 0
+        self.loaded_window_pages = 0
+
+    def _alloc_host(self, n: int) -> list[int]:
+        return self.allocator.alloc(n, window=False)  # window pages: ``_demote_windows``
+
+    def demote(self, node: TreeNode) -> list[int] | None:
+        fresh = not node.host
+        pages = super().demote(node)
+        if pages is not None and fresh:
+            self._demote_windows(node, pages)
+        return pages
+
+    def _demote_windows(self, node: TreeNode, pages: list[int]) -> None:
+        """Copy the window pages of a demoted node's device ``pages`` that stay reusable."""
+        P, W, dev = self.P, self.window, self.device
+        below = nearest_end_below(node, W)
+        k = len(pages)
+        keep = [j for j in range(k) if dev.window_of(pages[j]) >= 0 and (k - 1 - j) * P + below < W]
+        if not keep:
+            return
+        got = self.allocator.give_window([node.host[j] for j in keep])
+        keep = keep[len(keep) - len(got) :]
+        if got:
+            self._record(True, [dev.window_of(pages[j]) for j in keep], got, window=True)
+            self.demoted_window_pages += len(got)
+
+    def load_back(self, device_node: TreeNode, host_node: TreeNode, pages: list[int]) -> None:
+        offset, node = 0, device_node
+        while node.parent is not None:
+            offset += len(node.key) // self.P
+            node = node.parent
+        host: list[int] = []
+        node = host_node
+        while node is not device_node:
+            host = node.host + host
+            node = node.parent
+        super().load_back(device_node, host_node, pages)
+        end = offset + len(pages)
+        first = max(0, end * self.P - self.window + 1) // self.P  # the first page end reads
+        src, dst, drop = [], [], []
+        hw, dw = self.allocator.window_of, self.device.window_of
+        for i, (h, d) in enumerate(zip(host, pages, strict=True)):
+            if offset + i >= first and hw(h) >= 0 and dw(d) >= 0:
+                src.append(hw(h))
+                dst.append(dw(d))
+            else:
+                drop.append(d)
+        if src:
+            self._record(False, src, dst, window=True)
+            self.loaded_window_pages += len(src)
+        self.device.drop_window(drop)
