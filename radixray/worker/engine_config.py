@@ -115,11 +115,6 @@ class EngineConfig:
             or self.window_pages < 1
         ):
             raise ValueError(f"window_pages must be None or an int >= 1, got {self.window_pages!r}")
-        if self.cache == "swa_radix" and self.host_pages:
-            raise ValueError(
-                "cache='swa_radix' does not compose with a host tier yet: set host_pages=0 "
-                "(docs/window_cache.md)"
-            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")
         dev = self.device

@@ -129,6 +129,7 @@ class KVPool:
         window_layers: tuple[int, ...] = (),
         window_pages: int = 0,
         window: int = 0,
+        host_window_pages: int = 0,
     ):
         self.window_layers = tuple(sorted(window_layers))
         full = [i for i in range(num_layers) if i not in self.window_layers]
@@ -143,9 +144,8 @@ class KVPool:
         self.k_cache = _zeros(shape, dtype, device)
         self.v_cache = _zeros(shape, dtype, device)
         self.window_k = self.window_v = None
+        self.host_window = None
         if self.window_layers:
-            if host_pages:
-                raise ValueError("a window pool with a host tier is not supported (host_pages=0)")
             wshape = (len(self.window_layers), window_pages, page_size, num_kv_heads, head_dim)
             self.window_k = _zeros(wshape, dtype, device)
             self.window_v = _zeros(wshape, dtype, device)
@@ -157,6 +157,10 @@ class KVPool:
         self.host_pages = host_pages
         self.host = HostKV(self.k_cache, self.v_cache, host_pages) if host_pages else None
         self.host_allocator = PageAllocator(host_pages) if host_pages else None
+        if host_pages and self.window_layers:  # host pages with host window pages (swa_host)
+            hw = max(2, host_window_pages)
+            self.host_window = HostKV(self.window_k, self.window_v, hw)
+            self.host_allocator = WindowedAllocator(host_pages, hw, window)
 
     @classmethod
     def for_model(
@@ -170,7 +174,7 @@ class KVPool:
         cache = cache or config.cache
         windows = [i for i in range(mcfg.num_layers) if mcfg.window(i) is not None]
         if windows and cache in ("swa_radix", "chunk"):
-            return cls._windowed(mcfg, config, device, max_model_len, windows)
+            return cls._windowed(mcfg, config, device, max_model_len, windows, cache)
         dtype = DTYPES[config.dtype]
         P = config.page_size
         if config.num_pages is not None:
@@ -190,16 +194,11 @@ class KVPool:
         return cls(*shape, dtype, device, host_pages)
 
     @classmethod
-    def _windowed(cls, mcfg, config, device, max_model_len: int, windows: list[int]) -> KVPool:
+    def _windowed(cls, mcfg, config, device, max_model_len: int, windows, cache) -> KVPool:
         """A pool whose window layers have their own pages. With ``num_pages`` set the window
         pool gets ``window_pages`` (default: as many); from a budget, ``WINDOW_SHARE`` window
         pages per full page, at least two requests' worth of window, at most one per full
         page, and the budget pays for both."""
-        if config.host_pages:
-            raise ValueError(
-                "a model with sliding-window layers cannot use a host tier yet: "
-                "set host_pages=0 (docs/window_cache.md)"
-            )
         dtype, P = DTYPES[config.dtype], config.page_size
         window = max(mcfg.window(i) for i in windows)
         one = window_pages_needed(window, P, config.max_batch_tokens)
@@ -217,15 +216,24 @@ class KVPool:
             wpages = min(num_pages, max(int(WINDOW_SHARE * num_pages), 2 * one))
         wpages = max(wpages, one)  # one request's chunk must always fit
         shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
+        host_pages = config.host_pages
+        if host_pages is None:
+            per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+            host_pages = default_host_pages(device, num_pages, P * per_token)
+        if cache != "swa_radix":
+            host_pages = 0  # no reuse, nothing to keep
+        # the host window pool: the device pools' ratio of window pages to full pages
+        host_wpages = -(-host_pages * wpages // num_pages) + 1 if host_pages else 0
         return cls(
             *shape,
             dtype,
             device,
-            0,
+            host_pages,
             window_layers=tuple(windows),
-            window_pages=wpages + 1,
+            window_pages=wpages + 1,  # + the NULL page
             window=window,
-        )  # + the NULL page
+            host_window_pages=host_wpages,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -260,8 +268,14 @@ class KVPool:
         """Run the cache's recorded copies (``host_tier.PageCopy``), in order; the bytes moved."""
         if not copies or self.host is None:
             return 0
-        self.host.run(copies)
-        return sum(len(c.src) for c in copies) * self.page_bytes
+        if self.host_window is None:
+            self.host.run(copies)
+            return sum(len(c.src) for c in copies) * self.page_bytes
+        moved = 0
+        for c in copies:  # in order: full and window copies may interleave
+            (self.host_window if c.window else self.host).run([c])
+            moved += len(c.src) * (self.window_page_bytes if c.window else self.page_bytes)
+        return moved
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each (source, destination) page's K and V, every layer (a sample forked from

@@ -160,12 +160,8 @@ def test_pool_layout_and_bytes():
 
 
 def test_config_errors(loaded):
-    with pytest.raises(ValueError, match="host tier"):
-        EngineConfig(cache="swa_radix", host_pages=8)
     with pytest.raises(ValueError, match="sliding-window"):
         Engine(EngineConfig(model="tiny", cache="swa_radix", device="cpu", num_pages=8))
-    with pytest.raises(ValueError, match="host tier"):
-        Engine(EngineConfig(model="tiny", device="cpu", num_pages=16, host_pages=4), loaded=loaded)
 
 
 def test_samples_fork_the_window_pool(loaded, monkeypatch):
