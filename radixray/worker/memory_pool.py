@@ -9,6 +9,8 @@ With ``window_layers`` (a model's sliding-window layers, docs/window_cache.md) t
 their KV in a pool of their own (``window_k``/``window_v``, paged by the allocator's window
 pages: ``cache_index.window_pages``) and ``k_cache``/``v_cache`` hold the other layers only;
 ``layer_slots[i]`` says where layer ``i`` lives.
+With a host tier too, ``host_window`` keeps the window layers' host pages (the host
+allocator is then a ``WindowedAllocator``, docs/window_cache.md).
 
 ``k_cache[l]`` is the per-layer view the kernels take ([num_pages, P, Hkv, D], the layout of
 vLLM's flash-attn fork). Page ids index dimension 1 and are handed out by ``PageAllocator``. A
