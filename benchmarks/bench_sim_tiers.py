@@ -63,13 +63,16 @@ def run_all(args) -> list[dict]:
         wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
     else:
         wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
-    timing = timing_preset(args.timing, charge_demotions=not args.free_demotions)
+    timing = timing_preset(
+        args.timing, charge_demotions=not args.free_demotions, overlap_layers=args.overlap_layers
+    )
     rows = []
     for label, policy, dev, host in runs(args):
         cfg = SimConfig(
             num_workers=args.workers,
             num_pages=dev,
             host_pages=host,
+            host_write_through_hits=args.write_through,
             page_size=args.page_size,
             timing=timing,
             prefill_order=args.prefill_order,
@@ -83,10 +86,13 @@ def run_all(args) -> list[dict]:
         row = {"cluster": label, "policy": policy, **{k: s[k] for k in KEYS}}
         row["host_share"] = loaded / prompt if prompt else 0.0
         row["copy_s"] = r.host_copies.get("copy_seconds", 0.0)
+        row["pages_to_host"] = r.host_copies.get("pages_to_host", 0)
+        row["pages_from_host"] = r.host_copies.get("pages_from_host", 0)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         print(f"{label:>18} {policy:<32} hit {row['hit_rate']:.3f} "
               f"xs {row['excess_p50']:.3f}/{row['excess_p99']:.3f} "
+              f"pages out/in {row['pages_to_host']}/{row['pages_from_host']} "
               f"({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     return rows
 
@@ -153,6 +159,20 @@ def main(argv=None) -> int:
         "--free-demotions",
         action="store_true",
         help="demotions cost the step nothing (an engine that overlaps its write-back)",
+    )
+    p.add_argument(
+        "--overlap-layers",
+        type=int,
+        default=0,
+        metavar="L",
+        help="copies overlapped layer by layer with a forward of L layers (default 0: before it)",
+    )
+    p.add_argument(
+        "--write-through",
+        type=int,
+        default=None,
+        metavar="N",
+        help="copy a device node to the host tier once hit N times (default: write-back only)",
     )
     p.add_argument("--only", help="run only these policies (comma-separated), no target checks")
     p.add_argument("--out", help="write the rows and the targets as JSON here")

@@ -53,9 +53,11 @@ class SimWorker:
         on_finish: Callable[[SimRequest, int, float], None] | None = None,
         prefill_order: str = "fcfs",
         host_pages: int = 0,
+        host_write_through_hits: int | None = None,
     ):
         """``on_first_token(request, cached_tokens, now)`` and ``on_finish(...)`` report each
-        request once; ``host_pages`` > 0 gives the cache a host tier of that many pages."""
+        request once; ``host_pages`` > 0 gives the cache a host tier of that many pages (and
+        ``host_write_through_hits`` its write-through, RadixCache's)."""
         self.worker_id = worker_id
         self.P = page_size
         self.timing = timing
@@ -68,6 +70,7 @@ class SimWorker:
             eviction,
             enable_events=enable_events,
             host_allocator=self.host_allocator,
+            host_write_through_hits=host_write_through_hits if host_pages else None,
         )
         self.scheduler = Scheduler(
             self.cache,
@@ -175,7 +178,7 @@ class SimWorker:
             self.prefill_cost.update(shape.prefill_tokens, dt)
         elif shape.decode_batch:
             self._decode_step.update(dt)
-        dt += self._copy_time()
+        dt = self.timing.with_copies(dt, self._copy_time())
         self.busy_time += dt
         return dt
 
