@@ -178,6 +178,9 @@ class _Run:
         rec = self.records[self.pos_of[req.rid]]
         rec.first_token = now
         rec.cached = cached
+        b = self.workers[rec.worker].breakdown.pop(str(req.rid), None)
+        if b is not None:
+            rec.wait_s, rec.forward_s, rec.copy_s = b[0] - rec.arrival, b[1], b[2]
 
     def _on_finish(self, req: SimRequest, cached: int, now: float) -> None:
         i = self.pos_of[req.rid]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from radixray.sim import SimConfig, multiturn_chat, simulate
@@ -63,4 +65,18 @@ def test_a_simulated_cluster_with_write_through_and_overlap_runs_and_copies_less
                         host_write_through_hits=wt, check_every=50)  # fmt: skip
         runs[wt] = simulate(wl, "ttft", cfg)
     assert runs[1].host_copies["pages_to_host"] != runs[None].host_copies["pages_to_host"]
-    assert all(r.records[-1].cached >= 0 for r in runs.values())
+    # each record's TTFT breakdown: before its first step, forwards, copies, between steps
+    served = [r for r in runs[None].records if not math.isnan(r.forward_s)]
+    assert len(served) == len(wl.requests) - runs[None].oversize  # refused: no steps
+    for rec in served:
+        assert rec.wait_s >= 0 and rec.forward_s > 0 and rec.copy_s >= 0
+        assert rec.wait_s + rec.forward_s + rec.copy_s <= rec.ttft + 1e-9
+    assert sum(rec.copy_s for rec in served) > 0
+
+
+def test_a_lone_request_s_ttft_is_its_forwards_and_copies():
+    wl = Workload("one", [SimRequest(0, 0.5, ((1, 200),), 2)], 0)
+    cfg = SimConfig(num_workers=1, num_pages=64, page_size=P, timing=TIMING)
+    (rec,) = simulate(wl, "round_robin", cfg).records
+    assert rec.wait_s == 0 and rec.copy_s == 0
+    assert rec.forward_s == pytest.approx(rec.ttft)  # 200 tokens: four chunks of 64, back to back
