@@ -107,12 +107,13 @@ class TimingModel:
     def with_copies(self, forward_s: float, copy_s: float) -> float:
         """Seconds for a step whose forward takes ``forward_s`` and whose copies (charged ones,
         ``copy_time``) take ``copy_s``: one after the other, or overlapped layer by layer
-        (``overlap_layers``): the forward cannot start a layer before that layer's copy is done,
-        so the step is ``max(forward + copy / L, copy)``."""
+        (``overlap_layers`` = L): layer l's forward starts when layer l's copy is done, so the
+        step is ``max(copy / L + forward, copy + forward / L)`` (the first layer's copy
+        exposed, or the last layer's forward)."""
         L = self.overlap_layers
         if not L or copy_s <= 0:
             return forward_s + copy_s
-        return max(forward_s + copy_s / L, copy_s)
+        return max(copy_s / L + forward_s, copy_s + forward_s / L)
 
     @property
     def prefill_tokens_per_s(self) -> float:
