@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -63,13 +64,16 @@ def run_all(args) -> list[dict]:
         wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
     else:
         wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
-    timing = timing_preset(args.timing, charge_demotions=not args.free_demotions)
+    timing = timing_preset(
+        args.timing, charge_demotions=not args.free_demotions, overlap_layers=args.overlap_layers
+    )
     rows = []
     for label, policy, dev, host in runs(args):
         cfg = SimConfig(
             num_workers=args.workers,
             num_pages=dev,
             host_pages=host,
+            host_write_through_hits=args.write_through,
             page_size=args.page_size,
             timing=timing,
             prefill_order=args.prefill_order,
@@ -83,12 +87,42 @@ def run_all(args) -> list[dict]:
         row = {"cluster": label, "policy": policy, **{k: s[k] for k in KEYS}}
         row["host_share"] = loaded / prompt if prompt else 0.0
         row["copy_s"] = r.host_copies.get("copy_seconds", 0.0)
+        row["pages_to_host"] = r.host_copies.get("pages_to_host", 0)
+        row["pages_from_host"] = r.host_copies.get("pages_from_host", 0)
+        row["p99_requests"] = p99_breakdown(r)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         print(f"{label:>18} {policy:<32} hit {row['hit_rate']:.3f} "
               f"xs {row['excess_p50']:.3f}/{row['excess_p99']:.3f} "
+              f"pages out/in {row['pages_to_host']}/{row['pages_from_host']} "
               f"({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     return rows
+
+
+def p99_breakdown(r) -> dict[str, float]:
+    """Means over the requests whose TTFT is at or above the run's p99: their TTFT, bound,
+    prompt and cached tokens, and where the TTFT went (before their first step, their steps'
+    forwards, the host-tier copies charged to those steps, between their steps)."""
+    recs = sorted((x for x in r.records if not math.isnan(x.forward_s)), key=lambda x: x.ttft)
+    bound = {x.rid: b for x, b in zip(r.records, r.bound, strict=True)}
+    top = recs[int(0.99 * (len(recs) - 1)) :]
+    keys = ("ttft", "prompt_tokens", "cached", "wait_s", "forward_s", "copy_s")
+    out = {k: sum(getattr(x, k) for x in top) / len(top) for k in keys}
+    out["bound"] = sum(bound[x.rid] for x in top) / len(top)
+    out["between_s"] = out["ttft"] - out["wait_s"] - out["forward_s"] - out["copy_s"]
+    out["n"] = len(top)
+    return out
+
+
+def breakdown_table(rows: list[dict]) -> str:
+    cols = ("n", "prompt_tokens", "cached", "ttft", "bound", "wait_s", "forward_s", "copy_s",
+            "between_s")  # fmt: skip
+    lines = ["| cluster | policy | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
+    for r in rows:
+        b = r["p99_requests"]
+        vals = [f"{b[c]:.0f}" if c in cols[:3] else f"{b[c]:.3f}" for c in cols]
+        lines.append(f"| {r['cluster']} | {r['policy']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -154,6 +188,20 @@ def main(argv=None) -> int:
         action="store_true",
         help="demotions cost the step nothing (an engine that overlaps its write-back)",
     )
+    p.add_argument(
+        "--overlap-layers",
+        type=int,
+        default=0,
+        metavar="L",
+        help="copies overlapped layer by layer with a forward of L layers (default 0: before it)",
+    )
+    p.add_argument(
+        "--write-through",
+        type=int,
+        default=None,
+        metavar="N",
+        help="copy a device node to the host tier once hit N times (default: write-back only)",
+    )
     p.add_argument("--only", help="run only these policies (comma-separated), no target checks")
     p.add_argument("--out", help="write the rows and the targets as JSON here")
     args = p.parse_args(argv)
@@ -166,6 +214,8 @@ def main(argv=None) -> int:
           f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
           f"timing {args.timing}, {args.prefill_order} prefills, seed {args.seed}")  # fmt: skip
     print(table(rows))
+    print("\nThe requests at or above the p99 of TTFT (means):\n")
+    print(breakdown_table(rows))
     print()
     for what, x, target, met in checks:
         print(f"- {what}: {x:.2f}x (target {target}): {'met' if met else 'not met'}")

@@ -4,6 +4,8 @@ move and records the copies; the engine moves the bytes (``take_copies``, before
     demote(node)       device eviction of a leaf: copy its pages to host pages (unless it has a
                        host copy already), free its device pages; the node stays, host-resident
     make_room(n)       evict host-only LRU leaves until ``n`` host pages are free
+    write_through(...) copy the device nodes on a path hit N times or more to the host tier now
+                       (they keep their device pages), so their demotion later copies nothing
     load_back(...)     host-only nodes on a matched path get device pages (copies host -> device);
                        they keep their host copy, so a later demotion frees without copying
 
@@ -59,6 +61,7 @@ class HostTier:
         self.loads = 0
         self.loaded_pages = 0
         self.evicted_pages = 0
+        self.written_through_pages = 0
 
     # ------------------------------------------------------------------ copies
 
@@ -107,6 +110,32 @@ class HostTier:
 
     def _alloc_host(self, n: int) -> list[int]:
         return self.allocator.alloc(n)
+
+    def write_through(self, node: TreeNode, min_hits: int) -> int:
+        """Give every device node from ``node`` up to the root that was hit ``min_hits`` times or
+        more and has no host copy a host copy (a store event each, parents first); return the
+        pages copied. The caller holds a lock on ``node``, so making room evicts nothing on the
+        path; where even the unlocked host leaves are not room enough, it stops."""
+        path: list[TreeNode] = []
+        while node.parent is not None:
+            if node.pages and not node.host and node.hits >= min_hits:
+                path.append(node)
+            node = node.parent
+        copied = 0
+        for n in reversed(path):
+            k = len(n.pages)
+            if not self.make_room(k):
+                break
+            host = self._alloc_host(k)
+            self.tree.set_host(n, host)
+            self._record(True, n.pages, host)
+            copied += k
+            if self.emit:
+                self.emit(
+                    BlockStored(list(n.hashes), n.parent.last_hash, list(n.key), self.P, HOST)
+                )
+        self.written_through_pages += copied
+        return copied
 
     def make_room(self, n: int) -> bool:
         """Evict host-only leaves, least recently used first, until ``n`` host pages are free.

@@ -25,7 +25,10 @@ class RadixCache(PrefixCache):
     """Prefix reuse over a page-granular radix tree (values are page ids), with lock refs,
     LRU/LFU eviction of unlocked leaves, KV events and a ghost list of evicted blocks. With a
     ``host_allocator`` (host pages of the same page size) device eviction demotes to the host
-    tier instead of forgetting, and a match returns the host-resident continuation too."""
+    tier instead of forgetting, and a match returns the host-resident continuation too.
+    ``host_write_through_hits`` = N (None: off, write-back only) also copies a device node to
+    the host tier when a lock takes it after its N-th hit, so its later demotion copies
+    nothing."""
 
     def __init__(
         self,
@@ -36,6 +39,7 @@ class RadixCache(PrefixCache):
         ghost_capacity: int = DEFAULT_GHOST_CAPACITY,
         medium: str | None = "GPU",
         host_allocator: PageAllocator | None = None,
+        host_write_through_hits: int | None = None,
     ):
         self.page_size = check_page_size(page_size)
         self.allocator = allocator
@@ -46,6 +50,16 @@ class RadixCache(PrefixCache):
         self._events: list[KVEvent] = []
         self._ghost = GhostList(ghost_capacity)
         self.host: HostTier | None = None
+        if host_write_through_hits is not None and (
+            isinstance(host_write_through_hits, bool)
+            or not isinstance(host_write_through_hits, int)
+            or host_write_through_hits < 1
+        ):
+            raise ValueError(
+                f"host_write_through_hits must be None or an int >= 1, "
+                f"got {host_write_through_hits!r}"
+            )
+        self.write_through_hits = host_write_through_hits
         if host_allocator is not None:
             emit = (lambda ev: self._events.append(ev)) if enable_events else None
             self.host = self._host_tier(host_allocator, emit)
@@ -107,6 +121,8 @@ class RadixCache(PrefixCache):
 
     def lock(self, node: TreeNode) -> None:
         self._tree.lock(node)
+        if self.host is not None and self.write_through_hits is not None:
+            self.host.write_through(node, self.write_through_hits)
 
     def unlock(self, node: TreeNode) -> None:
         self._tree.unlock(node)

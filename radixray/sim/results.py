@@ -141,6 +141,10 @@ class RequestRecord:
     finish: float = math.nan
     available: int = 0  # the longest prefix any worker held, by the index at decision
     captured: int = 0  # the prefix the chosen worker held, by the index at decision
+    # where the TTFT went: before its first step, its steps' forwards, their host-tier copies
+    wait_s: float = math.nan
+    forward_s: float = math.nan
+    copy_s: float = math.nan
 
     @property
     def ttft(self) -> float:

@@ -53,9 +53,11 @@ class SimWorker:
         on_finish: Callable[[SimRequest, int, float], None] | None = None,
         prefill_order: str = "fcfs",
         host_pages: int = 0,
+        host_write_through_hits: int | None = None,
     ):
         """``on_first_token(request, cached_tokens, now)`` and ``on_finish(...)`` report each
-        request once; ``host_pages`` > 0 gives the cache a host tier of that many pages."""
+        request once; ``host_pages`` > 0 gives the cache a host tier of that many pages (and
+        ``host_write_through_hits`` its write-through, RadixCache's)."""
         self.worker_id = worker_id
         self.P = page_size
         self.timing = timing
@@ -68,6 +70,7 @@ class SimWorker:
             eviction,
             enable_events=enable_events,
             host_allocator=self.host_allocator,
+            host_write_through_hits=host_write_through_hits if host_pages else None,
         )
         self.scheduler = Scheduler(
             self.cache,
@@ -81,6 +84,10 @@ class SimWorker:
         self.on_finish = on_finish
         self._sim: dict[str, SimRequest] = {}  # request id -> its workload request
         self._batch: Batch | None = None  # the step in progress
+        self._now = 0.0
+        # request id -> [start of its first step, forward s, copy s] of the steps up to its
+        # first token: where its TTFT went (taken by the simulator with ``take_breakdown``)
+        self.breakdown: dict[str, list[float]] = {}
         self.busy_time = 0.0
         self.steps = 0
         self.oversize = 0
@@ -160,6 +167,7 @@ class SimWorker:
                     report(req, 0, now)
             return None
         self._sim[rid] = req
+        self._now = now
         return None if self.busy else self._start_step()
 
     def _start_step(self) -> float | None:
@@ -175,9 +183,24 @@ class SimWorker:
             self.prefill_cost.update(shape.prefill_tokens, dt)
         elif shape.decode_batch:
             self._decode_step.update(dt)
-        dt += self._copy_time()
-        self.busy_time += dt
-        return dt
+        copy = self._copy_time()
+        total = self.timing.with_copies(dt, copy)
+        self._account(batch, dt, total - dt)
+        self.busy_time += total
+        return total
+
+    def _account(self, batch: Batch, forward: float, copy: float) -> None:
+        """Add a step's forward and (exposed) copy time to the breakdown of every request in
+        it that has no first token yet."""
+        for it in batch.items:
+            if it.req.output_ids:
+                continue
+            b = self.breakdown.get(it.req.request_id)
+            if b is None:
+                self.breakdown[it.req.request_id] = [self._now, forward, copy]
+            else:
+                b[1] += forward
+                b[2] += copy
 
     def _copy_time(self) -> float:
         """Seconds for the demotions and load-backs the cache recorded since the last step (run
@@ -199,6 +222,7 @@ class SimWorker:
 
     def step_end(self, now: float) -> float | None:
         batch, self._batch = self._batch, None
+        self._now = now
         sched = self.scheduler
         sched.postprocess(batch)
         for it in batch.items:

@@ -48,6 +48,8 @@ class SimConfig:
     num_workers: int = 8
     num_pages: int = 4096
     host_pages: int = 0
+    # copy a device node to the host tier once it is hit this many times (None: write-back only)
+    host_write_through_hits: int | None = None
     page_size: int = EngineConfig.page_size
     timing: TimingModel = field(default_factory=lambda: TIMING_PRESETS[DEFAULT_TIMING])
     eviction: str = EngineConfig.eviction
@@ -158,6 +160,7 @@ class _Run:
                 self._on_finish,
                 cfg.prefill_order,
                 cfg.host_pages,
+                cfg.host_write_through_hits,
             )
             for w in range(cfg.num_workers)
         ]
@@ -175,6 +178,9 @@ class _Run:
         rec = self.records[self.pos_of[req.rid]]
         rec.first_token = now
         rec.cached = cached
+        b = self.workers[rec.worker].breakdown.pop(str(req.rid), None)
+        if b is not None:
+            rec.wait_s, rec.forward_s, rec.copy_s = b[0] - rec.arrival, b[1], b[2]
 
     def _on_finish(self, req: SimRequest, cached: int, now: float) -> None:
         i = self.pos_of[req.rid]

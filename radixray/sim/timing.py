@@ -63,10 +63,16 @@ class TimingModel:
     # False: demotions cost the step nothing (copied out in the background, as an engine that
     # overlaps its write-back would); the engine today runs them before the forward: True
     charge_demotions: bool = True
+    # 0: the copies run before the forward (the engine today). L > 0: they run on their own
+    # stream overlapped layer by layer with a forward of L layers (HiCache's load-back and
+    # write-back; issue 24's design): only the first layer's copy waits, and what of the
+    # copies outlasts the forward (``with_copies``)
+    overlap_layers: int = 0
 
     def __post_init__(self):
         for name in ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_attn_s",
-                     "kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s"):  # fmt: skip
+                     "kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s",
+                     "overlap_layers"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.prefill_token_s <= 0:
@@ -97,6 +103,17 @@ class TimingModel:
         if self.load_bytes_per_s <= 0:
             raise ValueError("a host tier needs load_bytes_per_s > 0 in the timing model")
         return self.load_overhead_s + nbytes / self.load_bytes_per_s
+
+    def with_copies(self, forward_s: float, copy_s: float) -> float:
+        """Seconds for a step whose forward takes ``forward_s`` and whose copies (charged ones,
+        ``copy_time``) take ``copy_s``: one after the other, or overlapped layer by layer
+        (``overlap_layers`` = L): layer l's forward starts when layer l's copy is done, so the
+        step is ``max(copy / L + forward, copy + forward / L)`` (the first layer's copy
+        exposed, or the last layer's forward)."""
+        L = self.overlap_layers
+        if not L or copy_s <= 0:
+            return forward_s + copy_s
+        return max(copy_s / L + forward_s, copy_s + forward_s / L)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -168,7 +185,8 @@ def load_timing(spec: str) -> TimingModel:
     return TimingModel(**{n: data[n] for n in names if n in data})
 
 
-_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions")
+_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions",
+             "overlap_layers")  # fmt: skip
 
 
 def timing_preset(name: str, **overrides) -> TimingModel:

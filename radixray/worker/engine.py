@@ -81,6 +81,8 @@ class Engine:
             if self.cache_kind != "chunk"
             else {}
         )
+        if self.cache_kind == "radix" and config.host_write_through_hits is not None:
+            cache_kwargs["host_write_through_hits"] = config.host_write_through_hits
         self.cache = make_cache(
             self.cache_kind, config.page_size, self.pool.allocator, **cache_kwargs
         )

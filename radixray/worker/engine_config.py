@@ -41,6 +41,11 @@ class EngineConfig:
         "host-memory KV pages behind the device pool, of the same page size (None: on CUDA 2x "
         "the device pages, at most half the free host memory; on the CPU 0; 0: off)",
     )
+    host_write_through_hits: int | None = setting(
+        None,
+        "copy a cached prefix to the host tier once it has been hit this many times, so its "
+        "eviction later frees device pages without a copy (None: write-back only)",
+    )
     # The window layers' own pool (docs/window_cache.md), for models with sliding-window layers.
     window_pages: int | None = setting(
         None,
@@ -109,6 +114,9 @@ class EngineConfig:
                 f"--host-pages must be an int >= 0 (0: no host tier) or unset, "
                 f"got {self.host_pages!r}"
             )
+        wt = self.host_write_through_hits
+        if wt is not None and (isinstance(wt, bool) or not isinstance(wt, int) or wt < 1):
+            raise ValueError(f"--host-write-through-hits must be an int >= 1 or unset, got {wt!r}")
         if self.window_pages is not None and (
             isinstance(self.window_pages, bool)
             or not isinstance(self.window_pages, int)

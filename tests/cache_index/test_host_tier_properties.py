@@ -35,13 +35,19 @@ class TieredMachine(RuleBasedStateMachine):
     DEVICE_PAGES = 10
     HOST_PAGES = 8
     MAX_FULL_PAGES = 5
+    WRITE_THROUGH = None  # host_write_through_hits
 
     def __init__(self):
         super().__init__()
         self.alloc = PageAllocator(self.DEVICE_PAGES)
         self.host_alloc = PageAllocator(self.HOST_PAGES)
         self.cache = RadixCache(
-            self.P, self.alloc, self.EVICTION, enable_events=True, host_allocator=self.host_alloc
+            self.P,
+            self.alloc,
+            self.EVICTION,
+            enable_events=True,
+            host_allocator=self.host_alloc,
+            host_write_through_hits=self.WRITE_THROUGH,
         )
         self.device: dict[int, tuple] = {}  # device page -> (ns, prefix) it holds
         self.host: dict[int, tuple] = {}
@@ -113,6 +119,7 @@ class TieredMachine(RuleBasedStateMachine):
         self.check_match(m, ns, tokens)
         if load and m.host_pages:
             self.cache.lock(m.host_node)
+            self.settle()  # a write-through on lock records copies and events
             pages = self.take(len(m.host_pages))
             if pages is None:
                 self.cache.unlock(m.host_node)
@@ -124,6 +131,7 @@ class TieredMachine(RuleBasedStateMachine):
             self.settle()
         else:
             self.cache.lock(m.node)
+            self.settle()
         need = -(-len(tokens) // self.P) - len(m.pages)
         private = self.take(need)
         if private is None:
@@ -184,9 +192,10 @@ class TieredMachine(RuleBasedStateMachine):
             assert self.cache.was_evicted(n.hashes[:1]) == 0
 
 
-def _machine(P: int, eviction: str, host_pages: int = TieredMachine.HOST_PAGES):
-    attrs = {"P": P, "EVICTION": eviction, "HOST_PAGES": host_pages}
-    cls = type(f"Tiered_P{P}_{eviction}_host{host_pages}", (TieredMachine,), attrs)
+def _machine(P: int, eviction: str, host_pages: int = TieredMachine.HOST_PAGES, write_through=None):
+    attrs = {"P": P, "EVICTION": eviction, "HOST_PAGES": host_pages, "WRITE_THROUGH": write_through}
+    name = f"Tiered_P{P}_{eviction}_host{host_pages}_wt{write_through}"
+    cls = type(name, (TieredMachine,), attrs)
     case = cls.TestCase
     case.settings = CACHE_SETTINGS
     return case
@@ -197,3 +206,6 @@ TestTieredLRUPage2 = _machine(2, "lru")
 TestTieredLFUPage4 = _machine(4, "lfu")
 # a host tier too small for many nodes: demotions find no room and forget, subtrees and all
 TestTieredTinyHost = _machine(1, "lru", host_pages=2)
+# write-through after 1 and 2 hits: copies to host on lock, demotions of copied nodes copy nothing
+TestTieredWriteThrough1 = _machine(2, "lru", write_through=1)
+TestTieredWriteThrough2TinyHost = _machine(1, "lru", host_pages=3, write_through=2)
