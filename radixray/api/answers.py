@@ -86,6 +86,13 @@ class Answer:
         """Whether choice ``index``'s next chunk is built as a dict (not the text template)."""
         return self.with_ids or self.lp is not None
 
+    @staticmethod
+    def _by_index(choices: list[tuple], finals: list[StreamChunk] | None) -> list[tuple]:
+        """Each ``(index, text, token ids, finish reason)`` choice with its final chunk (None
+        without them), in index order: what ``response`` builds its choices from."""
+        finals = finals or [None] * len(choices)
+        return sorted(zip(choices, finals, strict=True), key=lambda c: c[0][0])
+
     def chunk(
         self,
         text: str,
@@ -162,10 +169,7 @@ class TextAnswer(Answer):
         """The whole answer from its ``(index, text, token ids, finish reason)`` choices;
         ``finals``: each choice's final chunk carrying all its logprobs (``streams.collect``)."""
         out = []
-        finals = finals or [None] * len(choices)
-        for (index, text, token_ids, reason), final in sorted(
-            zip(choices, finals, strict=True), key=lambda c: c[0][0]
-        ):
+        for (index, text, token_ids, reason), final in self._by_index(choices, finals):
             prompt = self.prompt_ids[index // self.n] if self.with_ids else None
             ids = token_ids if self.with_ids else None
             lps = None
@@ -245,10 +249,7 @@ class ChatAnswer(Answer):
         finals: list[StreamChunk] | None = None,
     ) -> dict:
         out = []
-        finals = finals or [None] * len(choices)
-        for (index, text, token_ids, reason), final in sorted(
-            zip(choices, finals, strict=True), key=lambda c: c[0][0]
-        ):
+        for (index, text, token_ids, reason), final in self._by_index(choices, finals):
             lps = None
             if self.lp is not None and final is not None and final.logprobs is not None:
                 lps = self.lp.chat(token_ids, list(final.logprobs))

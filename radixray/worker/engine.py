@@ -223,10 +223,10 @@ class Engine:
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now
-            if len(req.output_ids) == 1 and live.index == 0:
-                self.meter.record_first_token(
-                    req.num_prompt, req.cached_tokens, now - live.queued_at
-                )
+                if live.index == 0:  # a request's TTFT is its first sample's
+                    self.meter.record_first_token(
+                        req.num_prompt, req.cached_tokens, now - live.queued_at
+                    )
             delta = live.detok.update(req.output_ids)
             reason = self._finish_reason(req, tok, live.detok.stopped)
             reason = self.structured.advance(live.matcher, req.request_id, tok, reason)

@@ -100,6 +100,18 @@ def default_host_pages(device: torch.device, device_pages: int, bytes_per_page: 
     return max(0, min(2 * device_pages, available // 2 // max(1, bytes_per_page)))
 
 
+def _host_pages(config, mcfg, device: torch.device, num_pages: int, reuse: bool) -> int:
+    """``EngineConfig.host_pages`` for a pool of ``num_pages`` device pages: 0 without prefix
+    reuse (nothing to keep), the device's default (``default_host_pages``) for None."""
+    if not reuse:
+        return 0
+    if config.host_pages is not None:
+        return config.host_pages
+    dtype = DTYPES[config.dtype]
+    per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+    return default_host_pages(device, num_pages, config.page_size * per_token)
+
+
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """A zeroed tensor. On the CPU from an anonymous memory map, which the kernel hands out as
     zero pages on first touch: ``torch.zeros`` writes every byte up front, and a default 2 GB CPU
@@ -186,12 +198,7 @@ class KVPool:
             budget = config.kv_memory_bytes or default_kv_budget(device)
             cap = -(-config.max_running * max_model_len // P)
             num_pages = max(2, min(pages_for_budget(budget, P, per_token), cap))
-        host_pages = config.host_pages
-        if host_pages is None:
-            per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
-            host_pages = default_host_pages(device, num_pages, P * per_token)
-        if cache != "radix":
-            host_pages = 0  # no reuse, nothing to keep
+        host_pages = _host_pages(config, mcfg, device, num_pages, reuse=cache == "radix")
         shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
         return cls(*shape, dtype, device, host_pages)
 
@@ -218,12 +225,7 @@ class KVPool:
             wpages = min(num_pages, max(int(WINDOW_SHARE * num_pages), 2 * one))
         wpages = max(wpages, one)  # one request's chunk must always fit
         shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
-        host_pages = config.host_pages
-        if host_pages is None:
-            per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
-            host_pages = default_host_pages(device, num_pages, P * per_token)
-        if cache != "swa_radix":
-            host_pages = 0  # no reuse, nothing to keep
+        host_pages = _host_pages(config, mcfg, device, num_pages, reuse=cache == "swa_radix")
         # the host window pool: the device pools' ratio of window pages to full pages
         host_wpages = -(-host_pages * wpages // num_pages) + 1 if host_pages else 0
         return cls(

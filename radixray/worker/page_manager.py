@@ -83,14 +83,8 @@ class PageManager:
     def admit(self, req: Request, m: MatchResult, upto: int) -> bool:
         """Lock ``m`` for ``req`` and give it pages for positions < ``upto``; the request's
         whole prompt must fit in what is available. False (nothing changed) when it does not."""
-        P, cache = self.P, self.cache
-        cache.lock(m.node)  # before counting: the match's own pages are not evictable
-        need = _cdiv(upto, P) - len(m.pages)
-        if (
-            _cdiv(req.num_tokens, P) - len(m.pages) > self.available_pages
-            or (pages := self._take(need)) is None
-        ):
-            cache.unlock(m.node)
+        pages = self._take_locked(m.node, req, upto, len(m.pages))
+        if pages is None:
             return False
         req.pages = list(m.pages) + pages
         req.num_tree_pages = len(m.pages)
@@ -112,16 +106,12 @@ class PageManager:
         return m if self.admit(req, m, upto) else None
 
     def _admit_loading(self, req: Request, m: MatchResult, budget: int) -> MatchResult | None:
-        P, cache = self.P, self.cache
+        cache = self.cache
         start = m.num_tokens + m.host_tokens
         upto = start + min(req.num_tokens - start, budget)
-        cache.lock(m.host_node)  # the whole path, both tiers: nothing on it is evicted now
-        need = _cdiv(upto, P) - len(m.pages)
-        if (
-            _cdiv(req.num_tokens, P) - len(m.pages) > self.available_pages
-            or (pages := self._take(need)) is None
-        ):
-            cache.unlock(m.host_node)
+        # locks the whole path, both tiers: nothing on it is evicted now
+        pages = self._take_locked(m.host_node, req, upto, len(m.pages))
+        if pages is None:
             return None
         n_host = len(m.host_pages)
         full = cache.load_back(m, pages[:n_host])
@@ -143,6 +133,21 @@ class PageManager:
             return False
         req.pages += pages
         return True
+
+    def _take_locked(self, node, req: Request, upto: int, held: int) -> list[int] | None:
+        """Lock ``node``, then take the pages for positions < ``upto`` beyond the ``held`` first
+        ones, if the request's whole prompt fits in what is available; else unlock it again and
+        return None (nothing changed). Locking first keeps the node's own pages from counting
+        as evictable."""
+        P = self.P
+        self.cache.lock(node)
+        if (
+            _cdiv(req.num_tokens, P) - held > self.available_pages
+            or (pages := self._take(_cdiv(upto, P) - held)) is None
+        ):
+            self.cache.unlock(node)
+            return None
+        return pages
 
     def _take(self, n: int) -> list[int] | None:
         """``n`` pages, evicting the shortfall from the cache; None when the free and evictable

@@ -113,14 +113,18 @@ class PredictedTTFT(Policy):
         floor = self.min_match * n
         c_best = longest if longest >= floor else 0
 
-        def cached(w: WorkerState) -> tuple[int, int]:
-            """(c_w, d_w): reusable and device-resident tokens, none under the floor."""
+        def held(w: WorkerState) -> tuple[int, int]:
+            """(c_w, d_w): the tokens w reuses and those of them on its device; a worker
+            without a measured host tier recomputes what only its host holds."""
             c = reusable.get(w.worker_id, 0)
-            if not c or c < floor:
+            if not c:
                 return 0, 0
             d = min(tiers[w.worker_id][0] * P, c)
-            # a worker without a measured host tier recomputes what only its host holds
             return (c, d) if w.load_tokens_per_s > 0 else (d, d)
+
+        def cached(w: WorkerState) -> tuple[int, int]:
+            """``held``, none when its prefix (both tiers) is under the floor."""
+            return held(w) if reusable.get(w.worker_id, 0) >= max(floor, 1) else (0, 0)
 
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
@@ -138,8 +142,7 @@ class PredictedTTFT(Policy):
         # The prefill work this placement brings the fleet, by the fit it was priced with (what
         # it loads back from a host tier is not prefill). In a fleet of routers sharing the
         # workers this one sees about 1 / routers of the arrivals.
-        done = c if pick.load_tokens_per_s > 0 else min(tiers.get(pick.worker_id, (0,))[0] * P, c)
-        work = pick.prefill_overhead_s + (n - done) / pick.prefill_tokens_per_s
+        work = pick.prefill_overhead_s + (n - held(pick)[0]) / pick.prefill_tokens_per_s
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
