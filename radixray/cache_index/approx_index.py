@@ -21,8 +21,8 @@ group keeps its window layers' pages apart and can drop them while the full page
 index then also holds which of its device blocks have their window pages, and every answer
 about that worker is cut to the *reusable* prefix: full blocks present and, before the match
 point, a whole window of window blocks (``window_pages.reusable_pages``). A block removed from
-the full group is gone from both. The router's own optimistic inserts count as both groups
-(a request it just sent there is computing its window).
+the full group is gone from both. The router's own optimistic inserts count in the window
+group only for the request's last window (it computes the rest and drops it as it goes).
 
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
@@ -56,8 +56,12 @@ TIERS = ("device", "host")
 
 
 class ApproxIndex:
-    def __init__(self, page_size: int, max_blocks_per_worker: int = 1 << 20):
+    def __init__(self, page_size: int, max_blocks_per_worker: int = 1 << 20, windows: bool = True):
+        """``windows=False``: window-blind, as a router that indexes only the full-attention
+        group (Dynamo's today): sliding-window events are ignored, so a windowed worker's
+        prefix counts wherever its full-attention blocks are, window pages or not."""
         self.page_size = check_page_size(page_size)
+        self.windows = windows
         if max_blocks_per_worker < 1:
             raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
         self.max_blocks_per_worker = max_blocks_per_worker
@@ -130,14 +134,21 @@ class ApproxIndex:
     def insert(
         self, worker: WorkerId, hashes: Sequence[int], tier: str = "device", window: bool = True
     ) -> None:
-        """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU);
-        on a windowed worker's device tier, with their window pages unless ``window`` is False
-        (a full-group event says nothing of them)."""
+        """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU).
+        On a windowed worker's device tier, ``window`` True (the router's own insert of a
+        request it sent there) gives the last window's blocks their window pages: the request
+        computes them, and drops the earlier ones as its queries pass them; ``window`` False (a
+        full-group store: the blocks are new in its tree) gives them none, the window-group
+        stores that follow it name those that have one."""
         if worker not in self._slot:
             self.add_worker(worker)
         held = self._window_held.get(worker)
-        if held is not None and window and tier == "device":
-            held.update(hashes)
+        if held is not None and tier == "device":
+            if window:
+                P = self.page_size
+                held.update(hashes[max(0, len(hashes) * P - self._window[worker] + 1) // P :])
+            else:
+                held.difference_update(hashes)
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -192,7 +203,8 @@ class ApproxIndex:
             events = events.events
         for ev in events:
             if isinstance(ev, (BlockStored, BlockRemoved)) and ev.kind == SLIDING_WINDOW:
-                self._apply_window(worker, ev)
+                if self.windows:
+                    self._apply_window(worker, ev)
             elif isinstance(ev, BlockStored):
                 self.insert(worker, ev.block_hashes, _tier_of(ev.medium), window=False)
             elif isinstance(ev, BlockRemoved):

@@ -62,15 +62,8 @@ class SimWorker:
         self.P = page_size
         self.timing = timing
         self.workload = workload
-        self.allocator = PageAllocator(num_pages)
-        self.host_allocator = PageAllocator(host_pages) if host_pages else None
-        self.cache = RadixCache(
-            page_size,
-            self.allocator,
-            eviction,
-            enable_events=enable_events,
-            host_allocator=self.host_allocator,
-            host_write_through_hits=host_write_through_hits if host_pages else None,
+        self.cache = self._make_cache(
+            num_pages, eviction, enable_events, host_pages, host_write_through_hits
         )
         self.scheduler = Scheduler(
             self.cache,
@@ -108,6 +101,27 @@ class SimWorker:
             for pages in (1, 16):
                 nbytes = pages * self.page_bytes
                 self.load_cost.update(nbytes, timing.copy_time(nbytes))
+
+    def _make_cache(
+        self,
+        num_pages: int,
+        eviction: str,
+        enable_events: bool,
+        host_pages: int,
+        host_write_through_hits: int | None,
+    ) -> RadixCache:
+        """The engine's RadixCache over ``num_pages`` (sets ``allocator``, ``host_allocator``);
+        a subclass builds another of the engine's caches (sim/window_worker.py)."""
+        self.allocator = PageAllocator(num_pages)
+        self.host_allocator = PageAllocator(host_pages) if host_pages else None
+        return RadixCache(
+            self.P,
+            self.allocator,
+            eviction,
+            enable_events=enable_events,
+            host_allocator=self.host_allocator,
+            host_write_through_hits=host_write_through_hits if host_pages else None,
+        )
 
     @property
     def busy(self) -> bool:

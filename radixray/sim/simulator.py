@@ -32,6 +32,7 @@ from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_orde
 from .results import REFUSED, RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .sim_worker import SimWorker
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, TimingModel
+from .window import SWASimWorker
 from .workload import SimRequest, Workload
 
 __all__ = ["SimConfig", "Simulator", "simulate"]
@@ -64,6 +65,12 @@ class SimConfig:
     # waiting). None: no limit, every request is served (the default).
     max_inflight: int | None = None
     max_inflight_per_worker: int | None = None
+    # A model with sliding-window layers (sim/window.py): > 0 gives every worker the engine's
+    # swa_radix cache, ``num_pages`` full pages and ``window_pages`` window pages of a
+    # ``window``-token window; ``window_index`` False makes the router's index window-blind.
+    window: int = 0
+    window_pages: int = 0
+    window_index: bool = True
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -85,6 +92,8 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {v}")
+        if self.window and (self.window_pages < 1 or self.host_pages):
+            raise ValueError("a window pool needs window_pages >= 1 and no host tier")
         if self.event_delay_s is None and not self.optimistic_index:
             raise ValueError("with no KV events and no optimistic index the router sees nothing")
 
@@ -131,7 +140,9 @@ class _Run:
         self.wl, self.policy, self.cfg, self.on_step = workload, policy, cfg, on_step
         P = cfg.page_size
         self.hashes = workload.block_hashes(P)
-        self.index = ApproxIndex(P, cfg.index_max_blocks or max(cfg.num_pages, cfg.host_pages))
+        self.index = ApproxIndex(
+            P, cfg.index_max_blocks or max(cfg.num_pages, cfg.host_pages), cfg.window_index
+        )
         # The live router's dispatch steps, with no decision log: records are kept below.
         self.dispatch = Dispatcher(
             policy, self.index, optimistic=cfg.optimistic_index, herd_window=0, decision_log_size=0
@@ -147,8 +158,11 @@ class _Run:
             if r.after is not None:
                 self.released_by.setdefault(r.after, []).append(k)
         self.emit = cfg.event_delay_s is not None
+        make, kw = SimWorker, {}
+        if cfg.window:
+            make, kw = SWASimWorker, {"window": cfg.window, "window_pages": cfg.window_pages}
         self.workers = [
-            SimWorker(
+            make(
                 w,
                 cfg.num_pages,
                 P,
@@ -161,6 +175,7 @@ class _Run:
                 cfg.prefill_order,
                 cfg.host_pages,
                 cfg.host_write_through_hits,
+                **kw,
             )
             for w in range(cfg.num_workers)
         ]

@@ -141,6 +141,7 @@ class PageManager:
         as evictable."""
         P = self.P
         self.cache.lock(node)
+        self._drop_own_window(node, held, _cdiv(upto, P) - held)
         if (
             _cdiv(req.num_tokens, P) - held > self.available_pages
             or (pages := self._take(_cdiv(upto, P) - held)) is None
@@ -148,6 +149,19 @@ class PageManager:
             self.cache.unlock(node)
             return None
         return pages
+
+    def _drop_own_window(self, node, held: int, n: int) -> None:
+        """With a window pool short of ``n`` window pages: drop the window pages of the path to
+        ``node`` (just locked) that the request's first query, after its ``held`` pages, does
+        not read, where it alone holds them (``trim_window`` would after its first step). Else
+        a request whose own matched path holds the window pool's pages waits for them forever:
+        evict_window skips locked nodes, and with nothing running nothing else frees them."""
+        win, drop_held = self.window, getattr(self.cache, "drop_window_held", None)
+        if win is None or drop_held is None or n <= win.num_window_free:
+            return
+        out = max(0, held * self.P - win.window + 1) // self.P
+        if out:
+            self.num_window_dropped += drop_held(node, 0, out)
 
     def _take(self, n: int) -> list[int] | None:
         """``n`` pages, evicting the shortfall from the cache; None when the free and evictable

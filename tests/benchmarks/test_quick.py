@@ -51,6 +51,7 @@ CASES = {
     "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     "bench_host_tier.py": ([], "| loaded back from host |", ()),
     "bench_window_pool.py": ([], "held at end:", ()),
+    "bench_sim_window.py": (["--out", "{out}/window.json"], "| window-blind |", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
     "bench_router.py": (["--out", "{out}", "--targets", "sglang", "http"], "|", (integration,)),
