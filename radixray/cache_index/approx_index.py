@@ -18,11 +18,12 @@ price the difference as a load. A device removal never drops a host copy, and th
 
 Sliding windows (docs/window_cache.md): a worker whose KV events name a ``sliding_window``
 group keeps its window layers' pages apart and can drop them while the full pages stay. The
-index then also holds which of its device blocks have their window pages, and every answer
+index then also holds which of its blocks have their window pages, per tier, and every answer
 about that worker is cut to the *reusable* prefix: full blocks present and, before the match
-point, a whole window of window blocks (``window_pages.reusable_pages``). A block removed from
-the full group is gone from both. The router's own optimistic inserts count in the window
-group only for the request's last window (it computes the rest and drops it as it goes).
+point, a whole window of window blocks (``window_pages.reusable_pages``; over both tiers a
+host-only block counts its host window page). A full-group removal removes both groups; a
+full-group store resets the blocks' window pages (the window-group stores that follow name
+them). The router's own inserts count in the window group for the request's last window only.
 
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
@@ -74,10 +75,11 @@ class ApproxIndex:
         self._slot_worker: list[WorkerId | None] = []
         self._all_mask = 0
         self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
-        # Workers with a sliding-window group: its window, and their device blocks that have
-        # their window pages.
+        # Workers with a sliding-window group: its window, and their blocks that have their
+        # window pages, on the device and on the host tier.
         self._window: dict[WorkerId, int] = {}
         self._window_held: dict[WorkerId, set[int]] = {}
+        self._host_window_held: dict[WorkerId, set[int]] = {}
 
     # ------------------------------------------------------------------ workers
 
@@ -107,6 +109,7 @@ class ApproxIndex:
         self._all_mask &= ~(1 << slot)
         self._window.pop(worker, None)
         self._window_held.pop(worker, None)
+        self._host_window_held.pop(worker, None)
 
     def workers(self) -> list[WorkerId]:
         return list(self._slot)
@@ -142,13 +145,13 @@ class ApproxIndex:
         stores that follow it name those that have one."""
         if worker not in self._slot:
             self.add_worker(worker)
-        held = self._window_held.get(worker)
-        if held is not None and tier == "device":
-            if window:
+        held = self._held(worker, tier)
+        if held is not None:
+            if not window:
+                held.difference_update(hashes)
+            elif tier == "device":
                 P = self.page_size
                 held.update(hashes[max(0, len(hashes) * P - self._window[worker] + 1) // P :])
-            else:
-                held.difference_update(hashes)
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -166,7 +169,7 @@ class ApproxIndex:
             for _ in range(excess):
                 h, _ = lru.popitem(last=False)
                 _clear_bit(owners, h, bit)
-                if held is not None and tier == "device":
+                if held is not None:
                     held.discard(h)
 
     def remove(self, worker: WorkerId, hashes: Iterable[int], tier: str = "device") -> None:
@@ -176,7 +179,7 @@ class ApproxIndex:
         if lru is None:
             return
         bit = 1 << self._slot[worker]
-        held = self._window_held.get(worker) if tier == "device" else None
+        held = self._held(worker, tier)
         for h in hashes:
             if lru.pop(h, _MISSING) is not _MISSING:
                 _clear_bit(owners, h, bit)
@@ -188,8 +191,10 @@ class ApproxIndex:
         if worker not in self._slot:
             return
         bit = 1 << self._slot[worker]
-        if worker in self._window_held:
-            self._window_held[worker].clear()
+        for tier in TIERS:
+            held = self._held(worker, tier)
+            if held is not None:
+                held.clear()
         for tier in TIERS:
             owners, lrus = self._tier(tier)
             lru = lrus[worker]
@@ -220,12 +225,23 @@ class ApproxIndex:
         if worker not in self._slot:
             self.add_worker(worker)
         self._window[worker] = ev.window
-        held = self._window_held.setdefault(worker, set())
+        self._window_held.setdefault(worker, set())
+        self._host_window_held.setdefault(worker, set())
+        tier = _tier_of(ev.medium)
+        held = self._held(worker, tier)
         if isinstance(ev, BlockRemoved):
             held.difference_update(ev.block_hashes)
             return
-        lru = self._lru[worker]
+        lru = self._tier(tier)[1][worker]
         held.update(h for h in ev.block_hashes if h in lru)
+
+    def _held(self, worker: WorkerId, tier: str) -> set[int] | None:
+        """A windowed worker's blocks in ``tier`` with window pages (None: not windowed)."""
+        return (self._window_held if tier == "device" else self._host_window_held).get(worker)
+
+    def window_blocks(self, worker: WorkerId, tier: str = "device") -> set[int]:
+        """The blocks of ``worker`` in ``tier`` that have their window pages."""
+        return set(self._held(worker, tier) or ())
 
     def window_of(self, worker: WorkerId) -> int | None:
         """The worker's sliding window, once its events named one (None: not windowed)."""
@@ -273,7 +289,8 @@ class ApproxIndex:
         """Per worker holding a prefix in either tier: ``(device, reusable)`` leading blocks,
         ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
         its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
-        device = self.match(hashes)
+        raw = self._match(hashes)
+        device = self._cut_all(hashes, raw)
         if not self._host_owners:
             return {w: (n, n) for w, n in device.items()}
         owners, host = self._owners, self._host_owners
@@ -292,9 +309,20 @@ class ApproxIndex:
         else:
             if i:
                 self._credit(mask, i, both)
-        for w in self._window.keys() & both.keys():  # windowed: no host tier (window_cache.md)
-            both[w] = device.get(w, 0)
+        for w in self._window.keys() & both.keys():
+            both[w] = self._cut_tiers(w, hashes, raw.get(w, 0), both[w])
         return {w: (device.get(w, 0), n) for w, n in both.items() if n}
+
+    def _cut_tiers(self, worker: WorkerId, hashes: Sequence[int], d: int, n: int) -> int:
+        """``n`` leading blocks of a windowed ``worker`` over both tiers, the first ``d`` on its
+        device, cut to its reusable prefix: a device block counts its device window page, a
+        host-only block its host window page (as the worker's own match does)."""
+        dev, host = self._window_held[worker], self._host_window_held[worker]
+
+        def has(i: int) -> bool:
+            return hashes[i] in (dev if i < d else host)
+
+        return reusable_pages(range(n), has, self.page_size, self._window[worker])
 
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,

@@ -104,12 +104,17 @@ class HostTier:
             if self.emit:
                 self.emit(BlockStored(list(node.hashes), node.parent.last_hash, list(node.key),
                                       self.P, HOST))  # fmt: skip
+            self._demoted(node)
         if self.emit:
             self.emit(BlockRemoved(list(node.hashes), DEVICE))
         return self.tree.drop_device(node)
 
     def _alloc_host(self, n: int) -> list[int]:
         return self.allocator.alloc(n)
+
+    def _demoted(self, node: TreeNode) -> None:
+        """A subclass's hook: ``node``'s device pages (still ``node.pages``) were just copied to
+        its new host pages and the host store sent; its device remove follows."""
 
     def write_through(self, node: TreeNode, min_hits: int) -> int:
         """Give every device node from ``node`` up to the root that was hit ``min_hits`` times or

@@ -6,7 +6,9 @@ the window layers' KV of its positions. The rules are the window cache's own:
     demote(node)     full pages go to the host as ``HostTier`` moves them; each device window
                      page goes with its page if it is within a window of the nearest leaf end
                      below the node (``evict_window``'s first rule: the ends stay reusable) and
-                     the host window pool has room, else it is dropped (a host tombstone)
+                     the host window pool has room, else it is dropped (a host tombstone); the
+                     kept ones are announced: window-group stores on the host ("CPU"), after
+                     the full group's host store, before its device remove
     load_back(...)   full pages come back as ``HostTier`` brings them; window pages only for the
                      last window before the match end (what a request starting there reads):
                      copied from the host where the host has them, the other loaded pages'
@@ -19,11 +21,42 @@ both). Ints only, like the rest of ``cache_index``.
 
 from __future__ import annotations
 
-from .host_tier import HostTier
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from .events import SLIDING_WINDOW, BlockStored
+from .host_tier import HOST, HostTier
 from .radix_tree import TreeNode
 from .window_pages import WindowedAllocator
 
-__all__ = ["SWAHostTier", "nearest_end_below"]
+__all__ = ["SWAHostTier", "WINDOW_GROUP", "nearest_end_below", "window_runs"]
+
+WINDOW_GROUP = 1  # the group_idx of window-layer blocks in KV events (0: full attention)
+
+
+def window_runs(
+    hashes: Sequence[int],
+    parent: int | None,
+    tokens: Sequence[int],
+    present: Iterable[bool],
+    P: int,
+    medium: str | None,
+    window: int,
+) -> list[BlockStored]:
+    """Window-group ``BlockStored`` events (on ``medium``'s tier) for the runs of pages, of a
+    node's ``hashes`` and ``tokens``, that have their window pages (``present``)."""
+    out, run = [], []
+    for i, ok in enumerate([*present, False]):
+        if ok:
+            run.append(i)
+            continue
+        if run:
+            a, b = run[0], run[-1] + 1
+            par = hashes[a - 1] if a else parent
+            ev = BlockStored(list(hashes[a:b]), par, list(tokens[a * P : b * P]), P, medium)
+            out.append(replace(ev, group_idx=WINDOW_GROUP, kind=SLIDING_WINDOW, window=window))
+            run = []
+    return out
 
 
 def nearest_end_below(node: TreeNode, cap: int) -> int:
@@ -57,12 +90,16 @@ class SWAHostTier(HostTier):
     def _alloc_host(self, n: int) -> list[int]:
         return self.allocator.alloc(n, window=False)  # window pages: ``_demote_windows``
 
-    def demote(self, node: TreeNode) -> list[int] | None:
-        fresh = not node.host
-        pages = super().demote(node)
-        if pages is not None and fresh:
-            self._demote_windows(node, pages)
-        return pages
+    def _demoted(self, node: TreeNode) -> None:
+        """A node's first demotion: its window pages that stay reusable go to the host too,
+        announced as window-group stores on the host (before the device remove)."""
+        self._demote_windows(node, node.pages)
+        if self.emit:
+            has = self.allocator.has_window
+            present = map(has, node.host)
+            for ev in window_runs(node.hashes, node.parent.last_hash, node.key, present, self.P,
+                                  HOST, self.window):  # fmt: skip
+                self.emit(ev)
 
     def _demote_windows(self, node: TreeNode, pages: list[int]) -> None:
         """Copy the window pages of a demoted node's device ``pages`` that stay reusable."""

@@ -30,14 +30,13 @@ from dataclasses import replace
 
 from .cache_contract import MatchResult
 from .events import SLIDING_WINDOW, BlockRemoved, BlockStored, KVEvent
+from .host_tier import HOST
 from .radix_cache import RadixCache
 from .radix_tree import EVICTION_POLICIES, TreeNode
-from .swa_host import SWAHostTier
+from .swa_host import WINDOW_GROUP, SWAHostTier, window_runs
 from .window_pages import WindowedAllocator, reusable_pages
 
 __all__ = ["SWARadixCache", "reusable_pages", "WINDOW_GROUP"]
-
-WINDOW_GROUP = 1  # the group_idx of window-layer blocks in KV events (0: full attention)
 
 
 class SWARadixCache(RadixCache):
@@ -147,19 +146,14 @@ class SWARadixCache(RadixCache):
 
     # -------------------------------------------------------------- window pages
 
-    def _stored_runs(self, hashes, parent, tokens, present: Iterable[bool]) -> None:
-        """Window-group BlockStored events for the runs of pages that have window pages."""
-        P, run = self.page_size, []
-        for i, ok in enumerate([*present, False]):
-            if ok:
-                run.append(i)
-                continue
-            if run:
-                a, b = run[0], run[-1] + 1
-                par = hashes[a - 1] if a else parent
-                ev = BlockStored(hashes[a:b], par, tokens[a * P : b * P], P, self.medium)
-                self._events.append(_in_group(ev, self._group))
-                run = []
+    def _stored_runs(
+        self, hashes, parent, tokens, present: Iterable[bool], medium: str | None = None
+    ) -> None:
+        """Window-group BlockStored events for the runs of pages that have window pages (on the
+        device, or on ``medium``'s tier)."""
+        medium = medium or self.medium
+        P, W = self.page_size, self.window
+        self._events += window_runs(hashes, parent, tokens, present, P, medium, W)
 
     def _marker(self) -> BlockStored:
         """An empty window-group BlockStored: says that this worker has a window group, and
@@ -263,6 +257,9 @@ class SWARadixCache(RadixCache):
             for node in self._tree.iter_nodes():
                 parent = node.parent.last_hash
                 self._stored_runs(node.hashes, parent, node.key, map(has, node.pages))
+                if node.host:
+                    on_host = map(self.host_allocator.has_window, node.host)
+                    self._stored_runs(node.hashes, parent, node.key, on_host, HOST)
         finally:
             self._events = saved
         return events

@@ -9,7 +9,11 @@ every step, besides the host tier's checks:
   host-only page's host window page), and the last window before its end holds exactly its
   prefix's window data, on the device after a load-back;
 - every window page the tree owns, on either tier, holds its page's data;
-- ``check_integrity`` covers both pools of both tiers.
+- ``check_integrity`` covers both pools of both tiers;
+- every event, group 1 included, applied in order to an ApproxIndex: a window-group store comes
+  after its tier's full-group store, a demoted page's host window store before its device
+  remove; the index holds exactly the tree's blocks with window pages, per tier, and predicts
+  the cache's own reusable prefix over both tiers.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
+from radixray.cache_index import ApproxIndex, BlockRemoved, BlockStored, hash_blocks
 from radixray.cache_index.swa_radix_cache import SWARadixCache
 from radixray.cache_index.window_pages import WindowedAllocator
 
@@ -39,6 +44,7 @@ class SWATieredMachine(TieredMachine):
         )
         self.dwin: dict[int, tuple] = {}  # device window page -> data
         self.hwin: dict[int, tuple] = {}
+        self.index = ApproxIndex(self.P)
 
     def settle(self) -> None:
         copies = self.cache.take_copies()
@@ -47,11 +53,34 @@ class SWATieredMachine(TieredMachine):
                 src, dst = (self.dwin, self.hwin) if c.to_host else (self.hwin, self.dwin)
                 for p, v in zip(c.dst, [src[p] for p in c.src], strict=True):
                     dst[p] = v
-        # the base machine checks the full pages and group 0 (test_swa_cache checks group 1)
+        # the base machine checks the full pages and group 0; the index, both groups
         events = self.cache.take_events()
+        self.apply_in_order(events)
         self.cache._events = [e for e in events if getattr(e, "group_idx", 0) != 1]
         self.cache.host._copies = [c for c in copies if not c.window]
         super().settle()
+
+    def window_blocks(self) -> dict[str, set[int]]:
+        """The tree's blocks with window pages, per tier."""
+        out: dict[str, set[int]] = {"device": set(), "host": set()}
+        for n in self.cache._tree.iter_nodes():
+            for tier, pages, alloc in (("device", n.pages, self.alloc),
+                                       ("host", n.host, self.host_alloc)):  # fmt: skip
+                if pages:
+                    has = map(alloc.has_window, pages)
+                    out[tier].update(h for h, ok in zip(n.hashes, has, strict=True) if ok)
+        return out
+
+    def apply_in_order(self, events) -> None:
+        host_windows = self.window_blocks()["host"]
+        for ev in events:
+            tier = "host" if getattr(ev, "medium", None) == "CPU" else "device"
+            if isinstance(ev, BlockStored) and ev.group_idx == 1:
+                assert all(self.index.holds("w", h, tier) for h in ev.block_hashes)
+            if isinstance(ev, BlockRemoved) and tier == "device" and ev.group_idx == 0:
+                held = self.index.window_blocks("w", "host")
+                assert all(h in held for h in ev.block_hashes if h in host_windows)
+            self.index.apply("w", [ev])
 
     def take(self, n: int) -> list[int] | None:
         if n > self.alloc.num_free + self.cache.evictable_tokens // self.P:
@@ -73,6 +102,9 @@ class SWATieredMachine(TieredMachine):
         e = brute_reusable(flags, self.P, self.W)
         pages, host = list(m.pages), list(m.host_pages)
         assert len(pages) + len(host) == e
+        if ns is None:
+            hashes = hash_blocks(list(tokens[: len(tokens) // self.P * self.P]), self.P)
+            assert self.index.match_tiers(hashes).get("w", (0, 0))[1] == e
         first = max(0, e * self.P - self.W + 1) // self.P
         for i in range(first, e):
             want = self.entry(ns, tokens, i)
@@ -115,6 +147,14 @@ class SWATieredMachine(TieredMachine):
     def evict_window(self, n):
         self.cache.evict_window(n)
         self.settle()
+
+    @invariant()
+    def index_window_residency(self):
+        self.settle()
+        if self.index.window_of("w") is not None:
+            blocks = self.window_blocks()
+            for tier in ("device", "host"):
+                assert self.index.window_blocks("w", tier) == blocks[tier], tier
 
     @invariant()
     def window_data(self):
