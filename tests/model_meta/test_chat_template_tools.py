@@ -1,6 +1,7 @@
 """Tools through chat templates: real templates with tool syntax (Qwen2.5's, Qwen3's, Llama 3.1's,
 stored in tests/data/chat_templates/) render exactly as transformers' ``apply_chat_template``
-renders them, and a template without tool syntax (ChatML) gets them in Hermes's format."""
+renders them, and a template without tool syntax (ChatML) gets them in Hermes's format; Gemma
+3's real template (no tool syntax) renders as transformers renders it."""
 
 from __future__ import annotations
 
@@ -153,3 +154,73 @@ def test_the_hermes_tools_block_is_one_json_line_per_tool():
     block = hermes_tools_prompt([WEATHER, CLOCK])
     lines = block.split("<tools>\n")[1].split("\n</tools>")[0].split("\n")
     assert [json.loads(x) for x in lines] == [WEATHER, CLOCK]
+
+
+GEMMA_SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>"}
+GEMMA_CASES = {
+    "system folded into the first user turn": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "  Weather?  "},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Tomorrow?"},
+    ],
+    "no system message": [{"role": "user", "content": "Hi"}],
+    "content parts": [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look "},
+                {"type": "image"},
+                {"type": "text", "text": " here"},
+            ],
+        },
+    ],
+}
+
+
+def gemma_source() -> str:
+    """The stored Gemma 3 template (its terms: tests/data/chat_templates/SOURCE.md)."""
+    path = DATA / "gemma-3-it.jinja"
+    if not path.is_file():
+        pytest.skip("Gemma 3's template is not stored")
+    return path.read_text()
+
+
+def gemma_hf_render(source: str, messages, add_generation_prompt: bool) -> str:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"<unk>": 0, "<bos>": 1, "<eos>": 2}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", **GEMMA_SPECIALS
+    )
+    fast.chat_template = source
+    return fast.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+@pytest.mark.parametrize("case", GEMMA_CASES)
+def test_gemma3_template_renders_as_transformers_does(case):
+    """Gemma 3's template (no tool syntax): the system text folded into the first user turn,
+    'model' for the assistant, contents trimmed, image parts as <start_of_image>."""
+    source = gemma_source()
+    ours = ChatTemplate(source, GEMMA_SPECIALS)
+    messages = GEMMA_CASES[case]
+    for gen in (True, False):
+        assert ours.render(messages, add_generation_prompt=gen) == gemma_hf_render(
+            source, messages, gen
+        )
+    two = ours.render(GEMMA_CASES["system folded into the first user turn"])
+    assert two.startswith("<bos><start_of_turn>user\nBe brief.\n\nWeather?<end_of_turn>\n")
+    assert two.endswith("<start_of_turn>model\n")
+
+
+def test_gemma3_template_refuses_roles_that_do_not_alternate():
+    source = gemma_source()
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(Exception, match="must alternate"):
+        gemma_hf_render(source, messages, True)
+    with pytest.raises(Exception, match="must alternate"):
+        ChatTemplate(source, GEMMA_SPECIALS).render(messages)
