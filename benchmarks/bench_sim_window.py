@@ -66,7 +66,9 @@ def run_all(args, model) -> list[dict]:
     if args.workload == "multiturn_chat":
         wl = multiturn_chat(num_requests=args.limit or 3000, seed=args.seed)
     else:
-        wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
+        wl = load_mooncake(
+            "mooncake", block_tokens=args.page_size, speedup=args.speedup, seed=args.seed
+        )
     rows = []
     for policy in args.policies.split(","):
         for pools, index, fields in runs(args, model):
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
         "engine's 85%% share of the rest, rounded down)",
     )
     p.add_argument("--page-size", type=int, default=512)
+    p.add_argument("--speedup", type=float, default=1.0, help="arrivals this much faster")
     p.add_argument("--window", type=int, default=None, help="override the model's window")
     p.add_argument("--window-share", type=float, default=0.25, help="window pages per full page")
     p.add_argument("--policies", default="ttft", help="comma-separated")
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
     print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{date.today()}; {args.workload}, {args.workers} workers x {args.kv_gib} GiB of KV, "
           f"{model.name}-like (window {model.window}), {args.page_size}-token pages, "
-          f"{args.prefill_order} prefills, seed {args.seed}")  # fmt: skip
+          f"{args.prefill_order} prefills, speedup {args.speedup}, seed {args.seed}")  # fmt: skip
     print(table(rows))
     if args.out:
         with open(args.out, "w") as f:
