@@ -55,11 +55,12 @@ def runs(args, model) -> list[tuple[str, str, dict]]:
     plain = plain_pages(model, budget, P)
     full, win = pool_pages(model, budget, P, args.timing.max_batch_tokens, args.window_share)
     windowed = {"num_pages": full, "window": model.window, "window_pages": win}
-    return [
-        (f"plain {plain}", "-", {"num_pages": plain}),
-        (f"window {full} + {win}", "window-aware", windowed),
-        (f"window {full} + {win}", "window-blind", {**windowed, "window_index": False}),
-    ]
+    rows = {
+        "plain": (f"plain {plain}", "-", {"num_pages": plain}),
+        "aware": (f"window {full} + {win}", "window-aware", windowed),
+        "blind": (f"window {full} + {win}", "window-blind", {**windowed, "window_index": False}),
+    }
+    return [rows[k] for k in args.rows.split(",")]
 
 
 def run_all(args, model) -> list[dict]:
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=None, help="override the model's window")
     p.add_argument("--window-share", type=float, default=0.25, help="window pages per full page")
     p.add_argument("--policies", default="ttft", help="comma-separated")
+    p.add_argument("--rows", default="plain,aware,blind", help="which pools and indexes to run")
     p.add_argument("--prefill-order", default="shortest")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the rows as JSON here")
