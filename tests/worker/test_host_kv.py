@@ -27,8 +27,8 @@ def _round_trip(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
     assert moved == 4 * pool.page_bytes
-    assert torch.equal(pool.host.k[4].to(device), k0[:, 1]) and torch.equal(
-        pool.host.v[0].to(device), v0[:, 3]
+    assert torch.equal(pool.host.k[:, 4].to(device), k0[:, 1]) and torch.equal(
+        pool.host.v[:, 0].to(device), v0[:, 3]
     )
     assert torch.equal(pool.k_cache[:, 2], k0[:, 1]) and torch.equal(pool.v_cache[:, 2], v0[:, 1])
     assert torch.equal(pool.k_cache[:, 1], k0[:, 3]) and torch.equal(pool.v_cache[:, 1], v0[:, 3])
@@ -58,3 +58,77 @@ def test_no_host_tier_means_no_copies():
 def test_copies_out_and_back_in_order_cuda():
     _round_trip("cuda")
     assert _pool("cuda").host.k.is_pinned()
+
+
+def _poisoned(device: str, **window) -> KVPool:
+    """Three layers, random device K/V, host K/V all -7 (what no copy writes)."""
+    pool = KVPool(3, 6, 4, 2, 8, torch.float32, device, 6, **window)
+    g = torch.Generator().manual_seed(1)
+    for t in (pool.k_cache, pool.v_cache, pool.window_k, pool.window_v):
+        if t is not None:
+            t.copy_(torch.randn(t.shape, generator=g))
+    for h in (pool.host, pool.host_window):
+        if h is not None:
+            h.k.fill_(-7.0), h.v.fill_(-7.0)
+    return pool
+
+
+def test_before_layer_copies_exactly_that_layers_slices():
+    pool = _poisoned("cpu")
+    k0, v0 = pool.k_cache.clone(), pool.v_cache.clone()
+    pool.host.k[:, 0] = 5.0  # host page 0: loaded back into device page 1
+    # pages 1-2 demoted to host 4-5, then host 0 loaded into the reused device page 1
+    copies = [PageCopy(True, [1, 2], [4, 5]), PageCopy(False, [0], [1])]
+    assert pool.host_copies(copies, layered=True) == ([], 0.0)
+    assert torch.equal(pool.k_cache, k0) and (pool.host.k[:, 4:6] == -7).all()  # staged only
+    pool.before_layer(1)
+    assert torch.equal(pool.host.k[1, 4:6], k0[1, 1:3]) and torch.equal(
+        pool.host.v[1, 4:6], v0[1, 1:3]
+    )
+    assert (pool.host.k[[0, 2], 4:6] == -7).all() and (pool.host.v[[0, 2], 4:6] == -7).all()
+    assert (pool.k_cache[1, 1] == 5).all()  # demoted first, then overwritten by the load
+    assert torch.equal(pool.k_cache[[0, 2]], k0[[0, 2]])  # other layers untouched
+    pool.before_layer(1)  # once only: layer 1's copies are done
+    assert pool.copier.forward_layers == 1
+    (done,), _ = pool.host_copies([])  # the layers the forward did not reach, now
+    assert done.copies == copies and done.moved == 3 * pool.page_bytes and done.seconds > 0
+    assert torch.equal(pool.host.k[:, 4:6], k0[:, 1:3]) and (pool.k_cache[:, 1] == 5).all()
+    assert torch.equal(pool.v_cache[:, 1], pool.host.v[:, 0])
+    assert pool.copier.forward_layers == 1 and pool.host_copies([]) == ([], 0.0)
+
+
+def test_window_pool_copies_follow_the_window_layers():
+    # model layers 0 and 2 in the full pool (slots 0, 1), layer 1 in the window pool (slot 0)
+    pool = _poisoned("cpu", window_layers=(1,), window_pages=4, window=8, host_window_pages=4)
+    k0, w0 = pool.k_cache.clone(), pool.window_k.clone()
+    copies = [PageCopy(True, [1], [2]), PageCopy(True, [1], [3], window=True)]
+    pool.host_copies(copies, layered=True)
+    pool.before_layer(1)
+    assert torch.equal(pool.host_window.k[0, 3], w0[0, 1])
+    assert (pool.host.k == -7).all()  # no full-pool layer copied yet
+    pool.before_layer(2)
+    assert torch.equal(pool.host.k[1, 2], k0[1, 1]) and (pool.host.k[0] == -7).all()
+    (done,), _ = pool.host_copies([])
+    assert torch.equal(pool.host.k[0, 2], k0[0, 1])
+    assert done.moved == pool.page_bytes + pool.window_page_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_copies_queue_one_event_per_layer_on_their_stream():
+    pool = _poisoned("cuda")
+    torch.cuda.synchronize()
+    k0 = pool.k_cache.clone()
+    copies = [PageCopy(True, [1, 2], [4, 5]), PageCopy(False, [4], [3])]
+    pool.host_copies(copies, layered=True)
+    events = list(pool.copier._todo)
+    assert all(isinstance(e, torch.cuda.Event) for e in events) and len(set(map(id, events))) == 3
+    for i in range(3):
+        pool.before_layer(i)  # the compute stream waits for layer i's event
+        assert pool.copier._todo[i] is None
+    (done,), _ = pool.host_copies([])
+    torch.cuda.synchronize()
+    assert all(e.query() for e in events) and done.moved == 3 * pool.page_bytes
+    assert torch.equal(pool.host.k[:, 4:6].cuda(), k0[:, 1:3])
+    assert torch.equal(pool.k_cache[:, 3], k0[:, 1])  # loaded from host 4, demoted from 1
+    assert pool.host.k.is_pinned() and pool.host.v.is_pinned()
