@@ -265,7 +265,8 @@ class Engine:
     def _run_copies(self, layered: bool = False) -> float:
         """Hand the page copies the cache recorded (host tier) to the pool, in order: run now,
         or (``layered``) by the next forward, layer ``i``'s just before layer ``i``
-        (``host_copies.py``); count those done. Returns the seconds they held this thread."""
+        (``host_copies.py``); count those done. Returns the seconds the last forward spent
+        on them (its ``before_layer``)."""
         done, held = self.pool.host_copies(self.cache.take_copies(), layered)
         for copies, moved, seconds in done:
             self.meter.record_copies(copies, moved, seconds)

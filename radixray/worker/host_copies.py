@@ -113,7 +113,7 @@ class HostCopies:
         self._timing: tuple | None = None  # CUDA: (start, end) events of the staged batch
         self._compute = None  # CUDA: the stream the forward runs on
         self._events = [None] * len(self.layer_slots)  # CUDA: one per layer, reused
-        self.held = 0.0  # seconds the copies held the host thread since the last finish
+        self.held = 0.0  # seconds spent in before_layer since the last finish
         self.forward_layers = 0  # layers whose copies a forward's before_layer ran or awaited
 
     def stage(self, copies) -> None:
@@ -129,7 +129,6 @@ class HostCopies:
         self._todo = [win if w else full for w, _ in self.layer_slots]
         if self.stream is None:
             return
-        t0 = time.perf_counter()
         compute = self._compute = torch.cuda.current_stream(self.hosts[0].device)
         self.stream.wait_stream(compute)  # pages a demotion reads were written by earlier steps
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -144,13 +143,14 @@ class HostCopies:
                     self._todo[i] = event
             end.record()
         self._timing = (start, end)
-        self.held += time.perf_counter() - t0
 
     def before_layer(self, i: int) -> None:
         """Layer ``i`` is about to read and write its KV: its copies must be done."""
         if self._todo and self._todo[i]:
+            t0 = time.perf_counter()
             self.forward_layers += 1
             self._layer(i)
+            self.held += time.perf_counter() - t0
 
     def _layer(self, i: int) -> None:
         todo = self._todo[i]
@@ -160,29 +160,27 @@ class HostCopies:
         if self.stream is not None:
             self._compute.wait_event(todo)
             return
-        t0 = time.perf_counter()
         in_window, slot = self.layer_slots[i]
         self.hosts[in_window].copy_layer(slot, todo)
-        self.held += time.perf_counter() - t0
 
     def finish(self) -> tuple[list[Copied], float]:
         """Complete the staged batch (every layer ``before_layer`` did not reach). Returns it
-        (``[]`` if none) and the seconds copies held the host thread since the last finish."""
+        (``[]`` if none) and the seconds ``before_layer`` took since the last finish (the
+        forward's time that was copies)."""
         if self._staged is None:
             held, self.held = self.held, 0.0
             return [], held
         t0 = time.perf_counter()
         for i in range(len(self._todo)):
             self._layer(i)
-        if self.stream is None:
-            seconds = self.held  # every copy of the batch ran on this thread, in _layer
+        if self.stream is None:  # every copy ran on this thread: in the forward or just now
+            seconds = self.held + time.perf_counter() - t0
         else:
             start, end = self._timing
             self._compute.wait_event(end)  # whatever the compute stream runs next sees them
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3
             self._timing = self._compute = None
-            self.held += time.perf_counter() - t0
         copies, moved = self._staged
         self._staged, self._todo = None, []
         held, self.held = self.held, 0.0

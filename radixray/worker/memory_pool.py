@@ -275,7 +275,8 @@ class KVPool:
     def host_copies(self, copies, layered: bool = False) -> tuple[list[Copied], float]:
         """Complete any staged copies, then hand over ``copies``: ``layered``, staged for the
         next forward, which runs layer ``i``'s before layer ``i`` (``host_copies.py``); else run
-        now. Returns the batches done and the seconds copies held this thread."""
+        now. Returns the batches done and the seconds the forward spent on copies
+        (``HostCopies.finish``)."""
         if self.copier is None:
             return [], 0.0
         done, held = self.copier.finish()
