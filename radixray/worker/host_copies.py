@@ -109,7 +109,8 @@ class HostCopies:
         self.hosts = (host, host_window)
         self.stream = torch.cuda.Stream(host.device) if host.cuda else None
         self._staged: list | None = None  # the staged batch: Copied's first two fields
-        self._todo: list = []  # per model layer: the plan still to run (CPU) or wait for (CUDA)
+        self._todo: list = []  # per model layer: the plan to run (CPU), the event to wait for
+        # (CUDA), or None (nothing left)
         self._timing: tuple | None = None  # CUDA: (start, end) events of the staged batch
         self._compute = None  # CUDA: the stream the forward runs on
         self._events = [None] * len(self.layer_slots)  # CUDA: one per layer, reused
@@ -126,7 +127,7 @@ class HostCopies:
         if win:
             moved += sum(len(c.src) for c in copies if c.window) * self.hosts[1].page_bytes
         self._staged = [copies, moved]
-        self._todo = [win if w else full for w, _ in self.layer_slots]
+        self._todo = [(win if w else full) or None for w, _ in self.layer_slots]
         if self.stream is None:
             return
         compute = self._compute = torch.cuda.current_stream(self.hosts[0].device)
@@ -135,7 +136,7 @@ class HostCopies:
         with torch.cuda.stream(self.stream):
             start.record()
             for i, plan in enumerate(self._todo):
-                if plan:
+                if plan is not None:
                     in_window, slot = self.layer_slots[i]
                     self.hosts[in_window].copy_layer(slot, plan)
                     event = self._events[i] = self._events[i] or torch.cuda.Event()
@@ -146,15 +147,15 @@ class HostCopies:
 
     def before_layer(self, i: int) -> None:
         """Layer ``i`` is about to read and write its KV: its copies must be done."""
-        if self._todo and self._todo[i]:
+        if self._todo and self._todo[i] is not None:
             t0 = time.perf_counter()
             self.forward_layers += 1
             self._layer(i)
             self.held += time.perf_counter() - t0
 
     def _layer(self, i: int) -> None:
-        todo = self._todo[i]
-        if not todo:
+        todo = self._todo[i]  # None, a plan (CPU) or an event (CUDA)
+        if todo is None:
             return
         self._todo[i] = None
         if self.stream is not None:
