@@ -44,6 +44,30 @@ def test_greedy_after_demote_and_load_back_equals_reuse_off(P):
     _demote_and_load_back(P)
 
 
+@pytest.mark.parametrize("P", [1, 4])
+def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
+    """n=2: a fork's page allocation may demote; those copies run at once (all layers), after
+    the step's layered ones and before the fork copies its pages."""
+    from radixray.worker.memory_pool import KVPool
+
+    now, host_copies = [], KVPool.host_copies
+
+    def spy(self, copies, layered=False):
+        if not layered:
+            now.extend(copies)
+        return host_copies(self, copies, layered)
+
+    monkeypatch.setattr(KVPool, "host_copies", spy)
+    n2 = SamplingParams(n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = shared_prefix_prompts(seed=3, n=8)
+    want = tokens(engine(cache="chunk", page_size=P).generate_batch(prompts, n2))
+    e = engine(page_size=P, num_pages=64 // P, host_pages=400, max_batch_tokens=32)
+    assert tokens(e.generate_batch(prompts, n2)) == want
+    assert tokens(e.generate_batch(prompts, n2)) == want
+    assert now and e.stats()["preemptions"] > 0
+    assert_no_leak(e)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_greedy_after_demote_and_load_back_equals_reuse_off_cuda(P):
