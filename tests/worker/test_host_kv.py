@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from radixray.cache_index.host_tier import PageCopy
+from radixray.worker.host_copies import HostCopies
 from radixray.worker.memory_pool import KVPool
 
 
@@ -132,3 +133,106 @@ def test_cuda_copies_queue_one_event_per_layer_on_their_stream():
     assert torch.equal(pool.host.k[:, 4:6].cuda(), k0[:, 1:3])
     assert torch.equal(pool.k_cache[:, 3], k0[:, 1])  # loaded from host 4, demoted from 1
     assert pool.host.k.is_pinned() and pool.host.v.is_pinned()
+
+
+class _FakeCuda:
+    """Streams and events that log what the copier asks of them (the CUDA protocol, checked on
+    the CPU): the tensors stay on the CPU and the copies run when queued."""
+
+    def __init__(self, log: list):
+        self.log, self.current = log, "compute"
+        fake = self
+
+        class Stream:
+            def __init__(self, device=None, name="copy"):
+                self.name = name
+
+            def wait_stream(self, other):
+                fake.log.append(("wait_stream", self.name, other.name))
+
+            def wait_event(self, event):
+                fake.log.append(("wait_event", self.name, event.name))
+
+        class Event:
+            made = 0
+
+            def __init__(self, enable_timing=False):
+                Event.made += 1
+                self.name = f"t{Event.made}" if enable_timing else f"e{Event.made}"
+
+            def record(self, stream=None):
+                fake.log.append(("record", self.name, fake.current))
+
+            def synchronize(self):
+                fake.log.append(("synchronize", self.name))
+
+            def elapsed_time(self, end):
+                return 2.0  # ms
+
+        class _Use:
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                fake.current = self.stream.name
+
+            def __exit__(self, *exc):
+                fake.current = "compute"
+
+        self.Stream, self.Event = Stream, Event
+        self.compute = Stream(name="compute")
+        self.stream = _Use
+
+    def current_stream(self, device=None):
+        return self.compute
+
+
+def test_cuda_protocol_one_event_per_layer_awaited_before_that_layer(monkeypatch):
+    log: list = []
+    fake = _FakeCuda(log)
+    for name in ("Stream", "Event", "stream", "current_stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    # model layer 1 in the window pool: its copies are window copies, the others' full ones
+    pool = _poisoned("cpu", window_layers=(1,), window_pages=4, window=8, host_window_pages=4)
+    pool.host.cuda = pool.host_window.cuda = True  # the CUDA branch, on CPU tensors
+    copier = HostCopies(pool.layer_slots, pool.host, pool.host_window)
+    for h in copier.hosts:
+        copy_layer = h.copy_layer
+
+        def logged(layer, plan, copy_layer=copy_layer, h=h):
+            log.append(("copy", "window" if h is pool.host_window else "full", layer, fake.current))
+            copy_layer(layer, plan)
+
+        h.copy_layer = logged
+    k0 = pool.k_cache.clone()
+    copier.stage([PageCopy(True, [1, 2], [4, 5]), PageCopy(False, [4], [3])])
+    assert log == [
+        ("wait_stream", "copy", "compute"),  # after the compute stream's earlier work
+        ("record", "t1", "copy"),
+        ("copy", "full", 0, "copy"),
+        ("record", "e3", "copy"),
+        ("copy", "full", 1, "copy"),  # model layer 2 (layer 1 has no window copies)
+        ("record", "e4", "copy"),
+        ("record", "t2", "copy"),
+    ]
+    del log[:]
+    for i in range(3):
+        copier.before_layer(i)
+        log.append(("layer", i))
+    assert log == [
+        ("wait_event", "compute", "e3"),
+        ("layer", 0),
+        ("layer", 1),
+        ("wait_event", "compute", "e4"),
+        ("layer", 2),
+    ]
+    del log[:]
+    (done,), held = copier.finish()
+    assert log == [("wait_event", "compute", "t2"), ("synchronize", "t2")]
+    assert done.seconds == 0.002 and done.moved == 3 * pool.page_bytes and held >= 0
+    assert torch.equal(pool.k_cache[:, 3], k0[:, 1]) and torch.equal(
+        pool.host.k[:, 4:6], k0[:, 1:3]
+    )
+    del log[:]
+    copier.stage([PageCopy(True, [0], [0])])  # the next step reuses each layer's event
+    assert [x[1] for x in log if x[0] == "record"] == ["t5", "e3", "e4", "t6"]
