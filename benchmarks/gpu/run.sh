@@ -5,8 +5,8 @@
 #     bash benchmarks/gpu/run.sh        # carry [".whl"] (benchmarks/gpu/prepare.sh made it)
 #
 # Here, without CUDA (or with RADIXRAY_GPU_DRY=1), it runs the CPU-safe parts with .venv's
-# python and no install, marks the CUDA ones skipped and writes to $OUT or a new /tmp folder: a check
-# of the script itself. Files back: log, summary.txt, env.txt, pytest_gpu.xml,
+# python and no install, marks the CUDA ones skipped and writes to $OUT or a new /tmp folder:
+# a check of the script itself. Files back: log, summary.txt, env.txt, pytest_gpu.xml,
 # bench_kernels.txt, engine_check.json (the device tool returns at most 8).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -79,12 +79,12 @@ step env 45 bash -c "$(declare -f env_info); PY=$PY; env_info" > >(tee "$OUT/env
 # cannot import (a package the kit lacks) fails collection: then once more without conftests.
 gpu_tests=$(grep -rl "mark.gpu" tests --include='*.py' | sort | tr '\n' ' ')
 gpu_pytest() {
-    "$PY" -m pytest -m gpu -x -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml" "$@" \
-        $gpu_tests
+    "$PY" -m pytest -m gpu -x -q -p no:cacheprovider --timeout 60 \
+        --junitxml="$OUT/pytest_gpu.xml" "$@" $gpu_tests
     local rc=$?
     if [ $rc -eq 2 ] || [ $rc -eq 4 ]; then
         echo "# collection failed (rc=$rc): again with --noconftest"
-        "$PY" -m pytest -m gpu -x -q -p no:cacheprovider --noconftest \
+        "$PY" -m pytest -m gpu -x -q -p no:cacheprovider --timeout 60 --noconftest \
             --junitxml="$OUT/pytest_gpu.xml" "$@" $gpu_tests
         rc=$?
     fi
