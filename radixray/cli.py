@@ -11,6 +11,7 @@ import os
 import sys
 
 from radixray.api.server import serve_uvicorn
+from radixray.router.cli_args import add_router_arguments, router_settings
 from radixray.settings import add_arguments, from_args
 
 __all__ = ["main", "build_parser"]
@@ -33,43 +34,12 @@ def _engine_config(args, worker_id: str | None):
     return from_args(EngineConfig, args, worker_id=worker_id)
 
 
-def _router_args(p: argparse.ArgumentParser) -> None:
-    from radixray.router.service import RouterSettings
-
-    p.add_argument("--policy", default=RouterSettings.policy)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--admin-token",
-        default=os.environ.get("RADIXRAY_ADMIN_TOKEN"),
-        help="bearer token for /admin (default $RADIXRAY_ADMIN_TOKEN; unset = off)",
-    )
-    p.add_argument("--no-debug", action="store_true", help="turn the /debug routes off")
-    p.add_argument("--max-inflight", type=int, default=RouterSettings.max_inflight)
-    _cluster_token_arg(p)
-
-
 def _cluster_token_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cluster-token",
         default=os.environ.get("RADIXRAY_CLUSTER_TOKEN"),
         help="shared token of the workers' internal routes (default $RADIXRAY_CLUSTER_TOKEN); "
         "a worker listening beyond loopback without one generates one and prints it",
-    )
-
-
-def _settings(args, policy: str):
-    import socket
-
-    from radixray.router.service import RouterSettings
-
-    return RouterSettings(
-        policy=policy,
-        page_size=args.page_size,
-        admin_token=args.admin_token,
-        enable_debug=not args.no_debug,
-        max_inflight=args.max_inflight,
-        router_id=f"{socket.gethostname()}:{args.port}",
     )
 
 
@@ -162,7 +132,7 @@ def cmd_serve(args) -> int:
         print(f"starting {args.workers} workers ({args.model}) ...", flush=True)
     ids = [] if args.join else [f"worker-{i}" for i in range(args.workers)]
     handles = {wid: spawn({"worker_id": wid}) for wid in ids}
-    service = RouterService(meta, _settings(args, args.policy), worker_factory=factory)
+    service = RouterService(meta, router_settings(args, args.policy), worker_factory=factory)
     service.share_metrics(RayKVStore(NAMESPACE))  # /metrics of any router covers the fleet
 
     async def start_workers():
@@ -208,7 +178,7 @@ def _serve_http_workers(args) -> int:
     from radixray.router.service import RouterService
 
     meta = load_model_meta(args.model)
-    service = RouterService(meta, _settings(args, args.policy))
+    service = RouterService(meta, router_settings(args, args.policy))
     clients = asyncio.run(_connect_http_workers(args.worker_urls, args.cluster_token))
 
     async def add_workers():
@@ -353,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start Ray workers and the router (OpenAI API)")
     _serve_args(s)
     _engine_args(s)
-    _router_args(s)
+    add_router_arguments(s)
+    _cluster_token_arg(s)
     w = sub.add_parser("worker", help="one engine over HTTP (for a router, or OpenAI clients)")
     w.add_argument(
         "--worker-id", default=None, help="the id routers know it by (default: host:port)"

@@ -58,9 +58,12 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def api_error(e: RequestError, retry_after_s: int = 1) -> ApiError:
-    """The HTTP error for a failed request, by its kind."""
+    """The HTTP error for a failed request, by its kind; a 429 or 503 says when to retry: the
+    error's own ``retry_after_s`` where it knows one (``Overloaded`` by queueing delay), else
+    ``retry_after_s``."""
     status, type_, code = _BY_KIND[e.kind]
-    headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else None
+    after = getattr(e, "retry_after_s", None) or retry_after_s
+    headers = {"Retry-After": str(after)} if status in (429, 503) else None
     return ApiError(status, e.message, type_, e.param, code, headers)
 
 

@@ -12,7 +12,7 @@ move and records the copies; the engine moves the bytes (``take_copies``, before
 Events (``medium`` names the tier: "GPU" the device pool, "CPU" this tier): a demotion sends the
 host store before the device remove; a load-back a device store and no host remove; a host
 eviction a host remove. Copies are recorded in order: a device page demoted and then reused by
-the next step is copied out before the forward writes it. See docs/host_tier.md.
+the next step is copied out before that step writes it (layer by layer). See docs/host_tier.md.
 """
 
 from __future__ import annotations

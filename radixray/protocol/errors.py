@@ -72,9 +72,15 @@ class WorkerUnavailable(RequestError, RuntimeError):
 
 
 class Overloaded(RequestError, RuntimeError):
-    """Too much work is queued to accept this request now; retry later or elsewhere."""
+    """Too much work is queued to accept this request now; retry later or elsewhere.
+    ``retry_after_s``: when the refusal knows how long the backlog takes to drain (the router's
+    queueing-delay limit), the seconds a client should wait; None: the server's default."""
 
     kind = ErrorKind.OVERLOADED
+
+    def __init__(self, message: str, param: str | None = None, retry_after_s: int | None = None):
+        super().__init__(message, param)
+        self.retry_after_s = retry_after_s
 
 
 class Aborted(RequestError):

@@ -27,6 +27,11 @@ _HEADROOM_HELP = (
     "work / capacity over the last ~64 requests (<= 0: saturated, queues grow); absent for "
     "policies that do not estimate it"
 )
+_QUEUE_HELP = (
+    "Seconds a new request would wait before its prefill on the least-queued routable worker, at "
+    "the workers' measured prefill rates; past the router's max_queue_s requests are refused (429)"
+)
+_REFUSED_HELP = "Requests refused (429) by the admission limit that refused them"
 _HERDING_HELP = "1 while the router's decisions pile onto this worker and others sit idle"
 
 # attribute, kind, metric name, help, label names; in the order /metrics lists them
@@ -57,6 +62,8 @@ _METRICS = (
     ("index_memory", Gauge, "radixray_index_memory_bytes", "Router index memory", ()),
     ("herded", Gauge, "radixray_herding", _HERDING_HELP, ("worker",)),
     ("headroom", Gauge, "radixray_fleet_headroom", _HEADROOM_HELP, ("policy",)),
+    ("queue_wait", Gauge, "radixray_fleet_queue_seconds", _QUEUE_HELP, ()),
+    ("refused", Counter, "radixray_refused_requests", _REFUSED_HELP, ("limit",)),
     ("herd_episodes", Counter, "radixray_herding_episodes",
      "Herding episodes noticed (see /debug/decisions)", ()),
 )  # fmt: skip
@@ -72,6 +79,7 @@ class RouterMetrics:
         for attr, kind, name, doc, labels in _METRICS:
             extra = {"buckets": _LATENCY_BUCKETS} if kind is Histogram else {}
             setattr(self, attr, kind(name, doc, list(labels), registry=r, **extra))
+        self._refused_seen: dict[str, int] = {}  # admission refusals already counted
         # Labelled children are looked up once (a labels() call costs microseconds per request):
         # on_decision runs for every request.
         self._reuse = {
@@ -168,6 +176,17 @@ class RouterMetrics:
         h = getattr(policy, "headroom", None)
         if h is not None and math.isfinite(h):
             self.headroom.labels(policy.name).set(h)
+
+    def refresh_admission(self, admission, queue_wait_s: float | None) -> None:
+        """The admission's refusals since the last scrape, by limit, and the shortest queue
+        a new request would join now (unset before the workers have measured a rate)."""
+        seen = self._refused_seen
+        for limit, count in admission.refused.items():
+            if count > seen.get(limit, 0):
+                self.refused.labels(limit).inc(count - seen.get(limit, 0))
+            seen[limit] = count
+        if queue_wait_s is not None:
+            self.queue_wait.set(queue_wait_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

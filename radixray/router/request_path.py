@@ -40,6 +40,7 @@ from radixray.protocol import (
     WorkerUnavailable,
 )
 
+from .admission import Admission
 from .dispatch import DecisionRecord, Dispatcher
 from .policies import NoHealthyWorker, Policy, RoutingRequest
 from .traffic import Traffic
@@ -48,7 +49,7 @@ from .worker_pool import WorkerPool
 __all__ = [
     "Router",
     "RoutedRequest",
-    "Admission",
+    "Admission",  # re-exported: it lives in admission.py
     "DecisionRecord",
     "NoWorkerAvailable",
     "RequestFailed",
@@ -66,27 +67,6 @@ class RequestFailed(EngineFailure):
     request itself trips them, so it is not retried further (a server error, not the client's)."""
 
 
-class Admission:
-    """Requests accepted and not yet ended, across all workers, up to ``limit`` (None: none)."""
-
-    def __init__(self, limit: int | None = None):
-        self.limit = limit
-        self.inflight = 0
-
-    def admit(self) -> None:
-        """Take a slot or raise ``Overloaded``."""
-        limit = self.limit
-        if limit is not None and self.inflight >= limit:
-            raise Overloaded(
-                f"The server is overloaded: {self.inflight} requests in flight (limit "
-                f"{limit}); retry later"
-            )
-        self.inflight += 1
-
-    def release(self) -> None:
-        self.inflight -= 1
-
-
 class Router:
     def __init__(
         self,
@@ -100,17 +80,23 @@ class Router:
         router_id: str | None = None,
         herd_window: int = 64,
         max_inflight: int | None = None,
+        max_queue_s: float | None = None,
+        retry_after_s: int = 1,
     ):
         """``max_inflight``: requests in flight across all workers before a new one is refused
         as ``Overloaded`` (a 429); ``max_inflight_per_worker``: likewise, when every routable
-        worker has this many requests (running + waiting)."""
+        worker has this many requests (running + waiting); ``max_queue_s``: likewise, when the
+        least-queued worker would make a new request wait longer than this before its prefill
+        (``admission.py``; its Retry-After is the time that backlog takes to drain, at least
+        ``retry_after_s``)."""
         self.pool = pool
         self.index = index or pool.index
         self.page_size = self.index.page_size
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self._ids = itertools.count()
-        self.admission = Admission(max_inflight)
+        self.admission = Admission(max_inflight, max_queue_s)
+        self.retry_after_s = retry_after_s
         self.max_inflight_per_worker = max_inflight_per_worker
         self.router_id = router_id
         self.dispatch = Dispatcher(
@@ -198,12 +184,8 @@ class RoutedRequest:
         engine_failures = 0
         for attempt in range(1, router.max_retries + 2):
             states = [s for s in pool.states() if s.worker_id not in excluded]
-            limit = router.max_inflight_per_worker
-            if attempt == 1 and limit and states and all(s.load >= limit for s in states):
-                raise Overloaded(
-                    f"The server is overloaded: every worker has {limit} requests in flight; "
-                    "retry later"
-                )
+            if attempt == 1:
+                self._check_load(states)
             if attempt > 1:  # a poll may have changed the fleet during the backoff
                 rr = dataclasses.replace(rr, fleet=pool.fleet_position())
             try:
@@ -252,6 +234,19 @@ class RoutedRequest:
             self.first, self._agen = first, agen
             return
         raise NoWorkerAvailable(f"gave up after {router.max_retries + 1} attempts: {last_error}")
+
+    def _check_load(self, states) -> None:
+        """Refuse (``Overloaded``) a request no worker has room for now: every routable worker
+        at its in-flight limit, or every queue longer than the admission's ``max_queue_s``."""
+        router = self.router
+        limit = router.max_inflight_per_worker
+        if limit and states and all(s.load >= limit for s in states):
+            router.admission.refused["per_worker"] += 1
+            raise Overloaded(
+                f"The server is overloaded: every worker has {limit} requests in flight; "
+                "retry later"
+            )
+        router.admission.check_queue(router.pool.queue_wait_s(states), router.retry_after_s)
 
     def _leave_tally(self) -> None:
         if self._tally is not None:

@@ -38,7 +38,11 @@ class RouterSettings:
     max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
     max_inflight: int = 1024  # accepted requests in flight across all workers
     max_inflight_per_worker: int = 256
-    retry_after_s: int = 1
+    # Refuse (429) a request that would wait longer than this before its prefill on the
+    # least-queued worker, at the workers' measured prefill rates (router/admission.py); None:
+    # no delay limit, only the counts above.
+    max_queue_s: float | None = 30.0
+    retry_after_s: int = 1  # the least Retry-After a 429 / 503 names
     poll_interval_s: float = 0.25
     max_index_blocks_per_worker: int = 1 << 20
     max_retries: int = 2
@@ -58,6 +62,11 @@ class RouterSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"RouterSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue_s is not None and not self.max_queue_s > 0:
+            raise ValueError(
+                f"RouterSettings.max_queue_s must be > 0 seconds or None (no limit), got "
+                f"{self.max_queue_s}"
+            )
 
 
 WorkerFactory = Callable[[dict], Awaitable[WorkerClient]]
@@ -91,6 +100,8 @@ class RouterService:
             router_id=self.router_id,
             herd_window=settings.herd_window,
             max_inflight=settings.max_inflight,
+            max_queue_s=settings.max_queue_s,
+            retry_after_s=settings.retry_after_s,
         )
         self.metrics = RouterMetrics(self.router_id)
         self.fleet_metrics: FleetMetrics | None = None  # set where routers share a store (Ray)
@@ -138,6 +149,7 @@ class RouterService:
         self.metrics.refresh(self.pool)
         self.metrics.refresh_herding(self.router.dispatch.herd, self.pool.workers)
         self.metrics.refresh_headroom(self.router.policy)
+        self.metrics.refresh_admission(self.router.admission, self.pool.queue_wait_s())
         text = self.metrics.render()
         if self.fleet_metrics is not None:
             try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from radixray.cache_index import ApproxIndex
 from radixray.protocol import LoadReport, WorkerClient, WorkerCounters, WorkerInfo
 
+from .admission import queue_wait_s
 from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
 from .poller import Poller
@@ -178,6 +179,14 @@ class WorkerPool:
             )
         return out
 
+    def queue_wait_s(self, states: list[WorkerState] | None = None) -> float | None:
+        """The shortest queueing delay a new request would meet on a routable worker, in
+        seconds at the workers' prefill fits (``admission.queue_wait_s``); None while no
+        worker has measured a prefill step (a prior rate says nothing about time)."""
+        if not any(_measured(e.report) for e in self.workers.values()):
+            return None
+        return queue_wait_s(self.states() if states is None else states)
+
     def routable(self) -> list[str]:
         return [w.worker_id for w in self.states()]
 
@@ -234,3 +243,9 @@ def _load_cost(r: LoadReport) -> tuple[float, float]:
         return 0.0, 0.0
     rate = r.load_bytes_per_s or PRIOR_LOAD_BYTES_PER_S
     return rate / r.kv_bytes_per_token, r.load_overhead_s or 0.0
+
+
+def _measured(r: LoadReport) -> bool:
+    """Whether a worker's report carries a prefill rate it measured."""
+    moments = r.prefill_fit_moments
+    return bool(r.prefill_tokens_per_s) or bool(moments and moments[0] > 0)

@@ -41,6 +41,30 @@ JSON_KEYS = (
 )
 
 
+def _admission_args(c) -> None:
+    """The live router's admission limits, modelled (default: every request is served)."""
+    c.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        help="model the router's admission: refuse (429) arrivals while this many requests are "
+        "in flight (default: serve every request)",
+    )
+    c.add_argument(
+        "--max-inflight-per-worker",
+        type=int,
+        default=None,
+        help="likewise, while every worker has this many requests (running + waiting)",
+    )
+    c.add_argument(
+        "--max-queue-s",
+        type=float,
+        default=None,
+        help="likewise, while the least-queued worker would make an arrival wait longer than "
+        "this many seconds before its prefill (the router's max_queue_s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="radixray sim",
@@ -94,19 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=SimConfig.event_delay_s,
         help="KV event delay to the router (s)",
     )
-    c.add_argument(
-        "--max-inflight",
-        type=int,
-        default=None,
-        help="model the router's admission: refuse (429) arrivals while this many requests are "
-        "in flight (default: serve every request)",
-    )
-    c.add_argument(
-        "--max-inflight-per-worker",
-        type=int,
-        default=None,
-        help="likewise, while every worker has this many requests (running + waiting)",
-    )
+    _admission_args(c)
     c.add_argument("--no-events", action="store_true", help="index learns only from decisions")
     c.add_argument("--no-optimistic", action="store_true", help="index learns only from KV events")
     p.add_argument(
@@ -253,4 +265,5 @@ def _config(args: argparse.Namespace, timing) -> SimConfig:
         seed=args.seed,
         max_inflight=args.max_inflight,
         max_inflight_per_worker=args.max_inflight_per_worker,
+        max_queue_s=args.max_queue_s,
     )

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex
+from radixray.router.admission import queue_wait_s
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
@@ -65,6 +66,9 @@ class SimConfig:
     # waiting). None: no limit, every request is served (the default).
     max_inflight: int | None = None
     max_inflight_per_worker: int | None = None
+    # and while the least-queued worker would make an arrival wait longer than this before its
+    # prefill (RouterSettings.max_queue_s, radixray/router/admission.py). None: no limit.
+    max_queue_s: float | None = None
     # A model with sliding-window layers (sim/window.py): > 0 gives every worker the engine's
     # swa_radix cache, ``num_pages`` full pages and ``window_pages`` window pages of a
     # ``window``-token window; ``window_index`` False makes the router's index window-blind.
@@ -92,6 +96,8 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {v}")
+        if self.max_queue_s is not None and not self.max_queue_s > 0:
+            raise ValueError(f"max_queue_s must be > 0 or None, got {self.max_queue_s}")
         if self.window and (self.window_pages < 1 or self.host_pages):
             raise ValueError("a window pool needs window_pages >= 1 and no host tier")
         if self.event_delay_s is None and not self.optimistic_index:
@@ -277,11 +283,16 @@ class _Run:
         self._after_step(w, w.enqueue(req, hs, now), now)
 
     def _refuse(self, states) -> bool:
-        """Whether the live router's admission would answer this arrival 429."""
-        limit, per_worker = self.cfg.max_inflight, self.cfg.max_inflight_per_worker
+        """Whether the live router's admission would answer this arrival 429 (the simulated
+        workers' prefill rates are measured from the start: warmed up, see SimWorker)."""
+        cfg = self.cfg
+        limit, per_worker = cfg.max_inflight, cfg.max_inflight_per_worker
         if limit is not None and self.inflight >= limit:
             return True
-        return per_worker is not None and all(s.load >= per_worker for s in states)
+        if per_worker is not None and all(s.load >= per_worker for s in states):
+            return True
+        wait = queue_wait_s(states) if cfg.max_queue_s is not None else None
+        return wait is not None and wait > cfg.max_queue_s
 
     def execute(self, progress: str | None) -> RunResult:
         reqs = self.wl.requests

@@ -177,10 +177,10 @@ class Engine:
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
         ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
         masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
-        self._run_copies()  # demotions and load-backs the schedule recorded, before the forward
+        self._run_copies(layered=True)  # the schedule's demotions and load-backs, run by layer
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - t0 - self._run_copies()  # the forward, less its copies
         self.scheduler.postprocess(batch)
         keep_prompt_logprobs(self.runner.prompt_logits, self._live)
         out = self._emit(batch, logits, masks)
@@ -262,13 +262,15 @@ class Engine:
         self.pool.copy_pages(copies)
         return rows, out
 
-    def _run_copies(self) -> None:
-        """Run the page copies the cache recorded (host tier), in order, and count them."""
-        copies = self.cache.take_copies()
-        if copies:
-            t0 = time.perf_counter()
-            moved = self.pool.run_copies(copies)
-            self.meter.record_copies(copies, moved, time.perf_counter() - t0)
+    def _run_copies(self, layered: bool = False) -> float:
+        """Hand the page copies the cache recorded (host tier) to the pool, in order: run now,
+        or (``layered``) by the next forward, layer ``i``'s just before layer ``i``
+        (``host_copies.py``); count those done. Returns the seconds the last forward spent
+        on them (its ``before_layer``)."""
+        done, held = self.pool.host_copies(self.cache.take_copies(), layered)
+        for copies, moved, seconds in done:
+            self.meter.record_copies(copies, moved, seconds)
+        return held
 
     def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
         p = req.params

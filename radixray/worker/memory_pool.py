@@ -2,7 +2,7 @@
 host tier's K and V (docs/host_tier.md) with the copies between them.
 
     k_cache, v_cache: [num_layers, num_pages, page_size, num_kv_heads, head_dim]
-    host_k, host_v:   [host_pages, num_layers, page_size, num_kv_heads, head_dim]
+    host.k, host.v:   [num_layers, host_pages, page_size, num_kv_heads, head_dim]
     window_k, window_v: [window layers, window_pages, page_size, num_kv_heads, head_dim]
 
 With ``window_layers`` (a model's sliding-window layers, docs/window_cache.md) those layers keep
@@ -13,21 +13,20 @@ With a host tier too, ``host_window`` keeps the window layers' host pages (the h
 allocator is then a ``WindowedAllocator``, docs/window_cache.md).
 
 ``k_cache[l]`` is the per-layer view the kernels take ([num_pages, P, Hkv, D], the layout of
-vLLM's flash-attn fork). Page ids index dimension 1 and are handed out by ``PageAllocator``. A
-host page is one contiguous block (all layers), so a page moves as one piece of memory. On CUDA
-the host tensors are pinned and the copies run on their own stream; the forward's stream waits
-for them.
+vLLM's flash-attn fork). Page ids index dimension 1 and are handed out by ``PageAllocator``. The
+host tier (``host_copies.py``) is layer-first too, and its copies run layer by layer: on CUDA
+on their own stream, each layer's awaited by the forward just before that layer; on the CPU
+each layer's right before that layer.
 """
 
 from __future__ import annotations
-
-import math
-import mmap
 
 import torch
 
 from radixray.cache_index import PageAllocator
 from radixray.cache_index.window_pages import WindowedAllocator, window_pages_needed
+
+from .host_copies import Copied, HostCopies, HostKV, cpu_zeros
 
 __all__ = [
     "KVPool",
@@ -119,13 +118,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     pages most runs never use."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = itemsize * math.prod(shape)
-    if nbytes == 0:
-        return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes)  # MAP_ANONYMOUS | MAP_PRIVATE: zero-filled by the kernel
-    # The tensor holds the map alive; frombuffer shares its memory (no copy).
-    return torch.frombuffer(buf, dtype=dtype).view(shape)
+    return cpu_zeros(shape, dtype)
 
 
 class KVPool:
@@ -175,6 +168,10 @@ class KVPool:
             hw = max(2, host_window_pages)
             self.host_window = HostKV(self.window_k, self.window_v, hw)
             self.host_allocator = WindowedAllocator(host_pages, hw, window)
+        # the window pool's copies follow the same per-layer rule (each window layer's slot)
+        self.copier = (
+            HostCopies(self.layer_slots, self.host, self.host_window) if self.host else None
+        )
 
     @classmethod
     def for_model(
@@ -269,17 +266,31 @@ class KVPool:
         return n
 
     def run_copies(self, copies) -> int:
-        """Run the cache's recorded copies (``host_tier.PageCopy``), in order; the bytes moved."""
-        if not copies or self.host is None:
+        """Run the cache's recorded copies (``host_tier.PageCopy``) now, in order, every layer
+        (after any staged ones); the bytes moved."""
+        if not copies or self.copier is None:
             return 0
-        if self.host_window is None:
-            self.host.run(copies)
-            return sum(len(c.src) for c in copies) * self.page_bytes
-        moved = 0
-        for c in copies:  # in order: full and window copies may interleave
-            (self.host_window if c.window else self.host).run([c])
-            moved += len(c.src) * (self.window_page_bytes if c.window else self.page_bytes)
-        return moved
+        return self.copier.run(copies)
+
+    def host_copies(self, copies, layered: bool = False) -> tuple[list[Copied], float]:
+        """Complete any staged copies, then hand over ``copies``: ``layered``, staged for the
+        next forward, which runs layer ``i``'s before layer ``i`` (``host_copies.py``); else run
+        now. Returns the batches done and the seconds the forward spent on copies
+        (``HostCopies.finish``)."""
+        if self.copier is None:
+            return [], 0.0
+        done, held = self.copier.finish()
+        if copies:
+            self.copier.stage(copies)
+            if not layered:
+                more, more_held = self.copier.finish()
+                done, held = done + more, held + more_held
+        return done, held
+
+    def before_layer(self, i: int) -> None:
+        """The forward's hook: model layer ``i`` is about to use its KV (None-safe alias)."""
+        if self.copier is not None:
+            self.copier.before_layer(i)
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each (source, destination) page's K and V, every layer (a sample forked from
@@ -297,70 +308,3 @@ class KVPool:
             dst = torch.tensor(table([b for _, b in pairs]), device=dev)
             self.window_k[:, dst] = self.window_k[:, src]
             self.window_v[:, dst] = self.window_v[:, src]
-
-
-class HostKV:
-    """The host tier's K and V and the copies of page lists to and from the device pool."""
-
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, host_pages: int):
-        L, _, P, H, D = k_cache.shape
-        shape = (host_pages, L, P, H, D)
-        self.device = k_cache.device
-        self.dev = (k_cache, v_cache)
-        cuda = self.device.type == "cuda"
-        if cuda:  # pinned: the copies are DMA, asynchronous to the host thread
-            self.k = torch.zeros(shape, dtype=k_cache.dtype, pin_memory=True)
-            self.v = torch.zeros(shape, dtype=k_cache.dtype, pin_memory=True)
-        else:
-            self.k = _zeros(shape, k_cache.dtype, "cpu")
-            self.v = _zeros(shape, k_cache.dtype, "cpu")
-        self._stream = torch.cuda.Stream(self.device) if cuda else None
-
-    def run(self, copies) -> None:
-        if self._stream is None:
-            for c in copies:
-                (self.copy_out if c.to_host else self.copy_in)(c.src, c.dst)
-            return
-        # CUDA: the copies wait for what the forward stream queued before (the pages a
-        # demotion reads were written by earlier steps) and the forward waits for them (the
-        # pages a load-back writes are read by this step; a demoted page is reused by it).
-        cur = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(cur)
-        with torch.cuda.stream(self._stream):
-            for c in copies:
-                (self.copy_out if c.to_host else self.copy_in)(c.src, c.dst)
-        done = torch.cuda.Event()
-        done.record(self._stream)
-        cur.wait_event(done)
-
-    def copy_out(self, src: list[int], dst: list[int]) -> None:
-        """Device pages ``src`` -> host pages ``dst``, one slice copy per run of consecutive
-        pages on both sides (a gather through index_select ran at 1/15 of memcpy's speed)."""
-        for s0, d0, n in _runs(src, dst):
-            for dev, host in zip(self.dev, (self.k, self.v), strict=True):
-                block = dev[:, s0 : s0 + n].transpose(0, 1)
-                if self._stream is not None:  # contiguous on the GPU, then one DMA to pinned
-                    block = block.contiguous()
-                host[d0 : d0 + n].copy_(block, non_blocking=self._stream is not None)
-
-    def copy_in(self, src: list[int], dst: list[int]) -> None:
-        """Host pages ``src`` -> device pages ``dst``, by runs as ``copy_out``."""
-        for s0, d0, n in _runs(src, dst):
-            for dev, host in zip(self.dev, (self.k, self.v), strict=True):
-                block = host[s0 : s0 + n]
-                if self._stream is not None:  # one DMA from pinned memory, then a GPU copy
-                    block = block.to(self.device, non_blocking=True)
-                dev[:, d0 : d0 + n].copy_(block.transpose(0, 1))
-
-
-def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
-    """``(src_start, dst_start, length)`` of the maximal runs where both ids go up by one."""
-    runs: list[tuple[int, int, int]] = []
-    for a, b in zip(src, dst, strict=True):
-        if runs:
-            s0, d0, n = runs[-1]
-            if a == s0 + n and b == d0 + n:
-                runs[-1] = (s0, d0, n + 1)
-                continue
-        runs.append((a, b, 1))
-    return runs

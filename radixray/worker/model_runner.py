@@ -77,6 +77,7 @@ class ModelRunner:
             self.pool.v_cache,
             logits_indices,
             window=window,
+            before_layer=self.pool.before_layer if self.pool.copier is not None else None,
         ).float()
         self.prompt_logits = []
         at = len(rows)

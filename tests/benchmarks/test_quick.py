@@ -37,7 +37,7 @@ needs_trace = pytest.mark.skipif(
 )
 
 # script (relative to benchmarks/) -> (extra arguments, {out} = the tmp folder; a line the run
-# must print; marks). Every script in benchmarks/ and benchmarks/studies/ is listed.
+# must print; marks). Every script in benchmarks/ and in its studies/ and gpu/ is listed.
 CASES = {
     "bench_cache_index.py": ([], "ApproxIndex", ()),
     "bench_protocol.py": ([], "poll result (4 KB events)", ()),
@@ -62,6 +62,7 @@ CASES = {
         "|",
         (integration, needs_trace),
     ),
+    "gpu/engine_check.py": (["--json", "{out}/engine_check.json"], "exactness vs CPU: EQUAL", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
     "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
@@ -74,6 +75,7 @@ CASES = {
 def test_every_benchmark_script_has_a_quick_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.glob("*.py")}
     scripts |= {p.relative_to(BENCH).as_posix() for p in BENCH.glob("studies/*.py")}
+    scripts |= {p.relative_to(BENCH).as_posix() for p in BENCH.glob("gpu/*.py")}
     assert scripts == set(CASES)
 
 

@@ -17,6 +17,7 @@ After each case no page is left behind on any worker.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -481,6 +482,69 @@ def test_every_worker_at_its_inflight_limit_is_429_overloaded():
 
 
 # ---------------------------------------------------------------------- after the first token
+
+
+def test_a_queue_longer_than_max_queue_s_is_429_with_its_drain_time():
+    """Admission by queueing delay: with the only worker held, a request dispatched to it
+    queues its prefill; the next one would wait longer than ``max_queue_s`` at the worker's
+    measured rate, so it is refused, counted by limit, and the same request is admitted once
+    the queue has drained."""
+    import concurrent.futures as cf
+    import re
+
+    service, hosts, clients = inprocess_service(1, max_queue_s=1e-6, retry_after_s=1)
+    (gate,) = hold_after_first_token(hosts)
+    short = {"model": "tiny", "prompt": "me too", "max_tokens": 2}
+    queued = {"model": "tiny", "prompt": "q" * 3000, "max_tokens": 2}
+    pool = cf.ThreadPoolExecutor(1)
+    try:
+        with LiveServer(service, clients) as url, httpx.Client(timeout=60) as http:
+            cm, _ = open_stream(http, url)  # runs; the gate holds the engine after its prefill
+            try:
+                deadline = time.monotonic() + 10  # the worker's prefill rate, once polled
+                while service.pool.queue_wait_s() is None:
+                    assert time.monotonic() < deadline, "no measured prefill rate"
+                    time.sleep(0.02)
+                assert service.pool.queue_wait_s() == 0.0  # nothing queued yet: admitted
+                waiting = pool.submit(http.post, url + C, json=queued)
+                while service.pool.queue_wait_s() == 0.0:  # the router's tally has it
+                    assert time.monotonic() < deadline and not waiting.done()
+                    time.sleep(0.01)
+                wait = service.pool.queue_wait_s()
+                rate = service.pool.states()[0].prefill_tokens_per_s
+                assert wait >= 2999 / rate  # its uncached prompt at the fitted rate
+                r = http.post(url + C, json=short)
+                err = error_of(r, 429, "rate_limit_error", "overloaded")
+                assert re.fullmatch(
+                    r"The server is overloaded: a new request would wait [0-9.]+ s before its "
+                    r"prefill on the least-queued worker \(limit 1e-06 s, max_queue_s\); "
+                    r"retry later",
+                    err["message"],
+                ), err["message"]
+                assert r.headers["retry-after"] == str(max(1, math.ceil(wait - 1e-6)))
+                with pytest.raises(openai.RateLimitError) as ei:
+                    oai(url).completions.create(**short)
+                assert ei.value.code == "overloaded"
+                assert service.router.admission.refused == {
+                    "inflight": 0, "per_worker": 0, "queue": 2
+                }
+                metrics = http.get(url + "/metrics").text
+                assert 'radixray_refused_requests_total{limit="queue"} 2.0' in metrics
+                m = re.search(r"^radixray_fleet_queue_seconds ([0-9.e+-]+)$", metrics, re.M)
+                assert m and float(m.group(1)) > 0, metrics
+                assert len(service.router.dispatch.decisions) == 0  # refused before routing
+            finally:
+                gate.release()
+                cm.__exit__(None, None, None)
+            assert waiting.result().status_code == 200  # the queued one was served
+            settle(hosts, service)
+            r = http.post(url + C, json=short)  # the queue drained: admitted
+            assert r.status_code == 200, r.text
+            settle(hosts, service)
+    finally:
+        gate.release()
+        pool.shutdown(wait=True)
+        shutdown(hosts)
 
 
 def sse_events(

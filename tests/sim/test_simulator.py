@@ -262,5 +262,17 @@ def test_admission_refuses_as_the_router_does_and_reports_the_refused():
     assert s["ttft_p99"] <= served["ttft_p99"]  # fewer queued ahead of the served ones
     per_worker = simulate(wl, "ttft", dataclasses.replace(base, max_inflight_per_worker=3))
     assert 0 < per_worker.summary()["refused"] < 40
+    # The queueing-delay limit: refuses once the shortest queue holds more prefill than the
+    # limit's seconds at the workers' rate; the first arrivals (empty queues) are served.
+    timing = base.timing
+    per_request = timing.step_time(0, 0, 64, 0)  # one 64-token prefill, seconds
+    by_queue = simulate(wl, "ttft", dataclasses.replace(base, max_queue_s=2.5 * per_request))
+    q = by_queue.summary()
+    assert 0 < q["refused"] < 40
+    assert all(r.worker >= 0 for r in by_queue.records[:2])  # one on each empty worker
+    loose = simulate(wl, "ttft", dataclasses.replace(base, max_queue_s=1e6)).summary()
+    assert loose["refused"] == 0
+    with pytest.raises(ValueError, match="max_queue_s"):
+        SimConfig(max_queue_s=0)
     with pytest.raises(ValueError, match="max_inflight"):
         SimConfig(max_inflight=0)

@@ -18,13 +18,13 @@ def assert_no_leak(e) -> None:
     assert alloc.num_free + e.cache.total_tokens // e.page_size == alloc.num_pages
 
 
-@pytest.mark.parametrize("P", [1, 4, 16])
-def test_greedy_after_demote_and_load_back_equals_reuse_off(P):
+def _demote_and_load_back(P: int, device: str = "cpu"):
+    """Greedy output with demotions, load-backs and preemptions equals reuse off; the engine."""
     prompts = shared_prefix_prompts(seed=P, n=10)
-    want = tokens(engine(cache="chunk", page_size=P).generate_batch(prompts, GREEDY))
+    want = tokens(engine(cache="chunk", page_size=P, device=device).generate_batch(prompts, GREEDY))
     # The device pool holds ~2 prompts' pages (the working set is more), the host tier all.
     pages = -(-60 // P) * 2 + 2
-    e = engine(page_size=P, num_pages=pages, host_pages=400, max_batch_tokens=32)
+    e = engine(page_size=P, num_pages=pages, host_pages=400, max_batch_tokens=32, device=device)
     assert e.pool.host_allocator.num_pages == 400
     assert tokens(e.generate_batch(prompts, GREEDY)) == want
     assert tokens(e.generate_batch(prompts, GREEDY)) == want  # warm: loads from the host
@@ -33,7 +33,91 @@ def test_greedy_after_demote_and_load_back_equals_reuse_off(P):
     assert s["preemptions"] > 0, s
     assert s["bytes_from_host"] == s["loaded_pages"] * e.pool.page_bytes
     assert s["bytes_to_host"] == s["demoted_pages"] * e.pool.page_bytes
+    # the copies ran layer by layer inside the forwards (host_copies.py), not all before them
+    assert e.pool.copier.forward_layers > 0
     assert_no_leak(e)
+    return e
+
+
+@pytest.mark.parametrize("P", [1, 4, 16])
+def test_greedy_after_demote_and_load_back_equals_reuse_off(P):
+    _demote_and_load_back(P)
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
+    """n=2: a fork's page allocation may demote; those copies run at once (all layers), after
+    the step's layered ones and before the fork copies its pages."""
+    from radixray.worker.memory_pool import KVPool
+
+    now, host_copies = [], KVPool.host_copies
+
+    def spy(self, copies, layered=False):
+        if not layered:
+            now.extend(copies)
+        return host_copies(self, copies, layered)
+
+    monkeypatch.setattr(KVPool, "host_copies", spy)
+    n2 = SamplingParams(n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = shared_prefix_prompts(seed=3, n=8)
+    want = tokens(engine(cache="chunk", page_size=P).generate_batch(prompts, n2))
+    e = engine(page_size=P, num_pages=64 // P, host_pages=400, max_batch_tokens=32)
+    assert tokens(e.generate_batch(prompts, n2)) == want
+    assert tokens(e.generate_batch(prompts, n2)) == want
+    assert now and e.stats()["preemptions"] > 0
+    assert_no_leak(e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 16])
+def test_greedy_after_demote_and_load_back_equals_reuse_off_cuda(P):
+    e = _demote_and_load_back(P, "cuda")
+    assert e.pool.host.k.is_pinned() and e.pool.copier.stream is not None
+
+
+@pytest.mark.gpu
+def test_cuda_forward_waits_for_each_layers_copies_just_before_that_layer(monkeypatch):
+    """No timing: the copies are queued on the copy stream with one event per layer, and the
+    compute stream waits for layer i's event after layer i - 1 started and before layer i."""
+    import torch
+
+    from radixray.worker.host_copies import HostCopies
+
+    log: list[tuple] = []
+    stage, wait = HostCopies.stage, torch.cuda.Stream.wait_event
+
+    def staged(self, copies):
+        stage(self, copies)
+        log.append(("stage", [t if isinstance(t, torch.cuda.Event) else None for t in self._todo]))
+
+    def waited(self, event):
+        log.append(("wait", self, event))
+        return wait(self, event)
+
+    monkeypatch.setattr(HostCopies, "stage", staged)
+    monkeypatch.setattr(torch.cuda.Stream, "wait_event", waited)
+    e = engine(page_size=4, num_pages=32, host_pages=400, max_batch_tokens=32, device="cuda")
+    for i, layer in enumerate(e.runner.model.layers):
+        layer.register_forward_pre_hook(lambda m, a, i=i: log.append(("layer", i)))
+    e.generate_batch(shared_prefix_prompts(seed=4, n=10), GREEDY)
+    e.generate_batch(shared_prefix_prompts(seed=4, n=10), GREEDY)
+    assert e.stats()["loaded_pages"] > 0
+    stages = [k for k, x in enumerate(log) if x[0] == "stage"]
+    assert stages
+    for k in stages:
+        events, layer = log[k][1], -1
+        assert any(ev is not None for ev in events)
+        for x in log[k + 1 :]:
+            if x[0] == "stage" or (x[0] == "layer" and x[1] <= layer):
+                break  # the next step
+            if x[0] == "layer":
+                layer = x[1]
+            elif x[0] == "wait" and x[2] in events:
+                i = events.index(x[2])
+                assert i == layer + 1, (i, layer)  # after layer i - 1 began, before layer i
+                assert x[1] != e.pool.copier.stream  # the compute stream waits
+                events[i] = None
+        assert all(ev is None for ev in events), "a layer's copies not awaited before it"
 
 
 def test_a_demoted_prompt_is_loaded_back_not_recomputed():

@@ -21,6 +21,7 @@ def test_host_tier_with_window_pool_equals_cache_off(loaded, monkeypatch):  # no
     assert first == off_first and again == off_first
     s = e.stats()
     assert s["demoted_pages"] > 0 and s["preemptions"] > 0, s
+    assert e.pool.copier.forward_layers > 0  # run layer by layer, window layers included
     e.check_integrity()
 
 

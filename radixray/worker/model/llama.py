@@ -24,7 +24,7 @@ llama.cpp's q/k permutation before the weights get here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -215,6 +215,7 @@ class LlamaModel(nn.Module):
         v_cache: torch.Tensor,
         logits_indices: torch.Tensor | None = None,
         window: WindowKV | None = None,
+        before_layer: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
         """One step over ``T`` new tokens; returns float32 logits ``[len(logits_indices), vocab]``.
 
@@ -224,7 +225,9 @@ class LlamaModel(nn.Module):
           model's dtype, written in place at ``attn.slot_mapping``;
         - ``logits_indices``: rows that need logits; ``None`` = each sequence's last new token;
         - ``window``: the sliding-window layers' own pool and metadata; then ``k_cache`` and
-          ``v_cache`` hold the other layers only, in order (docs/window_cache.md).
+          ``v_cache`` hold the other layers only, in order (docs/window_cache.md);
+        - ``before_layer``: called with ``i`` just before layer ``i`` reads or writes its KV (the
+          host tier's copies of that layer's pages, worker/host_copies.py).
         """
         cfg = self.config
         slots = window.layer_slots if window is not None else [(False, i) for i in self.idx]
@@ -258,7 +261,9 @@ class LlamaModel(nn.Module):
             )
             steps.append(Step(backend, wplan, w, rope))
             pools.append((window.k_cache, window.v_cache))
-        for layer, (in_window, s) in zip(self.layers, slots, strict=True):
+        for i, (layer, (in_window, s)) in enumerate(zip(self.layers, slots, strict=True)):
+            if before_layer is not None:
+                before_layer(i)
             k, v = pools[in_window]
             h = layer(h, steps[in_window], k[s], v[s])
         if logits_indices is None:

@@ -1,0 +1,162 @@
+"""The GPU kit (benchmarks/gpu/): engine_check.py's JSON, and the wheels it carries cover every
+import of the GPU path that the device machine's image lacks. No network, no GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KIT = REPO / "benchmarks" / "gpu"
+
+
+def _names(path: Path) -> dict[str, str]:
+    """Normalized distribution name -> its line (comments kept), from a kit list."""
+    out = {}
+    for line in path.read_text().splitlines():
+        name = re.split(r"[=<>#\s\[;]", line.strip(), maxsplit=1)[0]
+        if name:
+            out[re.sub(r"[-_.]+", "-", name).lower()] = line
+    return out
+
+
+IMAGE, WHEELS = _names(KIT / "image_packages.txt"), _names(KIT / "wheels.txt")
+
+
+def test_every_wheel_is_pinned_and_missing_from_the_image_unless_an_override():
+    for name, line in WHEELS.items():
+        assert re.match(r"^[A-Za-z0-9._-]+==[0-9][^\s#]*", line), line
+        if name in IMAGE:
+            assert "override" in line, f"{name} is in the image: mark the line an override"
+
+
+def test_every_runtime_dependency_missing_there_is_carried_or_off_the_gpu_path():
+    """pyproject's runtime dependencies that the image lacks: each is a wheel, or is one that the
+    GPU path never imports (the integration test below proves it by blocking them)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[=<>;\[\s]", d, maxsplit=1)[0] for d in deps}
+    names = {re.sub(r"[-_.]+", "-", n).lower() for n in names}
+    missing = names - set(IMAGE)
+    assert missing - set(WHEELS) == {"gguf", "ray", "llguidance"}
+
+
+def _engine_check():
+    spec = importlib.util.spec_from_file_location("engine_check", KIT / "engine_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_check_quick_json(tmp_path, monkeypatch):
+    out = tmp_path / "e.json"
+    argv = ["engine_check.py", "--quick", "--runs", "1", "--batches", "1", "3", "--host"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--json", str(out)])
+    assert _engine_check().main() == 0
+    got = json.loads(out.read_text())
+    assert set(got) == {"info", "model", "args", "exactness", "decode", "host"}
+    assert got["info"]["device"] == "cpu" and got["model"]["config"]["num_layers"] == 2
+    ex = got["exactness"]
+    assert ex["equal"] and ex["first_difference"] == [None] * ex["prompts"] and ex["prompts"] == 5
+    assert [(r["dtype"], r["batch"]) for r in got["decode"]] == [
+        ("bfloat16", 1),
+        ("bfloat16", 3),
+        ("float32", 1),
+        ("float32", 3),
+    ]
+    assert all(r["tokens_per_s"] > 0 and len(r["runs"]) == 1 for r in got["decode"])
+    host = got["host"]
+    assert host["same_outputs"]
+    for mode in ("layered", "before_forward"):
+        assert host[mode]["loaded_pages"] > 0 and host[mode]["demoted_pages"] > 0
+
+
+def test_smollm2_config_is_the_ggufs():
+    from radixray.model_meta import open_checkpoint
+    from radixray.worker.model.gguf_file import GGUFCheckpoint
+    from radixray.worker.model.hf_checkpoint import HFCheckpoint
+
+    want = open_checkpoint("smollm2", GGUFCheckpoint, HFCheckpoint).config()
+    assert _engine_check().model_config(quick=False) == want
+
+
+# Only the standard library, the image's packages and the kit's wheels import; then the GPU
+# path's modules import, engine_check runs and pytest collects every GPU test (with the
+# repository's conftests).
+_ONLY_THE_IMAGE = """
+import importlib.abc, importlib.machinery, importlib.metadata as md, re, runpy, sys
+allowed = set(sys.argv[1].split(","))
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+owners = md.packages_distributions()
+local = {"radixray", "tests", "benchmarks", "engine_check"}
+blocked = set()
+
+find = importlib.machinery.PathFinder.find_spec
+
+
+def there(top):
+    if top in sys.stdlib_module_names or top in local:
+        return True
+    if any(norm(d) in allowed for d in owners.get(top, [])):
+        return True
+    spec = None if top in owners else find(top)  # the interpreter's own (_sysconfigdata_...)
+    return bool(spec and spec.origin and "-packages" not in spec.origin)
+
+
+class OnlyTheImage(importlib.abc.MetaPathFinder):  # the path finder, blind to the rest
+    def find_spec(self, name, path=None, target=None):
+        if not there(name.split(".")[0]):
+            blocked.add(name.split(".")[0])
+            return None
+        return find(name, path, target)
+
+
+i = sys.meta_path.index(importlib.machinery.PathFinder)
+sys.meta_path[i] = OnlyTheImage()
+import radixray.worker, radixray.kernels  # noqa
+sys.argv = ["engine_check.py", "--quick", "--runs", "1", "--batches", "2", "--dtypes", "float32"]
+try:
+    runpy.run_path(sys.argv_kit, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+import pytest
+code = pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *sys.tests])
+print("blocked (imports that fell back):", sorted(blocked))
+sys.exit(code)
+"""
+
+
+@pytest.mark.integration
+def test_the_gpu_path_imports_only_the_image_and_the_kit(tmp_path):
+    tests = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").rglob("*.py")
+        if "mark.gpu" in p.read_text(encoding="utf-8")
+    )
+    assert tests
+    setup = f"import sys; sys.argv_kit = {str(KIT / 'engine_check.py')!r}; sys.tests = {tests!r}"
+    env = os.environ | {
+        "PYTHONPATH": str(REPO),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    allowed = ",".join(set(IMAGE) | set(WHEELS))
+    proc = subprocess.run(
+        [sys.executable, "-c", setup + "\n" + _ONLY_THE_IMAGE, allowed],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "exactness vs CPU: EQUAL" in proc.stdout, tail
