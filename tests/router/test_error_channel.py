@@ -526,7 +526,9 @@ def test_a_queue_longer_than_max_queue_s_is_429_with_its_drain_time():
                     oai(url).completions.create(**short)
                 assert ei.value.code == "overloaded"
                 assert service.router.admission.refused == {
-                    "inflight": 0, "per_worker": 0, "queue": 2
+                    "inflight": 0,
+                    "per_worker": 0,
+                    "queue": 2,
                 }
                 metrics = http.get(url + "/metrics").text
                 assert 'radixray_refused_requests_total{limit="queue"} 2.0' in metrics
