@@ -18,7 +18,7 @@ from .compare import DEFAULT_TARGETS, CompareConfig, run_compare
 from .counters import SETTLE_S, counter_delta, worker_counters
 from .loadgen import LoadConfig, run_load
 from .local_cluster import WorkerSpec
-from .report import breakdown_table, markdown_table, summarize, tier_table, write_json
+from .report import breakdown_table, markdown_table, median_table, summarize, tier_table, write_json
 from .workloads import WORKLOADS, build_workload
 
 __all__ = ["main"]
@@ -133,7 +133,7 @@ def _cmd_compare(args, argv: list[str]) -> int:
     )
     report = run_compare(cfg)
     for name, w in report["workloads"].items():
-        tables = (markdown_table, breakdown_table, tier_table)
+        tables = (markdown_table, breakdown_table, tier_table, median_table)
         print(f"\n### {name}\n\n" + "\n".join(t(w["rows"]) for t in tables))
     print(f"wrote {args.out_dir}/bench_serving.json, .png and .md")
     return 0

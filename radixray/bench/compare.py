@@ -40,7 +40,15 @@ from .local_cluster import (
     start_sglang_router,
     start_workers,
 )
-from .report import breakdown_table, markdown_table, plot, summarize, tier_table, write_json
+from .report import (
+    breakdown_table,
+    markdown_table,
+    median_table,
+    plot,
+    summarize,
+    tier_table,
+    write_json,
+)
 from .targets import parse_target
 from .workloads import BenchWorkload, build_workload
 
@@ -276,10 +284,11 @@ def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
         if rep % 2:
             order.reverse()
         for i, target in order:
+            load_avg = os.getloadavg()[0]  # the shared machine's load as this run starts
             run, delta = _run_one(wl, target, i, load, cfg, log_dir / f"rep{rep}")
             runs[target].append((run, delta))
             row = summarize(run, delta)
-            per_repeat[target].append({k: row.get(k) for k in REPEAT_KEYS})
+            per_repeat[target].append({k: row.get(k) for k in REPEAT_KEYS} | {"load_avg": load_avg})
             p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
             print(
                 f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
@@ -367,7 +376,7 @@ def run_compare(cfg: CompareConfig) -> dict:
     plot(out / "bench_serving.png", curves)
     md = []
     for name, w in report["workloads"].items():
-        tables = (markdown_table, breakdown_table, tier_table)
+        tables = (markdown_table, breakdown_table, tier_table, median_table)
         md.append(f"### {name}\n\n" + "\n".join(t(w["rows"]) for t in tables))
     (out / "bench_serving.md").write_text("\n".join(md))
     return report

@@ -16,6 +16,7 @@ __all__ = [
     "markdown_table",
     "breakdown_table",
     "tier_table",
+    "median_table",
     "write_json",
     "plot",
 ]
@@ -149,6 +150,42 @@ def tier_table(rows: Sequence[dict]) -> str:
             + "".join(f"| {'-' if x is None else f'{x:.1%}'} " for x in (hit, dev, host))
             + f"| {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p99_s'])} | {r['throughput_rps']:.2f} "
             f"| {r.get('evicted_miss_tokens', '-')} | {r['refused']} | {r['errors']} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def _median(xs: list) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def median_table(rows: Sequence[dict]) -> str:
+    """Per target, the median over its repeats (``row["per_repeat"]``) of hit rate (device
+    hits + host loads), TTFT p50/p99 and throughput; refused and failed requests summed; the
+    machine's load average at the runs' starts (min-max): a shared machine's noise in view."""
+    head = (
+        "| router | policy | runs | hit rate | host loads | TTFT p50 (ms) | TTFT p99 (ms) "
+        "| throughput (req/s) | refused (429) | errors | load avg |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        reps = r.get("per_repeat") or []
+        med = {k: _median([x.get(k) for x in reps]) for k in reps[0]} if reps else {}
+        hit, host = med.get("hit_rate"), med.get("host_load_rate")
+        loads = [x["load_avg"] for x in reps if x.get("load_avg") is not None]
+        tput = med.get("throughput_rps")
+        lines.append(
+            f"| {r.get('router', '-')} | {r.get('policy', '-')} | {len(reps)} "
+            + "".join(f"| {'-' if x is None else f'{x:.1%}'} " for x in (hit, host))
+            + f"| {_ms(med.get('ttft_p50_s'))} | {_ms(med.get('ttft_p99_s'))} "
+            f"| {'-' if tput is None else f'{tput:.2f}'} "
+            f"| {sum(x.get('refused') or 0 for x in reps)} "
+            f"| {sum(x.get('errors') or 0 for x in reps)} "
+            f"| {f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
         )
     return head + "\n".join(lines) + "\n"
 

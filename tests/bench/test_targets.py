@@ -9,7 +9,7 @@ from radixray.bench import bench_cli
 from radixray.bench.compare import CompareConfig
 from radixray.bench.loadgen import LoadConfig, RequestResult, RunResult
 from radixray.bench.local_cluster import WorkerSpec
-from radixray.bench.report import summarize, tier_table
+from radixray.bench.report import median_table, summarize, tier_table
 from radixray.bench.targets import parse_target
 
 
@@ -97,3 +97,21 @@ def test_summary_counts_refusals_and_splits_reuse_by_tier():
     line = tier_table([row | {"router": "radixray", "policy": "ttft"}]).splitlines()[-1]
     # one request served in 0.2 s: 5 req/s
     assert line == "| radixray | ttft | 40.0% | 25.0% | 15.0% | 100 | 100 | 5.00 | 20 | 1 | 2 |"
+
+
+def test_median_table_takes_medians_over_repeats_and_sums_refusals():
+    def rep(hit, p50, refused, load):
+        keys = ("hit_rate", "host_load_rate", "ttft_p50_s", "ttft_p99_s", "throughput_rps")
+        vals = (hit, hit / 4, p50, 2 * p50, 10.0 * hit)
+        return dict(zip(keys, vals, strict=True)) | {
+            "refused": refused,
+            "errors": refused,
+            "load_avg": load,
+        }
+
+    reps = [rep(0.3, 0.1, 0, 2.0), rep(0.5, 0.9, 3, 7.5), rep(0.4, 0.2, 1, 4.0)]
+    row = {"router": "radixray", "policy": "ttft", "per_repeat": reps}
+    line = median_table([row]).splitlines()[-1]
+    assert line == "| radixray | ttft | 3 | 40.0% | 10.0% | 200 | 400 | 4.00 | 4 | 4 | 2.0-7.5 |"
+    two = median_table([row | {"per_repeat": reps[:2]}]).splitlines()[-1]
+    assert "| 2 | 40.0% |" in two and "| 500 | 1000 |" in two  # even count: the mean of the two
