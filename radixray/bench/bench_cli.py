@@ -125,6 +125,7 @@ def _cmd_compare(args, argv: list[str]) -> int:
             num_pages=args.num_pages,
             cpu_threads=args.cpu_threads,
             host_pages=args.host_pages,
+            max_batch_tokens=args.max_batch_tokens,
         ),
         base_port=args.base_port,
         probe_requests=args.probe_requests,
@@ -173,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--page-size", type=int, default=16)
     c.add_argument("--num-pages", type=int, default=768, help="KV pages per worker")
     c.add_argument("--cpu-threads", type=int, default=1)
+    c.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=WorkerSpec.max_batch_tokens,
+        help="tokens per engine step (a smaller budget chunks prefills: the workers saturate at "
+        "a rate the router process still serves)",
+    )
     c.add_argument(
         "--host-pages",
         type=int,

@@ -64,6 +64,7 @@ REPEAT_KEYS = (
     "throughput_rps",
     "refused",
     "errors",
+    "router_ttft_p50_s",
 )
 
 DEFAULT_TARGETS = (
@@ -252,6 +253,15 @@ def _decisions(url: str) -> list[dict]:
         return []
 
 
+def _router_ttft_p50(decisions: list[dict] | None) -> float | None:
+    """The median TTFT the radixray router itself measured (from routing a request, after
+    tokenizing and hashing it, to its first chunk): next to the client's TTFT it shows how much
+    of a request's wait was spent in the router process before routing (a saturated router)
+    rather than on a worker."""
+    xs = sorted(d["ttft_s"] for d in decisions or () if d.get("ttft_s") is not None)
+    return statistics.median(xs) if xs else None
+
+
 def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
     """Repeats of one target as one run: requests back to back in time, counters summed."""
     requests: list[RequestResult] = []
@@ -288,6 +298,7 @@ def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
             run, delta = _run_one(wl, target, i, load, cfg, log_dir / f"rep{rep}")
             runs[target].append((run, delta))
             row = summarize(run, delta)
+            row["router_ttft_p50_s"] = _router_ttft_p50(delta.get("decisions"))
             per_repeat[target].append({k: row.get(k) for k in REPEAT_KEYS} | {"load_avg": load_avg})
             p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
             print(

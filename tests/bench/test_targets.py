@@ -66,10 +66,11 @@ def test_compare_cli_passes_host_pages_and_targets_to_the_run(monkeypatch, capsy
     argv = ["compare", "--workloads", "mooncake", "--num-pages", "384", "--host-pages", "1536"]
     targets = ("radixray:ttft", "radixray:ttft:tiers=false", "radixray:ttft@host-pages=0")
     argv += ["--targets", *targets]
-    argv += ["--probe-requests", "0", "--max-duration", "60"]
+    argv += ["--probe-requests", "0", "--max-duration", "60", "--max-batch-tokens", "64"]
     assert bench_cli.main(argv) == 0
     cfg = seen["cfg"]
     assert cfg.worker.host_pages == 1536 and cfg.worker.num_pages == 384
+    assert cfg.worker.args()[cfg.worker.args().index("--max-batch-tokens") + 1] == "64"
     assert cfg.targets == targets
     assert cfg.probe_requests == 0 and cfg.loads["mooncake"].max_duration_s == 60.0
     specs = [parse_target(t).worker_spec(cfg.worker).host_pages for t in cfg.targets]
@@ -107,11 +108,13 @@ def test_median_table_takes_medians_over_repeats_and_sums_refusals():
             "refused": refused,
             "errors": refused,
             "load_avg": load,
+            "router_ttft_p50_s": p50 / 2,
         }
 
     reps = [rep(0.3, 0.1, 0, 2.0), rep(0.5, 0.9, 3, 7.5), rep(0.4, 0.2, 1, 4.0)]
     row = {"router": "radixray", "policy": "ttft", "per_repeat": reps}
     line = median_table([row]).splitlines()[-1]
-    assert line == "| radixray | ttft | 3 | 40.0% | 10.0% | 200 | 400 | 4.00 | 4 | 4 | 2.0-7.5 |"
+    want = "| radixray | ttft | 3 | 40.0% | 10.0% | 200 | 400 | 100 | 4.00 | 4 | 4 | 2.0-7.5 |"
+    assert line == want
     two = median_table([row | {"per_repeat": reps[:2]}]).splitlines()[-1]
     assert "| 2 | 40.0% |" in two and "| 500 | 1000 |" in two  # even count: the mean of the two
