@@ -18,7 +18,7 @@ from .compare import DEFAULT_TARGETS, CompareConfig, run_compare
 from .counters import SETTLE_S, counter_delta, worker_counters
 from .loadgen import LoadConfig, run_load
 from .local_cluster import WorkerSpec
-from .report import breakdown_table, markdown_table, summarize, write_json
+from .report import breakdown_table, markdown_table, median_table, summarize, tier_table, write_json
 from .workloads import WORKLOADS, build_workload
 
 __all__ = ["main"]
@@ -124,6 +124,8 @@ def _cmd_compare(args, argv: list[str]) -> int:
             page_size=args.page_size,
             num_pages=args.num_pages,
             cpu_threads=args.cpu_threads,
+            host_pages=args.host_pages,
+            max_batch_tokens=args.max_batch_tokens,
         ),
         base_port=args.base_port,
         probe_requests=args.probe_requests,
@@ -132,7 +134,8 @@ def _cmd_compare(args, argv: list[str]) -> int:
     )
     report = run_compare(cfg)
     for name, w in report["workloads"].items():
-        print(f"\n### {name}\n\n" + markdown_table(w["rows"]) + "\n" + breakdown_table(w["rows"]))
+        tables = (markdown_table, breakdown_table, tier_table, median_table)
+        print(f"\n### {name}\n\n" + "\n".join(t(w["rows"]) for t in tables))
     print(f"wrote {args.out_dir}/bench_serving.json, .png and .md")
     return 0
 
@@ -159,12 +162,32 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("compare", help="radixray vs SGLang router on the same fresh workers")
     c.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
-    c.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
+    c.add_argument(
+        "--targets",
+        nargs="+",
+        default=list(DEFAULT_TARGETS),
+        help="ROUTER:POLICY[@host-pages=N,num-pages=N]: e.g. radixray:ttft:tiers=false, "
+        "radixray:ttft@host-pages=0 (the suffix changes that target's workers)",
+    )
     c.add_argument("--workers", type=int, default=4)
     c.add_argument("--model", default="tiny")
     c.add_argument("--page-size", type=int, default=16)
     c.add_argument("--num-pages", type=int, default=768, help="KV pages per worker")
     c.add_argument("--cpu-threads", type=int, default=1)
+    c.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=WorkerSpec.max_batch_tokens,
+        help="tokens per engine step (a smaller budget chunks prefills: the workers saturate at "
+        "a rate the router process still serves)",
+    )
+    c.add_argument(
+        "--host-pages",
+        type=int,
+        default=None,
+        help="host-tier KV pages per worker (unset: the engine's default, 0 on the CPU; a "
+        "target's @host-pages=N overrides it)",
+    )
     c.add_argument("--base-port", type=int, default=18100)
     c.add_argument("--mooncake-rate", type=float, default=4.0, help="requests/s")
     c.add_argument("--mtbench-concurrency", type=int, default=8, help="concurrent chat users")

@@ -6,10 +6,11 @@ router is started in front of them, the workload is replayed with the same load 
 the cluster hit rate is read from the workers' own counters before and after.
 
 Added latency is measured separately, per workload, with every router up at once in front of
-one set of workers: ``probe_requests`` rounds, each sending one request (the workload's first
-prompt, ``max_tokens=1``, streamed) directly to worker 0 and through every router, in a shuffled
-order. A target's added latency is the median over rounds of its end-to-end time minus the
-direct one of the same round (paired, so drifting background load cancels).
+one set of workers: ``probe_requests`` rounds (0: no probe), each sending one request (the
+workload's first prompt, ``max_tokens=1``, streamed) directly to worker 0 and through every
+router, in a shuffled order. A target's added latency is the median over rounds of its
+end-to-end time minus the direct one of the same round (paired, so drifting background load
+cancels).
 """
 
 from __future__ import annotations
@@ -39,10 +40,32 @@ from .local_cluster import (
     start_sglang_router,
     start_workers,
 )
-from .report import breakdown_table, markdown_table, plot, summarize, write_json
+from .report import (
+    breakdown_table,
+    markdown_table,
+    median_table,
+    plot,
+    summarize,
+    tier_table,
+    write_json,
+)
+from .targets import parse_target
 from .workloads import BenchWorkload, build_workload
 
 __all__ = ["CompareConfig", "run_compare", "DEFAULT_TARGETS", "machine_info"]
+
+# what each repeat's summary keeps (medians over repeats are read from these)
+REPEAT_KEYS = (
+    "hit_rate",
+    "device_hit_rate",
+    "host_load_rate",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "throughput_rps",
+    "refused",
+    "errors",
+    "router_ttft_p50_s",
+)
 
 DEFAULT_TARGETS = (
     "radixray:ttft",
@@ -71,9 +94,7 @@ class CompareConfig:
 
     def __post_init__(self):
         for t in self.targets:
-            router, _, policy = t.partition(":")
-            if router not in ("radixray", "sglang") or not policy:
-                raise ValueError(f"target must be radixray:<policy> or sglang:<policy>, got {t!r}")
+            parse_target(t)  # ValueError naming the bad target
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         missing = set(self.workloads) - set(self.loads)
@@ -112,11 +133,11 @@ def machine_info() -> dict:
 
 
 def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_dir: Path) -> Proc:
-    router, _, policy = target.partition(":")
+    t = parse_target(target)
     port = cfg.base_port + 20 + i
-    if router == "radixray":
-        return start_radixray_router(port, urls, policy, cfg.worker, log_dir)
-    return start_sglang_router(port, urls, policy, log_dir, cfg.base_port + 40 + i)
+    if t.router == "radixray":
+        return start_radixray_router(port, urls, t.policy, t.worker_spec(cfg.worker), log_dir)
+    return start_sglang_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i)
 
 
 async def _probe(targets: dict[str, str], body: dict, rounds: int, seed: int) -> dict[str, list]:
@@ -192,7 +213,8 @@ def _run_one(
 ) -> tuple[RunResult, dict]:
     """One run on fresh workers: the load run and the workers' counter deltas."""
     model = _served_name(cfg.worker.model)
-    workers = start_workers(cfg.num_workers, cfg.base_port, cfg.worker, log_dir / target)
+    spec = parse_target(target).worker_spec(cfg.worker)
+    workers = start_workers(cfg.num_workers, cfg.base_port, spec, log_dir / target)
     router = None
     try:
         urls = [w.url for w in workers]
@@ -231,6 +253,15 @@ def _decisions(url: str) -> list[dict]:
         return []
 
 
+def _router_ttft_p50(decisions: list[dict] | None) -> float | None:
+    """The median TTFT the radixray router itself measured (from routing a request, after
+    tokenizing and hashing it, to its first chunk): next to the client's TTFT it shows how much
+    of a request's wait was spent in the router process before routing (a saturated router)
+    rather than on a worker."""
+    xs = sorted(d["ttft_s"] for d in decisions or () if d.get("ttft_s") is not None)
+    return statistics.median(xs) if xs else None
+
+
 def _pool(runs: list[tuple[RunResult, dict]]) -> tuple[RunResult, dict]:
     """Repeats of one target as one run: requests back to back in time, counters summed."""
     requests: list[RequestResult] = []
@@ -263,17 +294,18 @@ def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
         if rep % 2:
             order.reverse()
         for i, target in order:
+            load_avg = os.getloadavg()[0]  # the shared machine's load as this run starts
             run, delta = _run_one(wl, target, i, load, cfg, log_dir / f"rep{rep}")
             runs[target].append((run, delta))
             row = summarize(run, delta)
-            per_repeat[target].append(
-                {k: row[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_rps")}
-            )
+            row["router_ttft_p50_s"] = _router_ttft_p50(delta.get("decisions"))
+            per_repeat[target].append({k: row.get(k) for k in REPEAT_KEYS} | {"load_avg": load_avg})
             p50, p99 = (row[k] or 0.0 for k in ("ttft_p50_s", "ttft_p99_s"))
             print(
                 f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
                 f"{p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  "
-                f"{row['throughput_rps']:.2f} req/s  errors {row['errors']}",
+                f"{row['throughput_rps']:.2f} req/s  host loads {row['host_load_rate']:.1%}  "
+                f"refused {row['refused']}  errors {row['errors']}",
                 flush=True,
             )
     return runs, per_repeat
@@ -282,7 +314,8 @@ def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
 def _workload_report(name: str, wl, load, targets: tuple, cfg: CompareConfig, log_dir: Path):
     """Measure one workload on every target: its report entry and its TTFT curves."""
     print(f"== {name}: {len(wl.sessions)} sessions, {wl.num_requests} requests", flush=True)
-    added = _measure_added_latency(wl, cfg, targets, log_dir)
+    # probe_requests 0: no added-latency probe (a load sweep's runs need only the load)
+    added = _measure_added_latency(wl, cfg, targets, log_dir) if cfg.probe_requests else {}
     runs, per_repeat = _run_repeats(wl, targets, load, cfg, log_dir)
     rows, requests, step_logs, decisions = [], {}, {}, {}
     for target in targets:
@@ -292,8 +325,8 @@ def _workload_report(name: str, wl, load, targets: tuple, cfg: CompareConfig, lo
         if target.startswith("radixray:"):
             decisions[target] = delta["decisions"]  # one log per repeat
         row = summarize(run, delta)
-        router, _, policy = target.partition(":")
-        row.update(router=router, policy=policy, workload=name)
+        t = parse_target(target)
+        row.update(router=t.router, policy=t.name.partition(":")[2], workload=name)
         row["added_latency_p50_s"] = added.get(target, {}).get("added_p50_s")
         row["per_repeat"] = per_repeat[target]
         rows.append(row)
@@ -354,6 +387,7 @@ def run_compare(cfg: CompareConfig) -> dict:
     plot(out / "bench_serving.png", curves)
     md = []
     for name, w in report["workloads"].items():
-        md.append(f"### {name}\n\n" + markdown_table(w["rows"]) + "\n" + breakdown_table(w["rows"]))
+        tables = (markdown_table, breakdown_table, tier_table, median_table)
+        md.append(f"### {name}\n\n" + "\n".join(t(w["rows"]) for t in tables))
     (out / "bench_serving.md").write_text("\n".join(md))
     return report

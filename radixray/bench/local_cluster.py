@@ -72,6 +72,7 @@ class WorkerSpec:
     num_pages: int | None = 768
     cpu_threads: int = 1
     max_batch_tokens: int = EngineConfig.max_batch_tokens
+    host_pages: int | None = None  # None: the engine's default (0 on the CPU); 0: off
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
@@ -80,6 +81,8 @@ class WorkerSpec:
         a += ["--max-batch-tokens", str(self.max_batch_tokens)]
         if self.num_pages:
             a += ["--num-pages", str(self.num_pages)]
+        if self.host_pages is not None:
+            a += ["--host-pages", str(self.host_pages)]
         return a + list(self.extra)
 
 

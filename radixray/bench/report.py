@@ -15,6 +15,8 @@ __all__ = [
     "summarize",
     "markdown_table",
     "breakdown_table",
+    "tier_table",
+    "median_table",
     "write_json",
     "plot",
 ]
@@ -46,6 +48,8 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         "requests": len(run.requests),
         "ok": len(ok),
         "errors": len(run.requests) - len(ok),
+        # refused by admission (429 + Retry-After): a policy must not win by refusing more
+        "refused": sum(1 for r in run.requests if r.status == 429),
         "error_kinds": errors,
         "duration_s": run.duration_s,
         "throughput_rps": len(ok) / span if span else 0.0,
@@ -76,6 +80,11 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         total = counters["total"]
         row["evicted_miss_tokens"] = total["miss_tokens"].get("evicted", 0)
         row["evicted_pages"] = total["evicted_pages"]
+        # the reused prompt tokens by tier: device-cache hits, pages loaded back from the host tier
+        prompt_total = total["prompt_tokens"]
+        for key, cause in (("device_hit_rate", "cached"), ("host_load_rate", "host")):
+            n = total["miss_tokens"].get(cause, 0)
+            row[key] = n / prompt_total if prompt_total else 0.0
     return row
 
 
@@ -121,6 +130,64 @@ def breakdown_table(rows: Sequence[dict]) -> str:
             f"| {r['uncached_tokens_per_request']:.0f} | {_ms(r['ttft_p50_hit_s'])} "
             f"| {_ms(r['ttft_p50_miss_s'])} | {'-' if share is None else f'{share:.0%}'} "
             f"| {r.get('evicted_miss_tokens', '-')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def tier_table(rows: Sequence[dict]) -> str:
+    """Per target: where the reused prompt tokens came from (device hits, host-tier loads), the
+    TTFT percentiles, tokens recomputed because their copy was gone, refused (429) and failed."""
+    head = (
+        "| router | policy | hit rate | device hits | host loads | TTFT p50 (ms) | TTFT p99 (ms) "
+        "| throughput (req/s) | evicted-miss tokens | refused (429) | errors |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        hit, dev, host = (r.get(k) for k in ("hit_rate", "device_hit_rate", "host_load_rate"))
+        lines.append(
+            f"| {r.get('router', '-')} | {r.get('policy', '-')} "
+            + "".join(f"| {'-' if x is None else f'{x:.1%}'} " for x in (hit, dev, host))
+            + f"| {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p99_s'])} | {r['throughput_rps']:.2f} "
+            f"| {r.get('evicted_miss_tokens', '-')} | {r['refused']} | {r['errors']} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def _median(xs: list) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def median_table(rows: Sequence[dict]) -> str:
+    """Per target, the median over its repeats (``row["per_repeat"]``) of hit rate (device
+    hits + host loads), TTFT p50/p99 (the client's; the radixray router's own from routing to
+    the first chunk beside it) and throughput; refused and failed requests summed; the
+    machine's load average at the runs' starts (min-max): a shared machine's noise in view."""
+    head = (
+        "| router | policy | runs | hit rate | host loads | TTFT p50 (ms) | TTFT p99 (ms) "
+        "| router-side TTFT p50 (ms) | throughput (req/s) | refused (429) | errors | load avg |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        reps = r.get("per_repeat") or []
+        med = {k: _median([x.get(k) for x in reps]) for k in reps[0]} if reps else {}
+        hit, host = med.get("hit_rate"), med.get("host_load_rate")
+        loads = [x["load_avg"] for x in reps if x.get("load_avg") is not None]
+        tput = med.get("throughput_rps")
+        lines.append(
+            f"| {r.get('router', '-')} | {r.get('policy', '-')} | {len(reps)} "
+            + "".join(f"| {'-' if x is None else f'{x:.1%}'} " for x in (hit, host))
+            + f"| {_ms(med.get('ttft_p50_s'))} | {_ms(med.get('ttft_p99_s'))} "
+            f"| {_ms(med.get('router_ttft_p50_s'))} "
+            f"| {'-' if tput is None else f'{tput:.2f}'} "
+            f"| {sum(x.get('refused') or 0 for x in reps)} "
+            f"| {sum(x.get('errors') or 0 for x in reps)} "
+            f"| {f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
         )
     return head + "\n".join(lines) + "\n"
 
