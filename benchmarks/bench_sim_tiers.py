@@ -19,7 +19,12 @@ and cache_aware), and prints which are met.
     .venv/bin/python benchmarks/bench_sim_tiers.py           # Mooncake, 512-token pages, gpu
     .venv/bin/python benchmarks/bench_sim_tiers.py --workload multiturn_chat --workers 4 \
         --pages 64 --host-pages 256 --page-size 16 --timing cpu
+    .venv/bin/python benchmarks/bench_sim_tiers.py --seeds 0,1,2   # each seed, then medians
     .venv/bin/python benchmarks/bench_sim_tiers.py --quick   # a smoke run (seconds)
+
+The gpu preset prices the host-tier copies overlapped layer by layer with the forward (32 layers:
+the CUDA engine copies on its own stream), the cpu preset in series; ``--overlap-layers 0``
+prices them in series on either.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from datetime import date
@@ -57,16 +63,16 @@ def runs(args) -> list[tuple[str, str, int, int]]:
     return [r for r in rows if not args.only or r[1] in args.only.split(",")]
 
 
-def run_all(args) -> list[dict]:
+def run_all(args, seed: int) -> list[dict]:
     if args.workload == "multiturn_chat":
-        wl = multiturn_chat(num_requests=args.limit or 3000, seed=args.seed)
+        wl = multiturn_chat(num_requests=args.limit or 3000, seed=seed)
     elif args.workload == "hot_prefix":
-        wl = hot_prefix(num_requests=args.limit or 3000, seed=args.seed)
+        wl = hot_prefix(num_requests=args.limit or 3000, seed=seed)
     else:
-        wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=args.seed)
-    timing = timing_preset(
-        args.timing, charge_demotions=not args.free_demotions, overlap_layers=args.overlap_layers
-    )
+        wl = load_mooncake("mooncake", block_tokens=args.page_size, seed=seed)
+    timing = timing_preset(args.timing, charge_demotions=not args.free_demotions)
+    if args.overlap_layers is not None:  # else the preset's: gpu 32 layers, cpu in series
+        timing = timing.with_(overlap_layers=args.overlap_layers)
     rows = []
     for label, policy, dev, host in runs(args):
         cfg = SimConfig(
@@ -77,7 +83,7 @@ def run_all(args) -> list[dict]:
             page_size=args.page_size,
             timing=timing,
             prefill_order=args.prefill_order,
-            seed=args.seed,
+            seed=seed,
         )
         t0 = time.perf_counter()
         r = simulate(wl, policy, cfg)
@@ -92,7 +98,7 @@ def run_all(args) -> list[dict]:
         row["p99_requests"] = p99_breakdown(r)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
-        print(f"{label:>18} {policy:<32} hit {row['hit_rate']:.3f} "
+        print(f"seed {seed} {label:>18} {policy:<32} hit {row['hit_rate']:.3f} "
               f"xs {row['excess_p50']:.3f}/{row['excess_p99']:.3f} "
               f"pages out/in {row['pages_to_host']}/{row['pages_from_host']} "
               f"({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
@@ -169,7 +175,66 @@ def _met(x: float, target: str) -> bool:
     return {">=": x >= float(v), "<=": x <= float(v), "<": x < float(v)}[op]
 
 
+def median_rows(per_seed: list[list[dict]]) -> list[dict]:
+    """Each row's median over seeds, field by field (the p99 requests' means too)."""
+    out = []
+    for rows in zip(*per_seed, strict=True):
+        row = {k: v for k, v in rows[0].items() if isinstance(v, str)}
+        for k, v in rows[0].items():
+            if isinstance(v, int | float):
+                row[k] = statistics.median(r[k] for r in rows)
+        tail = [r["p99_requests"] for r in rows]
+        row["p99_requests"] = {k: statistics.median(t[k] for t in tail) for k in tail[0]}
+        out.append(row)
+    return out
+
+
+def median_targets(per_seed: list[list[tuple]]) -> list[tuple[str, float, str, bool, list]]:
+    """(what, median ratio over seeds, target, met at the median, every seed's ratio)."""
+    out = []
+    for checks in zip(*per_seed, strict=True):
+        what, _, target, _ = checks[0]
+        ratios = [c[1] for c in checks]
+        x = statistics.median(ratios)
+        out.append((what, x, target, _met(x, target), ratios))
+    return out
+
+
+def report(rows: list[dict], checks: list[tuple], title: str) -> None:
+    print(f"\n### {title}\n")
+    print(table(rows))
+    print("\nThe requests at or above the p99 of TTFT (means):\n")
+    print(breakdown_table(rows))
+    print()
+    for what, x, target, met, *seeds in checks:
+        each = f" (seeds {' / '.join(f'{r:.2f}' for r in seeds[0])})" if seeds else ""
+        print(f"- {what}: {x:.2f}x{each} (target {target}): {'met' if met else 'not met'}")
+
+
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    per_seed = [run_all(args, seed) for seed in seeds]
+    checks = [[] if args.only else targets(rows) for rows in per_seed]
+    print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+          f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
+          f"timing {args.timing}, {args.prefill_order} prefills, seeds {seeds}")  # fmt: skip
+    for seed, rows, c in zip(seeds, per_seed, checks, strict=True):
+        report(rows, c, f"seed {seed}")
+    out = {"args": vars(args), "seeds": dict(zip(seeds, per_seed, strict=True))}
+    if len(seeds) > 1:
+        med, med_checks = median_rows(per_seed), ([] if args.only else median_targets(checks))
+        report(med, med_checks, f"median over seeds {seeds}")
+        out |= {"median": med, "targets": med_checks}
+    else:
+        out["targets"] = checks[0]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="multiturn_chat, 400 requests, small pools")
     p.add_argument(
@@ -183,6 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("--timing", default="gpu")
     p.add_argument("--prefill-order", default="shortest")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated seeds: each seed's runs, then their medians")
     p.add_argument(
         "--free-demotions",
         action="store_true",
@@ -191,9 +257,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--overlap-layers",
         type=int,
-        default=0,
+        default=None,
         metavar="L",
-        help="copies overlapped layer by layer with a forward of L layers (default 0: before it)",
+        help="copies overlapped layer by layer with a forward of L layers; 0: in series, copies "
+        "then forward (default: the preset's, gpu 32 layers, cpu 0)",
     )
     p.add_argument(
         "--write-through",
@@ -208,21 +275,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.workers, args.pages, args.host_pages, args.page_size = 4, 48, 192, 16
         args.timing, args.workload, args.limit = "cpu", "multiturn_chat", 400
-    rows = run_all(args)
-    checks = [] if args.only else targets(rows)
-    print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-          f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
-          f"timing {args.timing}, {args.prefill_order} prefills, seed {args.seed}")  # fmt: skip
-    print(table(rows))
-    print("\nThe requests at or above the p99 of TTFT (means):\n")
-    print(breakdown_table(rows))
-    print()
-    for what, x, target, met in checks:
-        print(f"- {what}: {x:.2f}x (target {target}): {'met' if met else 'not met'}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "targets": checks}, f, indent=1)
-    return 0
+    return args
 
 
 if __name__ == "__main__":
