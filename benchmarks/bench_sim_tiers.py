@@ -20,6 +20,8 @@ and cache_aware), and prints which are met.
     .venv/bin/python benchmarks/bench_sim_tiers.py --workload multiturn_chat --workers 4 \
         --pages 64 --host-pages 256 --page-size 16 --timing cpu
     .venv/bin/python benchmarks/bench_sim_tiers.py --seeds 0,1,2   # each seed, then medians
+    .venv/bin/python benchmarks/bench_sim_tiers.py --merge s0.json,s1.json,s2.json  # the same,
+        # from runs of one seed each (--seed N --out sN.json, in parallel processes)
     .venv/bin/python benchmarks/bench_sim_tiers.py --quick   # a smoke run (seconds)
 
 The gpu preset prices the host-tier copies overlapped layer by layer with the forward (32 layers:
@@ -231,14 +233,38 @@ def report(rows: list[dict], checks: list[tuple], title: str) -> None:
         print(f"- {what}: {x:.2f}x{each} (target {target}): {'met' if met else 'not met'}")
 
 
+def _layers(args) -> int:
+    if args.overlap_layers is not None:
+        return args.overlap_layers
+    return timing_preset(args.timing).overlap_layers
+
+
+def merged(paths: str) -> tuple[list[int], list[list[dict]], dict]:
+    """The seeds and their rows from files this script wrote with --out (runs of one or more
+    seeds each, with the same clusters and policies: seeds run in parallel processes)."""
+    by_seed, run_args = {}, {}
+    for path in paths.split(","):
+        with open(path) as f:
+            data = json.load(f)
+        by_seed |= {int(k): v for k, v in data["seeds"].items()}
+        run_args = run_args or data["args"]
+    seeds = sorted(by_seed)
+    return seeds, [by_seed[k] for k in seeds], run_args
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    per_seed = [run_all(args, seed) for seed in seeds]
+    if args.merge:  # the runs' own settings for the header
+        seeds, per_seed, run_args = merged(args.merge)
+        args = argparse.Namespace(**(run_args | {"merge": args.merge, "out": args.out}))
+    else:
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+        per_seed = [run_all(args, seed) for seed in seeds]
     checks = [[] if args.only else targets(rows) for rows in per_seed]
     print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{date.today()}; {args.workload}, {args.workers} workers, {args.page_size}-token pages, "
-          f"timing {args.timing}, {args.prefill_order} prefills, seeds {seeds}")  # fmt: skip
+          f"timing {args.timing} (copies overlapped over {_layers(args)} layers; 0: in series), "
+          f"{args.prefill_order} prefills, seeds {seeds}")  # fmt: skip
     for seed, rows, c in zip(seeds, per_seed, checks, strict=True):
         report(rows, c, f"seed {seed}")
     out = {"args": vars(args), "seeds": dict(zip(seeds, per_seed, strict=True))}
@@ -288,6 +314,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         metavar="N",
         help="copy a device node to the host tier once hit N times (default: write-back only)",
+    )
+    p.add_argument(
+        "--merge",
+        metavar="FILES",
+        help="run nothing: report the seeds of these --out files (comma-separated) and medians",
     )
     p.add_argument("--only", help="run only these policies (comma-separated), no target checks")
     p.add_argument("--out", help="write the rows and the targets as JSON here")
