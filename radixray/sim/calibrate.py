@@ -14,7 +14,8 @@ simulator can stand for the workers a user actually has:
 With a host tier (``--host-pages``; 64 pages unless given, 0: none) it also times the engine's
 own copy path (``KVPool.run_copies``) on runs of 1 to 64 pages, both directions, records each
 as the engine records a step's copies and takes the engine's own load-back fit
-(``EngineStats.load_cost``: overhead + bytes / rate), with the pool's KV bytes per token.
+(``EngineStats.load_cost``: overhead + bytes / rate), with the pool's KV bytes per token and
+how the copies meet the forward (``overlap_layers``: the model's layers on CUDA, 0 on the CPU).
 
 Each probe runs once to warm up, then is measured (``--quick``, for tests: the fastest of three
 runs, the least disturbed on a busy machine). The output is a JSON file of
@@ -180,6 +181,9 @@ def probe_copies(engine, quick: bool = False) -> dict[str, float]:
         "kv_bytes_per_token": pool.page_bytes // engine.page_size,
         "load_bytes_per_s": fit[1],
         "load_overhead_s": fit[0],
+        # on CUDA the engine's copies run on their own stream, layer by layer with the forward;
+        # on the CPU they are synchronous: copies, then forward
+        "overlap_layers": engine.model_config.num_layers if engine.device.type == "cuda" else 0,
     }
 
 

@@ -91,13 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("cluster")
     c.add_argument("--workers", type=int, default=SimConfig.num_workers)
     c.add_argument("--pages", type=int, default=SimConfig.num_pages, help="KV pages per worker")
-    c.add_argument(
-        "--host-pages",
-        type=_pages,
-        default=SimConfig.host_pages,
-        help="host-tier pages per worker (0: none): device eviction demotes, admission loads "
-        "back, the copies priced by the timing model (docs/host_tier.md)",
-    )
+    _add_tier_arguments(c)
     c.add_argument("--page-size", type=int, default=SimConfig.page_size)
     c.add_argument(
         "--timing",
@@ -134,6 +128,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_tier_arguments(c: argparse._ArgumentGroup) -> None:
+    """The host tier's flags: its pages, and how the timing model prices its copies."""
+    c.add_argument(
+        "--host-pages",
+        type=_pages,
+        default=SimConfig.host_pages,
+        help="host-tier pages per worker (0: none): device eviction demotes, admission loads "
+        "back, the copies priced by the timing model (docs/host_tier.md)",
+    )
+    c.add_argument(
+        "--overlap-layers",
+        type=_layers,
+        default=None,
+        metavar="L",
+        help="price a step's host-tier copies overlapped layer by layer with a forward of L "
+        "layers; 0: in series, copies then forward (default: the timing model's; the gpu preset "
+        "32, the cpu preset 0)",
+    )
+
+
 def _pages(text: str) -> int:
     """An int >= 0 (argparse names the flag when this refuses)."""
     try:
@@ -143,6 +157,13 @@ def _pages(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be an int >= 0 (0: no host tier), got {text!r}")
     return n
+
+
+def _layers(text: str) -> int:
+    """An int >= 0 (argparse names the flag when this refuses)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an int >= 0 (0: in series), got {text!r}")
+    return int(text)
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -220,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         timing = load_timing(args.timing)
+        if args.overlap_layers is not None:
+            timing = timing.with_(overlap_layers=args.overlap_layers)
         wl = build_workload(args)
         config = _config(args, timing)
     except (FileNotFoundError, ValueError) as e:

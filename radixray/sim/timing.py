@@ -19,9 +19,9 @@ Presets:
   and 11.86 ms per decoding sequence; the prefill point then gives (0.98 - 0.030) / 512 = 1.855 ms
   per prefill token. The attention terms are small estimates (135M parameters, 30 layers of 576
   wide: the matmuls dominate at these lengths).
-- ``gpu`` -- illustrative numbers for an 8B model on one modern datacenter GPU (~12k prefill
-  tokens/s, 12 ms decode steps growing slowly with batch). Not measured here: for shape, not for
-  claims.
+- ``gpu`` -- illustrative numbers for an 8B model (Llama-3.1-8B, 32 layers) on one modern
+  datacenter GPU (~12k prefill tokens/s, 12 ms decode steps growing slowly with batch). Not
+  measured here: for shape, not for claims.
 
 The host tier (docs/host_tier.md): a step that demotes or loads back pages first copies them, as
 the engine does before its forward, for ``load_overhead_s + bytes / load_bytes_per_s`` (the cost
@@ -36,6 +36,13 @@ the engine fits to its copies, both directions, per step; ``EngineStats.load_cos
   token); 50 GB/s, a PCIe Gen5 x16 link one way (64 GB/s line rate; ~50 GB/s is what pinned
   host-to-device copies reach on H100, the figure issue 24 takes; not measured by this project,
   which has no GPU); 20 us per step's copies, an estimate of the DMA launches.
+
+How a step's copies meet its forward (``overlap_layers``) is part of each preset, as each
+device runs them: ``gpu`` overlaps them layer by layer with the forward over the model's 32
+layers (on CUDA the engine copies on its own stream, layer l's forward waiting only for layer
+l's copy: docs/host_tier.md); ``cpu`` runs them in series (0: the CPU engine's per-layer copies
+are synchronous, so a step costs its copies plus its forward). ``timing_preset("gpu",
+overlap_layers=0)`` (``--overlap-layers 0``) prices the gpu preset's copies in series.
 """
 
 from __future__ import annotations
@@ -63,10 +70,10 @@ class TimingModel:
     # False: demotions cost the step nothing (copied out in the background, as an engine that
     # overlaps its write-back would); the engine today runs them before the forward: True
     charge_demotions: bool = True
-    # 0: the copies run before the forward (the engine today). L > 0: they run on their own
-    # stream overlapped layer by layer with a forward of L layers (HiCache's load-back and
-    # write-back; issue 24's design): only the first layer's copy waits, and what of the
-    # copies outlasts the forward (``with_copies``)
+    # 0 (or 1): the copies and the forward in series (the CPU engine: copy, then compute).
+    # L > 1: the copies run on their own stream overlapped layer by layer with a forward of L
+    # layers (the CUDA engine, as HiCache's load-back and write-back): only the first layer's
+    # copy waits, and what of the copies outlasts the forward (``with_copies``)
     overlap_layers: int = 0
 
     def __post_init__(self):
@@ -145,6 +152,7 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         kv_bytes_per_token=2 * 30 * 3 * 64 * 4,
         load_bytes_per_s=13.8e9,
         load_overhead_s=5e-5,
+        overlap_layers=0,  # copy, then forward: the CPU engine's copies are synchronous
     ),
     "gpu": TimingModel(
         step_overhead_s=0.012,
@@ -157,6 +165,7 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
         load_bytes_per_s=50e9,
         load_overhead_s=2e-5,
+        overlap_layers=32,  # Llama-3.1-8B's layers: copies on their own stream, layer by layer
     ),
 }
 

@@ -72,6 +72,7 @@ def test_calibrate_writes_a_model_that_sim_reads(tmp_path, capsys):
     assert data["fit"]["samples"] == len(data["samples"]) > 5
     # the load-back fitted to the engine's own copies (a 64-page host tier unless told)
     assert model.load_bytes_per_s > 0 and model.load_overhead_s >= 0
+    assert model.overlap_layers == 0  # on the CPU the copies and the forward run in series
     tiny = Engine(EngineConfig(model="tiny", enable_events=False))
     try:
         assert model.kv_bytes_per_token == tiny.pool.page_bytes // tiny.page_size

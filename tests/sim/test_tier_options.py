@@ -8,6 +8,8 @@ import math
 import pytest
 
 from radixray.sim import SimConfig, multiturn_chat, simulate
+from radixray.sim.sim_cli import build_parser
+from radixray.sim.sim_cli import main as sim_main
 from radixray.sim.sim_worker import SimWorker
 from radixray.sim.timing import TimingModel, timing_preset
 from radixray.sim.workload import SimRequest, Workload
@@ -25,6 +27,27 @@ def test_overlapped_copies_expose_one_layer_or_what_outlasts_the_forward():
     assert t.with_copies(1.0, 0.0) == 1.0
     with pytest.raises(ValueError, match="overlap_layers"):
         TIMING.with_(overlap_layers=-1)
+
+
+def test_each_preset_prices_copies_as_its_device_runs_them():
+    # gpu: an 8B model's 32 layers, copies on their own stream; cpu: copies, then forward
+    gpu, cpu = timing_preset("gpu"), timing_preset("cpu")
+    assert gpu.overlap_layers == 32 and cpu.overlap_layers == 0
+    assert gpu.with_copies(0.32, 0.064) == pytest.approx(0.064 / 32 + 0.32)
+    assert cpu.with_copies(0.32, 0.064) == pytest.approx(0.384)
+    # in series on request: 0 and 1 layer are the same sum
+    for serial in (0, 1):
+        assert timing_preset("gpu", overlap_layers=serial).with_copies(0.32, 0.064) == (
+            pytest.approx(0.384)
+        )
+
+
+def test_sim_overlap_layers_flag_overrides_the_preset_and_refuses_a_bad_value(capsys):
+    assert build_parser().parse_args([]).overlap_layers is None  # the timing model's own
+    assert build_parser().parse_args(["--overlap-layers", "0"]).overlap_layers == 0
+    with pytest.raises(SystemExit):
+        sim_main(["--overlap-layers", "-1"])
+    assert "--overlap-layers: must be an int >= 0" in capsys.readouterr().err
 
 
 def _serve(worker: SimWorker, wl: Workload) -> list[SimWorker]:
