@@ -15,6 +15,10 @@ and its sustainable rate against theirs; medians over ``--seeds``.
     .venv/bin/python benchmarks/bench_sim_load.py                 # Mooncake 8 x 8192, 1..6
     .venv/bin/python benchmarks/bench_sim_load.py --admission     # with the router's 429s
     .venv/bin/python benchmarks/bench_sim_load.py --quick         # a smoke run (seconds)
+
+``--baselines-from`` takes the baselines' points from an earlier run's ``--out`` JSON (same
+workload, cluster, seeds and speeds: the simulator is deterministic, so a change to ttft alone
+need not rerun them) and runs only the policies it lacks.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def workload(name: str, speedup: float, limit: int | None, seed: int):
     raise ValueError(f"unknown workload {name!r}: mooncake, hot_prefix or multiturn_chat")
 
 
-def run_point(speedup: float, seed: int, args) -> dict[str, dict]:
+def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, dict]:
     wl = workload(args.workload, speedup, args.limit, seed)
     limit, per_worker = ADMISSION if args.admission else (None, None)
     cfg = SimConfig(
@@ -70,10 +74,18 @@ def run_point(speedup: float, seed: int, args) -> dict[str, dict]:
         max_inflight_per_worker=per_worker,
     )
     out = {}
-    for name in args.policies.split(","):
+    for name in names:
         s = simulate(wl, name, cfg).summary()
         out[name] = {k: s[k] for k in METRICS}
     return out
+
+
+def stored_points(path: str | None) -> dict[float, dict[str, dict]]:
+    """The points of an earlier run's ``--out`` JSON, by speedup (none without a path)."""
+    if not path:
+        return {}
+    with open(path) as f:
+        return {float(k): v for k, v in json.load(f)["points"].items()}
 
 
 def median_over_seeds(runs: list[dict[str, dict]]) -> dict[str, dict]:
@@ -181,6 +193,11 @@ def main(argv=None) -> int:
         help=f"refuse arrivals as the live router does ({ADMISSION[0]} in flight, or "
         f"{ADMISSION[1]} on every worker) and report the refused",
     )
+    p.add_argument(
+        "--baselines-from",
+        default=None,
+        help="an earlier --out JSON of the same sweep: take the policies it has from it",
+    )
     p.add_argument("--out", default="/tmp/bench_sim_load.json")
     p.add_argument("--plot", default="benchmarks/bench_sim_load.png")
     p.add_argument(
@@ -193,10 +210,14 @@ def main(argv=None) -> int:
     names = args.policies.split(",")
     if OURS not in names:
         p.error(f"--policies must include {OURS}")
+    stored = stored_points(args.baselines_from)
     points: dict[float, dict[str, dict]] = {}
     for s in [float(x) for x in args.speedups.split(",")]:
         t0 = time.perf_counter()
-        points[s] = median_over_seeds([run_point(s, seed, args) for seed in range(args.seeds)])
+        old = {n: v for n, v in stored.get(s, {}).items() if n in names and n != OURS}
+        run = [n for n in names if n not in old]
+        runs = [run_point(s, seed, args, run) for seed in range(args.seeds)]
+        points[s] = {n: (old | median_over_seeds(runs))[n] for n in names}
         print(f"speedup {s:g}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     title = (
         f"{args.workload}, {args.workers} workers x {args.pages} pages, {args.timing} timing, "

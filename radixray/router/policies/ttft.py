@@ -1,17 +1,20 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
 recomputation imposes on everyone else, is lowest::
 
-    cost_w = O_w + (queued_w + n - c_w + L * (c_best - c_w) + h * spill_w) / R_w
+    cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w)  (+ decode_step_s_w while it decodes)
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
-its device pool and the rest on its host tier, loaded back at its measured ``load_w``; ``R_w``
-/ ``O_w`` its pooled prefill fit, ``L`` the larger of ``rho / (1 - rho)`` by the share of busy
-workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
-uncapped as the headroom closes), ``h`` the measured reuse share, ``spill_w`` the cached tokens
-the placement would evict). Why each term is there, and what was tried instead:
-docs/ttft_policy.md. Lowest cost wins; ties: seeded
-random, or by rank in a fleet of routers.
+its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
+worker at least the header most workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
+``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler would
+run before this request, ``Waiting``); ``L`` the larger
+of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the fleet's offered
+work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` the measured reuse
+share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
+once caches are full), ``spill_w`` the cached tokens the placement would evict). Why each term is
+there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random,
+or by rank in a fleet of routers.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from radixray.numbers import Ewma
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 from .headroom import Headroom
+from .waiting import Waiting
 
 __all__ = ["PredictedTTFT"]
 
@@ -37,6 +41,9 @@ class PredictedTTFT(Policy):
         min_match: float = 0.01,
         headroom: bool = True,
         tiers: bool = True,
+        stale: bool = True,
+        shared: bool = True,
+        lpm: bool = False,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -46,7 +53,12 @@ class PredictedTTFT(Policy):
         for comparison); a cached prefix shorter than ``min_match`` of the prompt does not
         steer placement (counts as none; why, docs/ttft_policy.md); ``tiers=False`` is the
         tier-blind baseline (``ttft:tiers=false``): host-tier copies are invisible, a prefix is
-        reusable only where it is on the device."""
+        reusable only where it is on the device. ``stale``: a move off a prefix's holders is also
+        charged the copy it leaves stale (``h * f`` a token); ``shared``: an idle worker counts
+        the header most workers hold as held (False restores the rule before each, for
+        comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
+        work the scheduler admits before it, by this router's record of what it placed
+        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix"."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -61,6 +73,9 @@ class PredictedTTFT(Policy):
         self.min_match = min_match
         self.use_headroom = headroom
         self.tiers = tiers
+        self.stale = stale
+        self.shared = shared
+        self.waiting = Waiting() if lpm else None
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -126,13 +141,25 @@ class PredictedTTFT(Policy):
             """``held``, none when its prefix (both tiers) is under the floor."""
             return held(w) if reusable.get(w.worker_id, 0) >= max(floor, 1) else (0, 0)
 
+        sized = [w for w in live if w.total_pages]
+        total = sum(w.total_pages for w in sized)
+        full = 1.0 - sum(w.free_pages for w in sized) / total if total and self.stale else 0.0
+
+        # A header most workers hold: an idle worker without it counts it as held (it computes
+        # it once and holds it from then on; nobody waits behind that).
+        depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
+        c_shared = depths[len(depths) // 2] if len(depths) > 1 else 0
+
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
             # Cached tokens this placement would evict (its new pages beyond the free ones,
             # the loaded-back ones included), each worth a recompute with the probability that
             # a cached token is reused.
             spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
-            work = w.queued_prefill_tokens + n - c + weight * (c_best - c) + reuse * spill
+            cc = c if w.running or w.waiting else max(c, c_shared)
+            dup = (weight + reuse * full) * (c_best - cc)
+            queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
+            work = queued + n - cc + dup + reuse * spill
             t = w.prefill_overhead_s + work / w.prefill_tokens_per_s + w.load_time(c - d)
             return t + w.decode_step_s if w.running else t
 
@@ -147,6 +174,15 @@ class PredictedTTFT(Policy):
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom)
+
+    def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:
+        if self.waiting is not None:
+            tokens, cached = request.num_tokens, decision.predicted_cached_tokens
+            self.waiting.placed(decision.worker_id, request.request_id, tokens, cached)
+
+    def on_complete(self, request_id, worker_id, cached_tokens: int) -> None:
+        if self.waiting is not None:
+            self.waiting.finished(worker_id, request_id)
 
     def __repr__(self) -> str:
         return (
