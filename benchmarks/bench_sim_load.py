@@ -5,9 +5,10 @@ The **sustainable rate** of a policy is the highest speedup on the grid whose wh
 p50 stays within 2x the bound's p50 (the bound: every request hits its whole infinite-cache
 prefix on an idle worker), at that speedup and every lower one. Every request is served (past
 saturation the queue grows with the run, the same run for every policy) unless ``--admission``
-models the live router's admission limit (``RouterSettings``: 1,024 requests in flight, or 256
-on every worker); then refused requests are counted beside the percentiles of the served ones,
-so that no policy wins by refusing more.
+models the live router's admission limits (``RouterSettings``: 1,024 requests in flight, 256
+on every worker, or a wait over 30 s before a request's prefill on the least-queued worker);
+then refused requests are counted beside the percentiles of the served ones, so that no policy
+wins by refusing more.
 
 Checks ttft against the best baseline at each speed (TTFT p50 and p99 <= 1.0x, hit >= 0.97x)
 and its sustainable rate against theirs; medians over ``--seeds``.
@@ -32,6 +33,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from radixray.router.service import RouterSettings
 from radixray.sim import (
     SimConfig,
     hot_prefix,
@@ -43,8 +45,13 @@ from radixray.sim import (
 
 BASELINES = ["cache_aware", "cache_aware_smallest_cache", "kv_cost", "least_load"]
 OURS = "ttft"
-# The live router's admission defaults (radixray.router.service.RouterSettings).
-ADMISSION = (1024, 256)
+# The live router's admission defaults (radixray.router.service.RouterSettings): requests in
+# flight, on every worker, and the queueing delay in seconds (radixray/router/admission.py).
+ADMISSION = (
+    RouterSettings.max_inflight,
+    RouterSettings.max_inflight_per_worker,
+    RouterSettings.max_queue_s,
+)
 METRICS = ("ttft_p50", "ttft_p99", "hit_rate", "bound_p50", "bound_p99", "refused", "requests")
 
 
@@ -63,7 +70,7 @@ def workload(name: str, speedup: float, limit: int | None, seed: int):
 
 def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, dict]:
     wl = workload(args.workload, speedup, args.limit, seed)
-    limit, per_worker = ADMISSION if args.admission else (None, None)
+    limit, per_worker, max_queue_s = ADMISSION if args.admission else (None, None, None)
     cfg = SimConfig(
         num_workers=args.workers,
         num_pages=args.pages,
@@ -72,6 +79,7 @@ def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, di
         seed=seed,
         max_inflight=limit,
         max_inflight_per_worker=per_worker,
+        max_queue_s=max_queue_s,
     )
     out = {}
     for name in names:
@@ -190,8 +198,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--admission",
         action="store_true",
-        help=f"refuse arrivals as the live router does ({ADMISSION[0]} in flight, or "
-        f"{ADMISSION[1]} on every worker) and report the refused",
+        help=f"refuse arrivals as the live router does ({ADMISSION[0]} in flight, "
+        f"{ADMISSION[1]} on every worker, or a {ADMISSION[2]:g} s queue) and report the refused",
     )
     p.add_argument(
         "--baselines-from",

@@ -145,7 +145,9 @@ class Dispatcher:
         # A worker reuses at most the page-aligned first n - 1 tokens (one is always computed).
         P = self.index.page_size
         cap = (rr.num_tokens - 1) // P * P if rr.num_tokens else 0
-        tiers = self.index.match_tiers(rr.block_hashes) if rr.block_hashes else {}
+        tiers = d.tiers
+        if tiers is None:  # the policy did not read the index's tiers (the record's own walk)
+            tiers = self.index.match_tiers(rr.block_hashes) if rr.block_hashes else {}
         # prefixes over both tiers; the device-only ones under them
         available = min(max((b for _, b in tiers.values()), default=0) * P, cap)
         available_device = min(max((dv for dv, _ in tiers.values()), default=0) * P, cap)

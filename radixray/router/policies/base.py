@@ -109,13 +109,16 @@ class Decision:
     """Where a request goes and why. ``scores`` maps worker id -> the policy's score (lower is
     better unless the policy's docstring says otherwise); it is for logs and debugging.
     ``headroom``: the fleet's spare capacity as the policy estimates it (``Headroom``: ``1 -
-    rho``, <= 0 when saturated), None for policies that do not estimate it."""
+    rho``, <= 0 when saturated), None for policies that do not estimate it. ``tiers``: the
+    index's ``match_tiers`` answer the policy read for this request, handed on so that the
+    decision record does not walk the index again (None: the policy did not read it)."""
 
     worker_id: Hashable
     reason: str
     predicted_cached_tokens: int = 0
     scores: dict = field(default_factory=dict)
     headroom: float | None = None
+    tiers: dict | None = None
 
 
 class NoHealthyWorker(RuntimeError):

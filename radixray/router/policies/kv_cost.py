@@ -56,6 +56,5 @@ class KvCost(Policy):
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
-        return Decision(
-            pick.worker_id, "kv_cost: lowest cost", matched.get(pick.worker_id, 0) * P, scores
-        )
+        cached = matched.get(pick.worker_id, 0) * P
+        return Decision(pick.worker_id, "kv_cost: lowest cost", cached, scores, tiers=tiers)

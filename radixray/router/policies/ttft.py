@@ -2,7 +2,7 @@
 recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
-             + load_w(c_w - d_w)  (+ decode_step_s_w while it decodes)
+             + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
@@ -12,7 +12,8 @@ run before this request, ``Waiting``); ``L`` the larger
 of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the fleet's offered
 work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` the measured reuse
 share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
-once caches are full), ``spill_w`` the cached tokens the placement would evict). Why each term is
+once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
+host tier, ``demoted_w`` with one: worth their load-back, not their recompute). Why each term is
 there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random,
 or by rank in a fleet of routers.
 """
@@ -112,7 +113,7 @@ class PredictedTTFT(Policy):
         live = healthy(workers)
         weight = self._weight(live)
         P = index.page_size
-        tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
+        found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.tiers:  # tier-blind: what index.match sees
             tiers = {w: (dev, dev) for w, (dev, _) in tiers.items() if dev}
         n = request.num_tokens
@@ -154,13 +155,17 @@ class PredictedTTFT(Policy):
             c, d = cached(w)
             # Cached tokens this placement would evict (its new pages beyond the free ones,
             # the loaded-back ones included), each worth a recompute with the probability that
-            # a cached token is reused.
+            # a cached token is reused; on a worker with a host tier they are demoted, not lost,
+            # and worth what loading them back costs.
             spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
+            demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
+            spill -= demoted
             cc = c if w.running or w.waiting else max(c, c_shared)
             dup = (weight + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             work = queued + n - cc + dup + reuse * spill
             t = w.prefill_overhead_s + work / w.prefill_tokens_per_s + w.load_time(c - d)
+            t += reuse * w.load_time(demoted)
             return t + w.decode_step_s if w.running else t
 
         best, scores = self.lowest(live, cost)
@@ -173,7 +178,7 @@ class PredictedTTFT(Policy):
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
-        return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom)
+        return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
 
     def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:
         if self.waiting is not None:

@@ -87,3 +87,22 @@ def test_the_decision_record_splits_reuse_by_tier():
     assert (rec.available_tokens, rec.available_host_tokens) == (6 * P, 2 * P)
     assert (rec.captured_tokens, rec.captured_host_tokens) == (6 * P, 4 * P)
     assert rec.predicted_cached_tokens == 6 * P
+
+
+def test_ttft_prices_what_a_placement_evicts_into_a_host_tier_at_its_load_time():
+    """Both workers hold the first 2 blocks and have no free page: the 128-token prompt pushes
+    96 cached tokens out of either. On worker 0 they are demoted to its host tier (a later
+    request loads them back at 10,000 tokens/s), on worker 1 they are lost (recomputed at 500
+    tokens/s): each weighted by the measured reuse share h, 0.125 after this request."""
+    idx = index_with(w0=2, w1=2)
+    full = {"free_pages": 0, "total_pages": 100}
+    tiered = replace(ws(0), load_tokens_per_s=10_000.0, **full)
+    plain = replace(ws(1), **full)
+    d = _ttft(ewma_requests=2).choose(req(8), [tiered, plain], idx)
+    h = 0.5 * (32 / 128)
+    assert d.worker_id == 0
+    assert d.scores[0] == pytest.approx((128 - 32) / 500 + h * 96 / 10_000)
+    assert d.scores[1] == pytest.approx((128 - 32 + h * 96) / 500)
+    # tier-blind: the host copies are invisible, so a demotion is priced as a loss too
+    blind = _ttft(ewma_requests=2, tiers=False).choose(req(8), [tiered, plain], idx)
+    assert blind.scores[0] == pytest.approx(blind.scores[1])
