@@ -35,6 +35,16 @@ def _serve(worker: SWASimWorker, wl: Workload) -> None:
         worker.check_integrity()
 
 
+def _recording_worker(wl: Workload, window_pages: int) -> tuple[SWASimWorker, dict[int, int]]:
+    """A 32-page windowed worker and the cached tokens of each request's first token."""
+    cached: dict[int, int] = {}
+    w = SWASimWorker(
+        0, 32, P, TIMING, wl, window=W, window_pages=window_pages,
+        on_first_token=lambda r, c, now: cached.__setitem__(r.rid, c),
+    )  # fmt: skip
+    return w, cached
+
+
 def test_a_sim_worker_runs_swa_radix_and_cuts_a_prefix_whose_window_is_gone():
     """A 40-token prompt leaves window pages only for its last window; its first 20 tokens
     again hit nothing (the window before token 20 is gone), the whole prompt plus more hits
@@ -45,11 +55,7 @@ def test_a_sim_worker_runs_swa_radix_and_cuts_a_prefix_whose_window_is_gone():
         SimRequest(2, 2.0, ((1, 40), (2, 8)), 1),
     ]
     wl = Workload("three", reqs, 0)
-    cached: dict[int, int] = {}
-    w = SWASimWorker(
-        0, 32, P, TIMING, wl, window=W, window_pages=16,
-        on_first_token=lambda r, c, now: cached.__setitem__(r.rid, c),
-    )  # fmt: skip
+    w, cached = _recording_worker(wl, window_pages=16)
     assert isinstance(w.cache, SWARadixCache) and w.allocator.window == W
     _serve(w, wl)
     assert cached == {0: 0, 1: 0, 2: 40}
@@ -143,11 +149,7 @@ def test_a_request_whose_own_path_holds_the_window_pool_is_admitted():
     waiting for them forever."""
     reqs = [SimRequest(0, 0.0, ((1, 40), (2, 8)), 1)]
     wl = Workload("one", reqs, 0)
-    cached: dict[int, int] = {}
-    w = SWASimWorker(
-        0, 32, P, TIMING, wl, window=W, window_pages=11,
-        on_first_token=lambda r, c, now: cached.__setitem__(r.rid, c),
-    )  # fmt: skip
+    w, cached = _recording_worker(wl, window_pages=11)
     pages = w.allocator.alloc(10)
     w.cache.insert(wl.tokens(reqs[0])[:40], pages)
     assert w.allocator.num_window_free == 1

@@ -6,21 +6,10 @@ conversations; and a request waits behind the queued work the scheduler admits b
 
 from __future__ import annotations
 
-from radixray.cache_index import ApproxIndex
 from radixray.router.policies import Decision, RoutingRequest, WorkerState, make_policy
 from radixray.router.policies.waiting import Waiting
 
-P = 16
-
-
-def index_with(**held) -> ApproxIndex:
-    """index_with(w1=5): worker 1 holds the first 5 pages of ``req()``'s prompt."""
-    idx = ApproxIndex(P, 1 << 16)
-    for w in range(4):
-        idx.add_worker(w)
-    for name, n in held.items():
-        idx.insert(int(name[1:]), list(range(1000, 1000 + n)))
-    return idx
+from .test_policies import P, index_with
 
 
 def req(k: int = 0) -> RoutingRequest:
