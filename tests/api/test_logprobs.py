@@ -104,8 +104,11 @@ def test_echo_with_prompt_logprobs_skips_the_cache(client, reference, tok):
     again = client.completions.create(**kw, extra_body={"ignore_eos": True})
     assert again.choices[0].logprobs == ch.logprobs
     assert again.usage.prompt_tokens_details.cached_tokens == 0
-    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1)
-    assert plain.usage.prompt_tokens_details.cached_tokens > 0
+    # Plain requests reuse the cache again. Through a router the first may land where the
+    # index's optimistic entry for an echo request was wrong (its resync is asynchronous, and
+    # slower on a loaded machine); that worker computes and caches the prompt, so the next hits.
+    plain = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1) for _ in "ab"]
+    assert plain[-1].usage.prompt_tokens_details.cached_tokens > 0
     # streamed: the prompt's text and logprobs come in the first chunk
     chunks = list(client.completions.create(**kw, stream=True, extra_body={"ignore_eos": True}))
     first_choice = next(c.choices[0] for c in chunks if c.choices)
