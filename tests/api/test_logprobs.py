@@ -104,9 +104,10 @@ def test_echo_with_prompt_logprobs_skips_the_cache(client, reference, tok):
     again = client.completions.create(**kw, extra_body={"ignore_eos": True})
     assert again.choices[0].logprobs == ch.logprobs
     assert again.usage.prompt_tokens_details.cached_tokens == 0
-    # Plain requests reuse the cache again. Through a router the first may land where the
-    # index's optimistic entry for an echo request was wrong (its resync is asynchronous, and
-    # slower on a loaded machine); that worker computes and caches the prompt, so the next hits.
+    # Plain requests reuse the cache again (the echo requests cached the prompt's pages).
+    # Through a router the first may go to the other worker: for a prompt this short ttft
+    # recomputes rather than wait behind a holder whose last report still shows it busy (seen
+    # on a loaded machine); that worker then caches it too, so the next one hits either way.
     plain = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1) for _ in "ab"]
     assert plain[-1].usage.prompt_tokens_details.cached_tokens > 0
     # streamed: the prompt's text and logprobs come in the first chunk
