@@ -23,7 +23,7 @@ router's (docs/ttft_policy.md, "Admission").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from radixray.protocol import Overloaded
 
@@ -52,14 +52,21 @@ def retry_after(wait_s: float, max_queue_s: float, floor_s: int = 1) -> int:
 
 
 class Admission:
-    """Requests accepted and not yet ended, across all workers, up to ``limit`` (None: none),
-    and the queueing-delay limit ``max_queue_s`` (None: none)."""
+    """Requests accepted and not yet ended, across all workers, up to ``limit``; room on some
+    worker: fewer than ``per_worker`` requests on it, and a queue under ``max_queue_s`` (each
+    None: no such limit). The live router and the simulator both admit through it."""
 
-    def __init__(self, limit: int | None = None, max_queue_s: float | None = None):
+    def __init__(
+        self,
+        limit: int | None = None,
+        max_queue_s: float | None = None,
+        per_worker: int | None = None,
+    ):
         if max_queue_s is not None and not max_queue_s > 0:
             raise ValueError(f"max_queue_s must be > 0 seconds or None, got {max_queue_s}")
         self.limit = limit
         self.max_queue_s = max_queue_s
+        self.per_worker = per_worker
         self.inflight = 0
         self.refused = {"inflight": 0, "per_worker": 0, "queue": 0}  # refusals by limit
 
@@ -73,6 +80,21 @@ class Admission:
                 f"{limit}); retry later"
             )
         self.inflight += 1
+
+    def check_room(
+        self, states: Sequence[WorkerState], wait_s: float | None, floor_s: int = 1
+    ) -> None:
+        """Raise ``Overloaded`` when no routable worker (``states``) has room for a new
+        request: every one at ``per_worker`` requests, or (``check_queue``) the shortest queue,
+        ``wait_s`` seconds, over ``max_queue_s``."""
+        limit = self.per_worker
+        if limit and states and all(s.load >= limit for s in states):
+            self.refused["per_worker"] += 1
+            raise Overloaded(
+                f"The server is overloaded: every worker has {limit} requests in flight; "
+                "retry later"
+            )
+        self.check_queue(wait_s, floor_s)
 
     def check_queue(self, wait_s: float | None, floor_s: int = 1) -> None:
         """Raise ``Overloaded`` (with its ``retry_after_s``) when the shortest queue a new

@@ -95,9 +95,8 @@ class Router:
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self._ids = itertools.count()
-        self.admission = Admission(max_inflight, max_queue_s)
+        self.admission = Admission(max_inflight, max_queue_s, max_inflight_per_worker)
         self.retry_after_s = retry_after_s
-        self.max_inflight_per_worker = max_inflight_per_worker
         self.router_id = router_id
         self.dispatch = Dispatcher(
             policy,
@@ -184,8 +183,8 @@ class RoutedRequest:
         engine_failures = 0
         for attempt in range(1, router.max_retries + 2):
             states = [s for s in pool.states() if s.worker_id not in excluded]
-            if attempt == 1:
-                self._check_load(states)
+            if attempt == 1:  # room on some worker (admission.py), else Overloaded
+                router.admission.check_room(states, pool.queue_wait_s(states), router.retry_after_s)
             if attempt > 1:  # a poll may have changed the fleet during the backoff
                 rr = dataclasses.replace(rr, fleet=pool.fleet_position())
             try:
@@ -234,19 +233,6 @@ class RoutedRequest:
             self.first, self._agen = first, agen
             return
         raise NoWorkerAvailable(f"gave up after {router.max_retries + 1} attempts: {last_error}")
-
-    def _check_load(self, states) -> None:
-        """Refuse (``Overloaded``) a request no worker has room for now: every routable worker
-        at its in-flight limit, or every queue longer than the admission's ``max_queue_s``."""
-        router = self.router
-        limit = router.max_inflight_per_worker
-        if limit and states and all(s.load >= limit for s in states):
-            router.admission.refused["per_worker"] += 1
-            raise Overloaded(
-                f"The server is overloaded: every worker has {limit} requests in flight; "
-                "retry later"
-            )
-        router.admission.check_queue(router.pool.queue_wait_s(states), router.retry_after_s)
 
     def _leave_tally(self) -> None:
         if self._tally is not None:

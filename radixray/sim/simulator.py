@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from radixray.cache_index import ApproxIndex
-from radixray.router.admission import queue_wait_s
+from radixray.protocol import Overloaded
+from radixray.router.admission import Admission, queue_wait_s
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_fits
@@ -188,7 +189,8 @@ class _Run:
         for w in self.workers:
             self.index.add_worker(w.worker_id)
         self.heap: list = []
-        self.inflight = 0  # admitted, not finished (the live router's admission count)
+        # The live router's admission (its counts and queueing-delay limit), as it decides.
+        self.admission = Admission(cfg.max_inflight, cfg.max_queue_s, cfg.max_inflight_per_worker)
         self.seq = 0
         self.steps = 0
         self.mem_peak = 0
@@ -205,7 +207,7 @@ class _Run:
 
     def _on_finish(self, req: SimRequest, cached: int, now: float) -> None:
         i = self.pos_of[req.rid]
-        self.inflight -= 1
+        self.admission.release()
         self.dispatch.complete(self.decisions[i], req.rid, cached)
         self.decisions[i] = None  # its record is kept; the decision is no longer needed
         self._end(i, now)
@@ -261,11 +263,10 @@ class _Run:
         # One timing model, one performance class: the router pools the workers' fits.
         fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
         states = [w.state(fits[w.worker_id]) for w in self.workers]
-        if self._refuse(states):
+        if not self._admit(states):
             self.records[i] = RequestRecord(req.rid, -1, now, req.num_tokens, 0, REFUSED)
             self._end(i, now)
             return
-        self.inflight += 1
         decision, rec = self.dispatch.decide(rreq, states)
         self.decisions[i] = rec
         wid = decision.worker_id
@@ -282,17 +283,21 @@ class _Run:
         w = self.workers[wid]
         self._after_step(w, w.enqueue(req, hs, now), now)
 
-    def _refuse(self, states) -> bool:
-        """Whether the live router's admission would answer this arrival 429 (the simulated
-        workers' prefill rates are measured from the start: warmed up, see SimWorker)."""
-        cfg = self.cfg
-        limit, per_worker = cfg.max_inflight, cfg.max_inflight_per_worker
-        if limit is not None and self.inflight >= limit:
-            return True
-        if per_worker is not None and all(s.load >= per_worker for s in states):
-            return True
-        wait = queue_wait_s(states) if cfg.max_queue_s is not None else None
-        return wait is not None and wait > cfg.max_queue_s
+    def _admit(self, states) -> bool:
+        """Whether the live router's admission takes this arrival (else a 429). The simulated
+        workers' prefill rates are measured from the start (warmed up, see SimWorker), so the
+        queueing-delay limit applies at once."""
+        adm = self.admission
+        try:
+            adm.admit()
+        except Overloaded:
+            return False
+        try:
+            adm.check_room(states, queue_wait_s(states) if adm.max_queue_s else None)
+        except Overloaded:
+            adm.release()
+            return False
+        return True
 
     def execute(self, progress: str | None) -> RunResult:
         reqs = self.wl.requests
