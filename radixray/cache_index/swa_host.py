@@ -24,14 +24,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from .events import SLIDING_WINDOW, BlockStored
+from .events import SLIDING_WINDOW, BlockRemoved, BlockStored
 from .host_tier import HOST, HostTier
 from .radix_tree import TreeNode
 from .window_pages import WindowedAllocator
 
-__all__ = ["SWAHostTier", "WINDOW_GROUP", "nearest_end_below", "window_runs"]
+__all__ = ["SWAHostTier", "WINDOW_GROUP", "in_window_group", "nearest_end_below", "window_runs"]
 
 WINDOW_GROUP = 1  # the group_idx of window-layer blocks in KV events (0: full attention)
+
+
+def in_window_group(ev: BlockStored | BlockRemoved, window: int):
+    """``ev`` as an event of the window group (layers with a ``window``-token window)."""
+    return replace(ev, group_idx=WINDOW_GROUP, kind=SLIDING_WINDOW, window=window)
 
 
 def window_runs(
@@ -54,7 +59,7 @@ def window_runs(
             a, b = run[0], run[-1] + 1
             par = hashes[a - 1] if a else parent
             ev = BlockStored(list(hashes[a:b]), par, list(tokens[a * P : b * P]), P, medium)
-            out.append(replace(ev, group_idx=WINDOW_GROUP, kind=SLIDING_WINDOW, window=window))
+            out.append(in_window_group(ev, window))
             run = []
     return out
 

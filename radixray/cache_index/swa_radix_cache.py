@@ -26,14 +26,13 @@ page as its window page, so the reusable prefix is cut over both tiers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from .cache_contract import MatchResult
-from .events import SLIDING_WINDOW, BlockRemoved, BlockStored, KVEvent
+from .events import BlockRemoved, BlockStored, KVEvent
 from .host_tier import HOST
 from .radix_cache import RadixCache
 from .radix_tree import EVICTION_POLICIES, TreeNode
-from .swa_host import WINDOW_GROUP, SWAHostTier, window_runs
+from .swa_host import WINDOW_GROUP, SWAHostTier, in_window_group, window_runs
 from .window_pages import WindowedAllocator, reusable_pages
 
 __all__ = ["SWARadixCache", "reusable_pages", "WINDOW_GROUP"]
@@ -58,7 +57,6 @@ class SWARadixCache(RadixCache):
             host_allocator=host_allocator, **kw,
         )  # fmt: skip
         self.window = allocator.window
-        self._group = (WINDOW_GROUP, SLIDING_WINDOW, self.window)
         self.num_window_evicted = 0  # window pages dropped by evict_window
         self._announced = False
 
@@ -158,7 +156,7 @@ class SWARadixCache(RadixCache):
     def _marker(self) -> BlockStored:
         """An empty window-group BlockStored: says that this worker has a window group, and
         its window, before (or without) any block of it."""
-        return _in_group(BlockStored([], None, [], self.page_size, self.medium), self._group)
+        return in_window_group(BlockStored([], None, [], self.page_size, self.medium), self.window)
 
     def _drop(self, node: TreeNode, idx: Iterable[int]) -> int:
         """Drop the window pages of ``node``'s pages at ``idx`` (those that have one)."""
@@ -169,7 +167,7 @@ class SWARadixCache(RadixCache):
         alloc.drop_window([node.pages[j] for j in idx])
         if self.enable_events:
             ev = BlockRemoved([node.hashes[j] for j in idx], self.medium)
-            self._events.append(_in_group(ev, self._group))
+            self._events.append(in_window_group(ev, self.window))
         return len(idx)
 
     def window_evictable(self) -> int:
@@ -272,9 +270,3 @@ class SWARadixCache(RadixCache):
 
     def __repr__(self) -> str:
         return f"SWA{super().__repr__()[:-1]}, window={self.window})"
-
-
-def _in_group(ev, group: tuple[int, str, int]):
-    """``ev`` with its group fields set."""
-    g, kind, window = group
-    return replace(ev, group_idx=g, kind=kind, window=window)
