@@ -52,10 +52,10 @@ def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
 
     now, host_copies = [], KVPool.host_copies
 
-    def spy(self, copies, layered=False):
+    def spy(self, copies, layered=False, wait=False):
         if not layered:
             now.extend(copies)
-        return host_copies(self, copies, layered)
+        return host_copies(self, copies, layered, wait)
 
     monkeypatch.setattr(KVPool, "host_copies", spy)
     n2 = SamplingParams(n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
