@@ -20,7 +20,11 @@ just before layer ``i`` reads or writes its KV:
   concurrency, the same split).
 
 ``finish`` completes whatever is staged (the layers the forward did not reach; on CUDA the
-compute stream waits for all of it) and returns what was copied, for the counters.
+compute stream waits for all of it) and returns what was copied, for the counters. On CUDA it
+never waits for the copy stream: a batch's time is read from its timing events once its end
+event's ``query()`` says the copies are done, by a later step's ``finish`` (or one asked to
+``wait``, which the engine does when it goes idle). With nothing staged and nothing pending
+it does nothing.
 """
 
 from __future__ import annotations
