@@ -191,6 +191,8 @@ class Engine:
         begin = self._busy_since if self._busy_since is not None else start
         self._busy_since = end if self.scheduler.has_work() else None
         self.meter.record_step(shape, dt, end - begin)
+        if self._busy_since is None:  # idle: the copies' timings, waited for (no one waits)
+            self._run_copies(wait=True)
         if self.config.debug_checks:
             self.scheduler.check_integrity()
         return out
@@ -262,12 +264,12 @@ class Engine:
         self.pool.copy_pages(copies)
         return rows, out
 
-    def _run_copies(self, layered: bool = False) -> float:
+    def _run_copies(self, layered: bool = False, wait: bool = False) -> float:
         """Hand the page copies the cache recorded (host tier) to the pool, in order: run now,
         or (``layered``) by the next forward, layer ``i``'s just before layer ``i``
-        (``host_copies.py``); count those done. Returns the seconds the last forward spent
-        on them (its ``before_layer``)."""
-        done, held = self.pool.host_copies(self.cache.take_copies(), layered)
+        (``host_copies.py``); count those done (CUDA: whose copy stream is done, or ``wait``
+        for it). Returns the seconds the last forward spent on them (its ``before_layer``)."""
+        done, held = self.pool.host_copies(self.cache.take_copies(), layered, wait)
         for copies, moved, seconds in done:
             self.meter.record_copies(copies, moved, seconds)
         return held

@@ -20,7 +20,11 @@ just before layer ``i`` reads or writes its KV:
   concurrency, the same split).
 
 ``finish`` completes whatever is staged (the layers the forward did not reach; on CUDA the
-compute stream waits for all of it) and returns what was copied, for the counters.
+compute stream waits for all of it) and returns what was copied, for the counters. On CUDA it
+never waits for the copy stream: a batch's time is read from its timing events once its end
+event's ``query()`` says the copies are done, by a later step's ``finish`` (or one asked to
+``wait``, which the engine does when it goes idle). With nothing staged and nothing pending
+it does nothing.
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ class HostCopies:
         self._todo: list = []  # per model layer: the plan to run (CPU), the event to wait for
         # (CUDA), or None (nothing left)
         self._timing: tuple | None = None  # CUDA: (start, end) events of the staged batch
+        # CUDA: batches done on the host thread's side, their copies maybe still running:
+        # (copies, moved, start, end), read once ``end.query()`` says so (no sync per step)
+        self._pending: list[tuple] = []
         self._compute = None  # CUDA: the stream the forward runs on
         self._events = [None] * len(self.layer_slots)  # CUDA: one per layer, reused
         self.held = 0.0  # seconds spent in before_layer since the last finish
@@ -164,36 +171,50 @@ class HostCopies:
         in_window, slot = self.layer_slots[i]
         self.hosts[in_window].copy_layer(slot, todo)
 
-    def finish(self) -> tuple[list[Copied], float]:
-        """Complete the staged batch (every layer ``before_layer`` did not reach). Returns it
-        (``[]`` if none) and the seconds ``before_layer`` took since the last finish (the
-        forward's time that was copies)."""
+    def finish(self, wait: bool = False) -> tuple[list[Copied], float]:
+        """Complete the staged batch (every layer ``before_layer`` did not reach). Returns the
+        batches whose copies are done (CPU: the staged one, now; CUDA: those the copy stream
+        has finished, read without waiting unless ``wait``: a batch still running comes back
+        from a later call) and the seconds ``before_layer`` took since the last finish (the
+        forward's time that was copies). Nothing staged and nothing pending: no work at all."""
+        held, self.held = self.held, 0.0
         if self._staged is None:
-            held, self.held = self.held, 0.0
-            return [], held
+            return (self._done(wait) if self._pending else []), held
         t0 = time.perf_counter()
         for i in range(len(self._todo)):
             self._layer(i)
-        if self.stream is None:  # every copy ran on this thread: in the forward or just now
-            seconds = self.held + time.perf_counter() - t0
-        else:
-            start, end = self._timing
-            self._compute.wait_event(end)  # whatever the compute stream runs next sees them
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-            self._timing = self._compute = None
         copies, moved = self._staged
         self._staged, self._todo = None, []
-        held, self.held = self.held, 0.0
-        return [Copied(copies, moved, seconds)], held
+        if self.stream is None:  # every copy ran on this thread: in the forward or just now
+            return [Copied(copies, moved, held + time.perf_counter() - t0)], held
+        start, end = self._timing
+        self._compute.wait_event(end)  # whatever the compute stream runs next sees them
+        self._timing = self._compute = None
+        self._pending.append((copies, moved, start, end))
+        return self._done(wait), held
+
+    def _done(self, wait: bool = False) -> list[Copied]:
+        """CUDA: the pending batches whose copies have finished (all of them, after waiting for
+        the last, if ``wait``), in order: the copy stream runs them in order, so the first one
+        still running ends the list."""
+        if wait and self._pending:
+            self._pending[-1][3].synchronize()
+        out = []
+        while self._pending and self._pending[0][3].query():
+            copies, moved, start, end = self._pending.pop(0)
+            out.append(Copied(copies, moved, start.elapsed_time(end) / 1e3))
+        return out
 
     def run(self, copies) -> int:
         """Run ``copies`` now, every layer, after anything staged (not counted); the bytes
-        moved."""
+        moved. The batches pending before it stay pending (counted by the caller's finish)."""
+        pending, self._pending = self._pending, []
         self.finish()
         self.stage(copies)
-        (done,), _ = self.finish()
-        return done.moved
+        moved = self._staged[1]
+        self.finish()
+        self._pending = pending
+        return moved
 
 
 def runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:

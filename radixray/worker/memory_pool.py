@@ -272,18 +272,20 @@ class KVPool:
             return 0
         return self.copier.run(copies)
 
-    def host_copies(self, copies, layered: bool = False) -> tuple[list[Copied], float]:
+    def host_copies(
+        self, copies, layered: bool = False, wait: bool = False
+    ) -> tuple[list[Copied], float]:
         """Complete any staged copies, then hand over ``copies``: ``layered``, staged for the
         next forward, which runs layer ``i``'s before layer ``i`` (``host_copies.py``); else run
-        now. Returns the batches done and the seconds the forward spent on copies
-        (``HostCopies.finish``)."""
+        now. Returns the batches done (``wait``: every one, CUDA waiting for its copy stream)
+        and the seconds the forward spent on copies (``HostCopies.finish``)."""
         if self.copier is None:
             return [], 0.0
-        done, held = self.copier.finish()
+        done, held = self.copier.finish(wait and not copies)
         if copies:
             self.copier.stage(copies)
             if not layered:
-                more, more_held = self.copier.finish()
+                more, more_held = self.copier.finish(wait)
                 done, held = done + more, held + more_held
         return done, held
 

@@ -50,6 +50,7 @@ CASES = {
     "bench_samples.py": ([], "| n=4 |", ()),
     "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     "bench_host_tier.py": ([], "| loaded back from host |", ()),
+    "bench_tier_steps.py": (["--out", "{out}/steps.json"], "| host pages |", (needs_trace,)),
     "bench_window_pool.py": ([], "held at end:", ()),
     "bench_sim_window.py": (["--out", "{out}/window.json"], "| window-blind |", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in

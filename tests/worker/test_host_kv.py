@@ -127,8 +127,9 @@ def test_cuda_copies_queue_one_event_per_layer_on_their_stream():
     for i in range(3):
         pool.before_layer(i)  # the compute stream waits for layer i's event
         assert pool.copier._todo[i] is None
-    (done,), _ = pool.host_copies([])
+    done_now, _ = pool.host_copies([])  # done on the host's side: the copies may still run
     torch.cuda.synchronize()
+    (done,) = done_now + pool.host_copies([])[0]  # read once they are done, once
     assert all(e.query() for e in events) and done.moved == 3 * pool.page_bytes
     assert torch.equal(pool.host.k[:, 4:6].cuda(), k0[:, 1:3])
     assert torch.equal(pool.k_cache[:, 3], k0[:, 1])  # loaded from host 4, demoted from 1
@@ -141,6 +142,7 @@ class _FakeCuda:
 
     def __init__(self, log: list):
         self.log, self.current = log, "compute"
+        self.copied = True  # what an event's query() answers: the copy stream is past it
         fake = self
 
         class Stream:
@@ -165,6 +167,10 @@ class _FakeCuda:
 
             def synchronize(self):
                 fake.log.append(("synchronize", self.name))
+
+            def query(self):
+                fake.log.append(("query", self.name))
+                return fake.copied
 
             def elapsed_time(self, end):
                 return 2.0  # ms
@@ -227,9 +233,18 @@ def test_cuda_protocol_one_event_per_layer_awaited_before_that_layer(monkeypatch
         ("layer", 2),
     ]
     del log[:]
-    (done,), held = copier.finish()
-    assert log == [("wait_event", "compute", "t2"), ("synchronize", "t2")]
+    fake.copied = False  # the copy stream is still at it: nothing to count yet, no waiting
+    assert copier.finish()[0] == []
+    assert log == [("wait_event", "compute", "t2"), ("query", "t2")]
+    del log[:]
+    assert copier.finish()[0] == [] and log == [("query", "t2")]
+    fake.copied = True
+    del log[:]
+    (done,), held = copier.finish()  # a later step reads the timing, the host never synced
+    assert log == [("query", "t2")]
     assert done.seconds == 0.002 and done.moved == 3 * pool.page_bytes and held >= 0
+    del log[:]
+    assert copier.finish() == ([], 0.0) and log == []  # nothing staged or pending: no work
     assert torch.equal(pool.k_cache[:, 3], k0[:, 1]) and torch.equal(
         pool.host.k[:, 4:6], k0[:, 1:3]
     )

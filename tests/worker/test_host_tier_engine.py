@@ -52,10 +52,10 @@ def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
 
     now, host_copies = [], KVPool.host_copies
 
-    def spy(self, copies, layered=False):
+    def spy(self, copies, layered=False, wait=False):
         if not layered:
             now.extend(copies)
-        return host_copies(self, copies, layered)
+        return host_copies(self, copies, layered, wait)
 
     monkeypatch.setattr(KVPool, "host_copies", spy)
     n2 = SamplingParams(n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -188,3 +188,28 @@ def test_engine_events_name_the_tier_store_before_remove():
     for h in demoted:  # each demotion: the host store before the device remove
         assert seen[("BlockStored", "CPU", h)] < seen[("BlockRemoved", "GPU", h)]
     assert not any(k[:2] == ("BlockRemoved", "CPU") for k in seen)  # the host kept everything
+
+
+def test_a_tier_with_nothing_to_move_costs_no_copies_and_no_events(monkeypatch):
+    """A pool that never fills: no step stages a copy, the copier's finish has nothing to do,
+    and the events are the plain device stores a tierless engine sends, no host one."""
+    from radixray.cache_index import BlockStored
+    from radixray.worker.host_copies import HostCopies
+
+    staged = []
+    stage = HostCopies.stage
+    monkeypatch.setattr(HostCopies, "stage", lambda self, c: (staged.append(c), stage(self, c)))
+    prompts = shared_prefix_prompts(seed=5, n=4)
+    plain = engine(page_size=4, num_pages=256, host_pages=0)
+    e = engine(page_size=4, num_pages=256, host_pages=64)
+    assert tokens(e.generate_batch(prompts, GREEDY)) == tokens(
+        plain.generate_batch(prompts, GREEDY)
+    )
+    assert staged == [] and e.pool.copier.finish() == ([], 0.0)
+    s = e.stats()
+    assert s["demoted_pages"] == s["loaded_pages"] == 0 and s["copy_seconds"] == 0.0
+    assert s["bytes_to_host"] == s["bytes_from_host"] == 0
+    events, want = e.take_events(), plain.take_events()
+    assert all(ev.medium == "GPU" for ev in events if isinstance(ev, BlockStored))
+    assert [type(ev).__name__ for ev in events] == [type(ev).__name__ for ev in want]
+    assert_no_leak(e)
