@@ -3,7 +3,8 @@ move and records the copies; the engine moves the bytes (``take_copies``, before
 
     demote(node)       device eviction of a leaf: copy its pages to host pages (unless it has a
                        host copy already), free its device pages; the node stays, host-resident
-    make_room(n)       evict host-only LRU leaves until ``n`` host pages are free
+    make_room(n)       free ``n`` host pages: drop the host copies of device-resident nodes (LRU;
+                       nothing is lost: they stay on the device), then evict host-only LRU leaves
     write_through(...) copy the device nodes on a path hit N times or more to the host tier now
                        (they keep their device pages), so their demotion later copies nothing
     load_back(...)     host-only nodes on a matched path get device pages (copies host -> device);
@@ -11,8 +12,10 @@ move and records the copies; the engine moves the bytes (``take_copies``, before
 
 Events (``medium`` names the tier: "GPU" the device pool, "CPU" this tier): a demotion sends the
 host store before the device remove; a load-back a device store and no host remove; a host
-eviction a host remove. Copies are recorded in order: a device page demoted and then reused by
-the next step is copied out before that step writes it (layer by layer). See docs/host_tier.md.
+eviction, or a dropped host copy, a host remove. Copies are recorded in order: a device page
+demoted and then reused by the next step is copied out before that step writes it (layer by
+layer); a host page freed by a dropped copy and reused by a demotion is read by any load-back
+recorded before it. See docs/host_tier.md.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class HostTier:
         self.loads = 0
         self.loaded_pages = 0
         self.evicted_pages = 0
+        self.dropped_copy_pages = 0
         self.written_through_pages = 0
 
     # ------------------------------------------------------------------ copies
@@ -143,14 +147,38 @@ class HostTier:
         return copied
 
     def make_room(self, n: int) -> bool:
-        """Evict host-only leaves, least recently used first, until ``n`` host pages are free.
-        False when even all of them are not enough (what was evicted stays evicted)."""
+        """Free host pages until ``n`` are free: first the host copies of unlocked
+        device-resident nodes (least recently used first; a copy is the same KV as the device
+        pages, so the two tiers keep every prefix they held, and the node's next demotion
+        copies it again), then host-only leaves (LRU; their prefix is gone). So the tiers hold
+        as many distinct pages as one pool of both sizes. False when even all of them are not
+        enough (what was dropped stays dropped)."""
         while self.allocator.num_free < n:
+            node = self.tree.host_copies.pop()
+            if node is not None:
+                self.drop_copy(node)
+                continue
             node = self.tree.host_leaves.pop()
             if node is None:
                 return False
             self.forget(node)
         return True
+
+    @property
+    def spare_pages(self) -> int:
+        """Host pages a demotion can take without losing a prefix: the free ones and the
+        unlocked host copies of device-resident nodes (``make_room`` drops those first)."""
+        return self.allocator.num_free + sum(len(n.host) for n in self.tree.host_copies.members)
+
+    def drop_copy(self, node: TreeNode) -> None:
+        """Free the host copy of a device-resident node; it stays on the device (a host remove
+        is sent, the device store stands)."""
+        host = node.host
+        self.tree.set_host(node, [])
+        self.allocator.free(host)
+        self.dropped_copy_pages += len(host)
+        if self.emit:
+            self.emit(BlockRemoved(list(node.hashes), HOST))
 
     def forget(self, node: TreeNode) -> None:
         """Drop a host-only childless node from the tree and free its host pages."""

@@ -208,6 +208,12 @@ class RadixCache(PrefixCache):
         return self._tree.host_tokens
 
     @property
+    def host_spare_pages(self) -> int:
+        """Host pages a demotion can take without losing a prefix (``HostTier.spare_pages``;
+        0 without a host tier)."""
+        return self.host.spare_pages if self.host else 0
+
+    @property
     def total_pages(self) -> int:
         return self._tree.total_tokens // self.page_size
 

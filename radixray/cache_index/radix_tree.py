@@ -22,9 +22,10 @@ Tiers (docs/host_tier.md): a node holds device pages (``pages``), host pages (``
 each list empty or one id per page. Device residency is closed under ancestors, so a path is
 device-resident nodes then host-only nodes: a match is a device prefix and a host continuation.
 ``total_tokens``/``protected_tokens`` count device-resident tokens, ``host_tokens`` host copies.
-Two ``LeafHeap``s in eviction order: ``device_leaves`` (device pages, unlocked, no child with
-device pages) and ``host_leaves`` (host pages only, unlocked, childless). Without a host tier
-every node is device-resident and the device leaves are the unlocked childless nodes.
+``LeafHeap``s in eviction order: ``device_leaves`` (device pages, unlocked, no child with device
+pages), ``host_leaves`` (host pages only, unlocked, childless) and ``host_copies`` (unlocked, in
+both tiers: a host copy the host tier can drop losing nothing). Without a host tier every node
+is device-resident and the device leaves are the unlocked childless nodes.
 
 This module knows nothing of allocators or events: ``radix_cache.RadixCache`` owns those.
 """
@@ -37,8 +38,7 @@ from .leaf_heap import LeafHeap
 
 __all__ = ["TreeNode", "RadixTree", "EVICTION_POLICIES"]
 
-# The heap key of a node under each eviction policy; the smallest is evicted first.
-# lru: least recently used. lfu: fewest hits, then least recently used.
+# The heap key of a node per eviction policy, smallest first: lru, or lfu (then lru).
 EVICTION_POLICIES: dict[str, Callable[[TreeNode], object]] = {
     "lru": lambda n: n.last_access,
     "lfu": lambda n: (n.hits, n.last_access),
@@ -81,8 +81,7 @@ class TreeNode:
     def __repr__(self) -> str:
         return (
             f"TreeNode(tokens={len(self.key)}, pages={self.pages}, host={self.host}, "
-            f"lock_ref={self.lock_ref}, "
-            f"children={len(self.children)})"
+            f"lock_ref={self.lock_ref}, children={len(self.children)})"
         )
 
 
@@ -104,6 +103,8 @@ class RadixTree:
         self.host_tokens = 0  # with a host copy
         self.device_leaves = LeafHeap(self._priority)
         self.host_leaves = LeafHeap(self._priority)
+        self.host_copies = LeafHeap(self._priority)
+        self._heaps = (self.device_leaves, self.host_leaves, self.host_copies)
 
     # ------------------------------------------------------------------ navigation
 
@@ -309,6 +310,7 @@ class RadixTree:
         node.hashes = node.hashes[k:]
         node.parent = top
         top.children[tuple(node.key[:P])] = node
+        self._refresh(top)  # in both tiers, unlocked: a host copy to drop
         return top
 
     # ------------------------------------------------------------------ locks
@@ -318,8 +320,8 @@ class RadixTree:
             if node.lock_ref == 0:
                 if node.pages:
                     self.protected_tokens += len(node.key)
-                self.device_leaves.discard(node)
-                self.host_leaves.discard(node)
+                for heap in self._heaps:
+                    heap.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -343,6 +345,7 @@ class RadixTree:
         free = node.lock_ref == 0
         self.device_leaves.set_member(node, free and bool(node.pages) and not node.device_children)
         self.host_leaves.set_member(node, free and not node.pages and not node.children)
+        self.host_copies.set_member(node, free and bool(node.pages) and bool(node.host))
 
     def set_device(self, node: TreeNode, pages: list[int]) -> None:
         """A host-only node gets device pages (a load-back, or a caller's pages on insert)."""
@@ -366,8 +369,10 @@ class RadixTree:
         return pages
 
     def set_host(self, node: TreeNode, host: list[int]) -> None:
+        """Give ``node`` host pages, or take them (``[]``; the caller frees them)."""
+        self.host_tokens += (bool(host) - bool(node.host)) * len(node.key)
         node.host = host
-        self.host_tokens += len(node.key)
+        self._refresh(node)
 
     def remove(self, node: TreeNode) -> None:
         """Take a childless node out of the tree (its pages are the caller's to free)."""
@@ -382,8 +387,8 @@ class RadixTree:
             parent.device_children -= 1
         if node.host:
             self.host_tokens -= len(node.key)
-        self.device_leaves.discard(node)
-        self.host_leaves.discard(node)
+        for heap in self._heaps:
+            heap.discard(node)
         self._refresh(parent)
 
     def clear(self) -> None:
@@ -391,5 +396,5 @@ class RadixTree:
         self.total_tokens = 0
         self.protected_tokens = 0
         self.host_tokens = 0
-        self.device_leaves.clear()
-        self.host_leaves.clear()
+        for heap in self._heaps:
+            heap.clear()

@@ -5,7 +5,8 @@
   device residency is closed under ancestors; ``device_children`` counts are right;
 - locks: no negative counts, a node holds at least its children's locks;
 - counters: device tokens, protected (locked device) tokens and host tokens match a recount;
-- leaf sets: the device and host evictable leaves are exactly what the definitions give;
+- leaf sets: the device and host evictable leaves, and the droppable host copies, are exactly
+  what the definitions give;
 - pages: device pages free + cached (+ held) is every page once; host pages free + cached is
   every host page once.
 """
@@ -30,7 +31,7 @@ def check_tree(
     held_pages: Iterable[int] | None = None,
 ) -> None:
     total = protected = host_total = 0
-    device_leaves, host_leaves = set(), set()
+    device_leaves, host_leaves, copies = set(), set(), set()
     cached: list[int] = []
     host_cached: list[int] = []
     for extra_key, root in tree.roots().items():
@@ -63,10 +64,16 @@ def check_tree(
                     device_leaves.add(node)
             elif not node.lock_ref and not node.children:
                 host_leaves.add(node)
+            if node.pages and node.host and not node.lock_ref:
+                copies.add(node)
             host_total += len(node.key) if node.host else 0
             cached += node.pages
             host_cached += node.host
     _check_counts(tree, total, protected, host_total, device_leaves, host_leaves)
+    if copies != tree.host_copies.members:
+        raise AssertionError(
+            f"host copy set has {len(tree.host_copies)} nodes, counted {len(copies)}"
+        )
     if len(ghost) > ghost.capacity:
         raise AssertionError("ghost list over capacity")
     check_free_and_held(allocator, cached, held_pages)

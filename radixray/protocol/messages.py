@@ -263,6 +263,8 @@ class LoadReport(Struct, frozen=True, array_like=True):
     # The host tier (docs/host_tier.md): its pages, what it holds, and what a load-back costs
     # here (``overhead + bytes / rate``, fitted over this worker's load-backs like the prefill
     # rate; None before any), with the KV bytes of one token to turn tokens into bytes.
+    # ``host_free_pages``: what a demotion can take without losing a prefix, the free pages and
+    # the host copies of device-resident pages (``HostTier.spare_pages``).
     host_total_pages: int = 0
     host_free_pages: int = 0
     host_cached_pages: int = 0

@@ -155,16 +155,21 @@ class SimWorker:
         )
 
     def _load_report(self) -> dict[str, float]:
-        """The host tier's load-back in prompt tokens, as the live router's worker pool turns
-        a worker's report into it (``worker_pool._load_cost``); nothing without a host tier."""
-        fit = self.load_cost.fit() if self.host_allocator else None
-        if fit is None:
+        """The host tier's pages and load-back in prompt tokens, as the live router's worker
+        pool turns a worker's report into them (``worker_pool._load_cost``); nothing without a
+        host tier."""
+        host = self.host_allocator
+        if not host:
             return {}
+        # free host pages and host copies it can drop: room for demotions that loses nothing
+        out = {"host_free_pages": self.cache.host_spare_pages, "host_total_pages": host.num_pages}
+        fit = self.load_cost.fit()
+        if fit is None:
+            return out
         overhead, bytes_per_s = fit
-        return {
-            "load_tokens_per_s": bytes_per_s / self.timing.kv_bytes_per_token,
-            "load_overhead_s": overhead,
-        }
+        out["load_tokens_per_s"] = bytes_per_s / self.timing.kv_bytes_per_token
+        out["load_overhead_s"] = overhead
+        return out
 
     # ------------------------------------------------------------------ requests and steps
 

@@ -183,7 +183,7 @@ def engine_stats(engine) -> dict:
     if tier is not None and host_alloc is not None:
         s.update(
             host_total_pages=host_alloc.num_pages,
-            host_free_pages=host_alloc.num_free,
+            host_free_pages=tier.spare_pages,  # free, or a copy of a device page: room
             host_cached_pages=host_alloc.num_used,
             demoted_pages=tier.demoted_pages,
             loaded_pages=tier.loaded_pages,

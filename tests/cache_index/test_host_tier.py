@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from radixray.cache_index import BlockRemoved, BlockStored, PageAllocator, RadixCache, hash_blocks
+from radixray.cache_index import (
+    ApproxIndex,
+    BlockRemoved,
+    BlockStored,
+    PageAllocator,
+    RadixCache,
+    hash_blocks,
+)
 
 from .helpers import put
 
@@ -131,3 +138,94 @@ def test_snapshot_and_reset_cover_both_tiers():
     cache.reset()
     assert host_alloc.num_free == 4 and alloc.num_free == 4
     cache.check_integrity(held_pages=[])
+
+
+def _loaded_back(cache, alloc, tokens):
+    """``tokens`` on both tiers: computed, demoted, loaded back (host copy kept), unlocked."""
+    put(cache, alloc, tokens)
+    cache.evict(len(tokens) // cache.page_size)
+    m = cache.match_prefix(tokens + [0])
+    cache.lock(m.host_node)
+    m = cache.load_back(m, alloc.alloc(len(m.host_pages)))
+    cache.unlock(m.node)
+    cache.take_events(), cache.take_copies()
+    return m
+
+
+def test_host_room_drops_a_device_nodes_host_copy_before_forgetting_a_prefix():
+    # a is on both tiers (loaded back); the host tier (4 pages) holds a's copy and c. Demoting
+    # b needs 2 host pages: a's copy goes (a stays on the device), c stays on the host.
+    cache, alloc, host_alloc = tiered(device=6, host=4)
+    a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    put(cache, alloc, c)
+    cache.evict(2)  # c -> host
+    _loaded_back(cache, alloc, a)  # host: c and a's copy (full)
+    put(cache, alloc, b)
+    cache.match_prefix(a + [0])  # a is used more recently than b: b is the device LRU leaf
+    cache.take_events()
+    assert host_alloc.num_free == 0
+    assert cache.evict(2) == 2
+    ha, hb = hash_blocks(a, 2), hash_blocks(b, 2)
+    assert cache.take_events() == [
+        BlockRemoved(ha, "CPU"),  # the dropped copy
+        BlockStored(hb, None, b, 2, "CPU"),
+        BlockRemoved(hb, "GPU"),
+    ]
+    assert cache.host.dropped_copy_pages == 2 and cache.host.evicted_pages == 0
+    assert len(cache.match_prefix(a + [0]).pages) == 2  # still on the device
+    assert cache.match_prefix(c + [0]).host_tokens == 4  # c is still held
+    assert cache.match_prefix(b + [0]).host_tokens == 4
+    assert cache.was_evicted(ha) == 0
+    assert cache.host_tokens == 8 and cache.total_tokens == 4
+    cache.check_integrity(held_pages=[])
+    # a's next demotion copies it again (its copy is gone); the host makes room from c or b
+    cache.take_copies()
+    assert cache.evict(2) == 2
+    assert [cp.to_host for cp in cache.take_copies()] == [True]
+    cache.check_integrity(held_pages=[])
+
+
+def test_a_dropped_host_copy_leaves_the_index_device_resident():
+    cache, alloc, host_alloc = tiered(device=6, host=2)
+    a, b = [1, 2, 3, 4], [5, 6, 7, 8]
+    index = ApproxIndex(page_size=2)
+    put(cache, alloc, a)
+    cache.evict(2)
+    index.apply("w", cache.take_events())
+    _loaded_back(cache, alloc, a)  # take_events inside: apply a's device store by hand
+    index.apply("w", [BlockStored(hash_blocks(a, 2), None, a, 2, "GPU")])
+    put(cache, alloc, b)
+    cache.match_prefix(a + [0])
+    cache.evict(2)  # b demoted: a's host copy is dropped for it
+    index.apply("w", cache.take_events())
+    ha, hb = hash_blocks(a, 2), hash_blocks(b, 2)
+    assert index.match_tiers(ha) == {"w": (2, 2)}  # a: device-resident, no longer on the host
+    assert index.match_tiers(hb) == {"w": (0, 2)}
+    assert index.num_blocks("w", "host") == 2
+
+
+def test_locked_host_copies_are_not_dropped():
+    cache, alloc, host_alloc = tiered(device=6, host=2)
+    a, b = [1, 2, 3, 4], [5, 6, 7, 8]
+    m = _loaded_back(cache, alloc, a)
+    cache.lock(m.node)  # a request uses a: its copy is not dropped, b is forgotten instead
+    put(cache, alloc, b)
+    cache.take_events()
+    assert cache.evict(2) == 2
+    assert cache.take_events() == [BlockRemoved(hash_blocks(b, 2), "GPU")]
+    assert cache.host.dropped_copy_pages == 0 and cache.host_tokens == 4
+    cache.unlock(m.node)
+    cache.check_integrity(held_pages=[])
+
+
+def test_spare_host_pages_count_free_pages_and_droppable_copies():
+    cache, alloc, host_alloc = tiered(device=6, host=4)
+    assert cache.host_spare_pages == 4
+    m = _loaded_back(cache, alloc, [1, 2, 3, 4])  # 2 host pages hold a copy of a device node
+    assert host_alloc.num_free == 2 and cache.host_spare_pages == 4
+    cache.lock(m.node)  # a locked copy is not dropped
+    assert cache.host_spare_pages == 2
+    cache.unlock(m.node)
+    cache.evict(2)  # demoted: the copy is now the only one
+    assert cache.host_spare_pages == 2
+    assert RadixCache(2, PageAllocator(4)).host_spare_pages == 0

@@ -12,7 +12,9 @@ forward). Checked after every step:
 - ``check_integrity`` (both tiers' page accounting, counters, leaf sets, device closure);
 - the events, applied in order to per-tier residency sets, give exactly what the tree holds;
   a device remove of a block the host keeps comes after its host store;
-- the ghost list knows every block gone from both tiers.
+- the ghost list knows every block gone from both tiers;
+- the host tier forgets a host-only prefix only when no unlocked host copy of a device-resident
+  node is left to drop (dropping one loses nothing: the node stays on the device).
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ class TieredMachine(RuleBasedStateMachine):
         self.cpu: set[int] = set()
         self.running: list[tuple] = []  # (node, private pages)
         self.history: list[tuple[int, ...]] = []
+        forget = self.cache.host.forget
+
+        def forget_checked(node):
+            assert not self.cache._tree.host_copies, "a prefix forgotten, a host copy kept"
+            forget(node)
+
+        self.cache.host.forget = forget_checked
 
     def draw_tokens(self, data) -> tuple[int, ...]:
         base: tuple[int, ...] = ()
@@ -157,6 +166,40 @@ class TieredMachine(RuleBasedStateMachine):
             self.cache.unlock(m.node)
         self.settle()
 
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
+    def load_back_recent(self, data, ns):
+        """A recent prompt's host continuation loaded back and released, then device pages
+        evicted: the loaded nodes, on both tiers and the most recently used, keep their device
+        pages while older nodes are demoted, and their host copies are dropped to make room."""
+        tokens = self.history[data.draw(st.integers(0, len(self.history) - 1), label="recent")]
+        m = self.cache.match_prefix(tokens, ns)
+        self.settle()
+        if m.pages and not m.host_pages:  # demote it (and every other unlocked device node)
+            self.cache.evict(self.cache.evictable_tokens // self.P)
+            m = self.cache.match_prefix(tokens, ns)
+            self.settle()
+        if not m.host_pages:
+            return
+        self.cache.lock(m.host_node)
+        self.settle()
+        pages = self.take(len(m.host_pages))
+        if pages is not None:
+            m = self.cache.load_back(m, pages)
+            self.settle()
+            self.check_match(m, ns, tokens)
+        self.cache.unlock(m.host_node if pages is None else m.node)
+        self.settle()
+        self.evict(data.draw(st.integers(0, 8), label="then evict"))  # others first: LRU
+
+    @rule(n=st.integers(0, 8))
+    def host_pressure(self, n):
+        """The host tier frees ``n`` pages (as a demotion or write-through would): host copies
+        of device-resident nodes first, then host-only leaves."""
+        ok = self.cache.host.make_room(n)
+        assert ok == (self.host_alloc.num_free >= n)
+        self.settle()
+
     @rule(n=st.integers(0, 8))
     def evict(self, n):
         before = self.cache.evictable_tokens // self.P
@@ -192,9 +235,11 @@ class TieredMachine(RuleBasedStateMachine):
             assert self.cache.was_evicted(n.hashes[:1]) == 0
 
 
-def _machine(P: int, eviction: str, host_pages: int = TieredMachine.HOST_PAGES, write_through=None):
+def _machine(P: int, eviction: str, host_pages: int = TieredMachine.HOST_PAGES, write_through=None,
+             device_pages: int = TieredMachine.DEVICE_PAGES):  # fmt: skip
     attrs = {"P": P, "EVICTION": eviction, "HOST_PAGES": host_pages, "WRITE_THROUGH": write_through}
-    name = f"Tiered_P{P}_{eviction}_host{host_pages}_wt{write_through}"
+    attrs["DEVICE_PAGES"] = device_pages
+    name = f"Tiered_P{P}_{eviction}_dev{device_pages}_host{host_pages}_wt{write_through}"
     cls = type(name, (TieredMachine,), attrs)
     case = cls.TestCase
     case.settings = CACHE_SETTINGS
@@ -209,3 +254,5 @@ TestTieredTinyHost = _machine(1, "lru", host_pages=2)
 # write-through after 1 and 2 hits: copies to host on lock, demotions of copied nodes copy nothing
 TestTieredWriteThrough1 = _machine(2, "lru", write_through=1)
 TestTieredWriteThrough2TinyHost = _machine(1, "lru", host_pages=3, write_through=2)
+# a host tier smaller than the device pool: loaded-back nodes' host copies fill it and are dropped
+TestTieredHostCopies = _machine(1, "lru", host_pages=4, device_pages=6)

@@ -234,3 +234,12 @@ def test_overlapping_polls_finishing_in_reverse_order_keep_their_own_peaks():
         assert at_report["waiting"] == 1 and at_report["queued_prefill_tokens"] == 7
     finally:
         host.shutdown()
+
+
+def test_a_report_carries_its_host_tier_room_to_the_router():
+    pool, _ = pool_with({"host_total_pages": 100, "host_free_pages": 7, "kv_bytes_per_token": 8})
+    (s,) = pool.states()
+    assert (s.host_free_pages, s.host_total_pages) == (7, 100)
+    pool, _ = pool_with({})
+    (s,) = pool.states()
+    assert (s.host_free_pages, s.host_total_pages) == (0, 0)

@@ -103,6 +103,11 @@ class WorkerState:
         """Outstanding requests: what SGLang's router calls the running queue."""
         return self.running + self.waiting
 
+    # Its host tier's pages, free and in all (0 in all: none, or not reported): a placement's
+    # demotions beyond the free ones push older prefixes out of the host tier.
+    host_free_pages: int = 0
+    host_total_pages: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

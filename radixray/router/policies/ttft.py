@@ -13,7 +13,8 @@ of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the 
 work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` the measured reuse
 share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
 once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
-host tier, ``demoted_w`` with one: worth their load-back, not their recompute). Why each term is
+host tier, ``demoted_w`` with one: worth their load-back, not their recompute, as far as its
+free host pages hold them; the rest stay in ``spill_w``). Why each term is
 there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random,
 or by rank in a fleet of routers.
 """
@@ -156,9 +157,12 @@ class PredictedTTFT(Policy):
             # Cached tokens this placement would evict (its new pages beyond the free ones,
             # the loaded-back ones included), each worth a recompute with the probability that
             # a cached token is reused; on a worker with a host tier they are demoted, not lost,
-            # and worth what loading them back costs.
+            # and worth what loading them back costs, as far as its free host pages hold them:
+            # the rest push as many out of a full host tier, lost (when it reports its size).
             spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
             demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
+            if demoted and w.host_total_pages:
+                demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
             cc = c if w.running or w.waiting else max(c, c_shared)
             dup = (weight + reuse * full) * (c_best - cc)
