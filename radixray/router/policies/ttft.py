@@ -13,10 +13,10 @@ of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the 
 work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` the measured reuse
 share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
 once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
-host tier, ``demoted_w`` with one: worth their load-back, not their recompute, as far as its
-free host pages hold them; the rest stay in ``spill_w``). Why each term is
-there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random,
-or by rank in a fleet of routers.
+host tier, ``demoted_w`` with one: worth their load-back, not their recompute; with
+``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``). Why each
+term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
+random, or by rank in a fleet of routers.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class PredictedTTFT(Policy):
         stale: bool = True,
         shared: bool = True,
         lpm: bool = False,
+        host_room: bool = False,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -60,7 +61,9 @@ class PredictedTTFT(Policy):
         the header most workers hold as held (False restores the rule before each, for
         comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
         work the scheduler admits before it, by this router's record of what it placed
-        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix"."""
+        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``host_room`` (off:
+        measured, not adopted) prices a tiered worker's demotions at their load-back only up to
+        the room its host tier reports, the rest as lost (docs/ttft_policy.md, "Host tiers")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -78,6 +81,7 @@ class PredictedTTFT(Policy):
         self.stale = stale
         self.shared = shared
         self.waiting = Waiting() if lpm else None
+        self.host_room = host_room
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -157,11 +161,11 @@ class PredictedTTFT(Policy):
             # Cached tokens this placement would evict (its new pages beyond the free ones,
             # the loaded-back ones included), each worth a recompute with the probability that
             # a cached token is reused; on a worker with a host tier they are demoted, not lost,
-            # and worth what loading them back costs, as far as its free host pages hold them:
-            # the rest push as many out of a full host tier, lost (when it reports its size).
+            # and worth what loading them back costs (with host_room, only as far as its host
+            # tier has room: the rest push as many out of a full host tier, lost).
             spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
             demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
-            if demoted and w.host_total_pages:
+            if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
             cc = c if w.running or w.waiting else max(c, c_shared)
