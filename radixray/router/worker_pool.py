@@ -175,6 +175,7 @@ class WorkerPool:
                     r.decode_step_s or 0.0,
                     True,
                     *_load_cost(r),
+                    r.max_batch_tokens,
                 )
             )
         return out

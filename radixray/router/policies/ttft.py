@@ -1,8 +1,12 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
 recomputation imposes on everyone else, is lowest::
 
-    cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
-             + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
+    cost_w = steps_w(queued_w + n - c_w) + ((L + h * f) * (c_best - c_w) + h * spill_w) / R_w
+             + load_w(c_w - d_w) + h * load_w(demoted_w)
+
+(``steps_w(x)``: ``x`` prefill tokens by ``w``'s engine steps, ``ceil(x / (B_w - running_w))``
+steps of its step budget ``B_w`` less its decodes, each at the larger of ``O_w`` and its decode
+step while it decodes, plus ``x / R_w``; ``step_cost.prefill_seconds``)
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
@@ -45,6 +49,7 @@ class PredictedTTFT(Policy):
         stale: bool = True,
         shared: bool = True,
         lpm: bool = False,
+        steps: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -59,7 +64,10 @@ class PredictedTTFT(Policy):
         the header most workers hold as held (False restores the rule before each, for
         comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
         work the scheduler admits before it, by this router's record of what it placed
-        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix"."""
+        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps``: queued and
+        own prefill cost the engine steps they take on a worker that reports its step budget
+        (``step_cost.prefill_seconds``; False: one step's fixed cost whatever the queue, the
+        rule before; docs/ttft_policy.md, "Queue time in steps")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -77,6 +85,7 @@ class PredictedTTFT(Policy):
         self.stale = stale
         self.shared = shared
         self.waiting = Waiting() if lpm else None
+        self.steps = steps
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -163,18 +172,19 @@ class PredictedTTFT(Policy):
             cc = c if w.running or w.waiting else max(c, c_shared)
             dup = (weight + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
-            work = queued + n - cc + dup + reuse * spill
-            t = w.prefill_overhead_s + work / w.prefill_tokens_per_s + w.load_time(c - d)
-            t += reuse * w.load_time(demoted)
-            return t + w.decode_step_s if w.running else t
+            # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
+            t = w.prefill_s(queued, n - cc, steps=self.steps)
+            t += (dup + reuse * spill) / w.prefill_tokens_per_s + w.load_time(c - d)
+            return t + reuse * w.load_time(demoted)
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
         c = reusable.get(pick.worker_id, 0)
         # The prefill work this placement brings the fleet, by the fit it was priced with (what
-        # it loads back from a host tier is not prefill). In a fleet of routers sharing the
-        # workers this one sees about 1 / routers of the arrivals.
-        work = pick.prefill_overhead_s + (n - held(pick)[0]) / pick.prefill_tokens_per_s
+        # it loads back from a host tier is not prefill): its share of full steps (each step's
+        # fixed cost over the prefill tokens a step holds, and the tokens at the fit's rate). In
+        # a fleet of routers sharing the workers this one sees about 1 / routers of the arrivals.
+        work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.steps)
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
