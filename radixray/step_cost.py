@@ -24,6 +24,7 @@ __all__ = [
     "queue_wait_seconds",
     "step_fixed_s",
     "sum_moments",
+    "token_seconds",
 ]
 
 # Before any worker has measured its prefill rate: a CPU worker on the default model is in the
@@ -186,3 +187,16 @@ def queue_wait_seconds(
         return overhead_s + queued / tokens_per_s
     steps = queued // max(1, budget - running)
     return steps * step_fixed_s(overhead_s, running, decode_step_s) + queued / tokens_per_s
+
+
+def token_seconds(
+    running: int, budget: int, overhead_s: float, tokens_per_s: float, decode_step_s: float = 0.0
+) -> float:
+    """Seconds one more prefill token takes from a worker whose steps are full: ``1 /
+    tokens_per_s`` and its share of a step's fixed cost, ``step_fixed_s / (budget - running)``
+    (``prefill_seconds(..., whole=False)`` per token). ``budget`` 0 (not reported): the rate
+    alone."""
+    if budget <= 0:
+        return 1.0 / tokens_per_s
+    fixed = step_fixed_s(overhead_s, running, decode_step_s)
+    return 1.0 / tokens_per_s + fixed / max(1, budget - running)

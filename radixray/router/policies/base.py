@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from radixray.step_cost import prefill_seconds, queue_wait_seconds
+from radixray.step_cost import prefill_seconds, queue_wait_seconds, token_seconds
 
 if TYPE_CHECKING:  # only for type hints: policies read the index, they never build one
     from radixray.cache_index import ApproxIndex
@@ -112,6 +112,17 @@ class WorkerState:
             self.prefill_tokens_per_s,
             self.decode_step_s,
             whole,
+        )
+
+    def token_s(self, steps: bool = True) -> float:
+        """Seconds one more prefill token takes here: its time at the fit's rate and its share
+        of a step's fixed cost (``step_cost.token_seconds``; ``steps=False``: the rate alone)."""
+        return token_seconds(
+            self.running,
+            self.max_batch_tokens if steps else 0,
+            self.prefill_overhead_s,
+            self.prefill_tokens_per_s,
+            self.decode_step_s,
         )
 
     def queue_wait_s(self) -> float:

@@ -50,6 +50,7 @@ class PredictedTTFT(Policy):
         shared: bool = True,
         lpm: bool = False,
         steps: bool = True,
+        work_steps: bool = False,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -67,7 +68,9 @@ class PredictedTTFT(Policy):
         (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps``: queued and
         own prefill cost the engine steps they take on a worker that reports its step budget
         (``step_cost.prefill_seconds``; False: one step's fixed cost whatever the queue, the
-        rule before; docs/ttft_policy.md, "Queue time in steps")."""
+        rule before; docs/ttft_policy.md, "Queue time in steps"); ``work_steps``: the
+        headroom estimate counts each request's work by its share of full steps too (off:
+        measured, not adopted; one fixed cost a request)."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -86,6 +89,7 @@ class PredictedTTFT(Policy):
         self.shared = shared
         self.waiting = Waiting() if lpm else None
         self.steps = steps
+        self.work_steps = work_steps
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -174,7 +178,8 @@ class PredictedTTFT(Policy):
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
             t = w.prefill_s(queued, n - cc, steps=self.steps)
-            t += (dup + reuse * spill) / w.prefill_tokens_per_s + w.load_time(c - d)
+            # and what it recomputes for others (or evicts) at a prefill token's cost there
+            t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
             return t + reuse * w.load_time(demoted)
 
         best, scores = self.lowest(live, cost)
@@ -184,7 +189,7 @@ class PredictedTTFT(Policy):
         # it loads back from a host tier is not prefill): its share of full steps (each step's
         # fixed cost over the prefill tokens a step holds, and the tokens at the fit's rate). In
         # a fleet of routers sharing the workers this one sees about 1 / routers of the arrivals.
-        work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.steps)
+        work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.work_steps)
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"

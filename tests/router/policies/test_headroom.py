@@ -47,15 +47,28 @@ def _cold_fleet_workload(rate: float, n: int = 400, tokens: int = 256) -> Worklo
     return Workload("cold", reqs, P)
 
 
+@pytest.mark.parametrize("load", [0.5, 2.0])
+def test_ttft_headroom_against_a_simulated_fleet_of_known_capacity(load):
+    timing = timing_preset("cpu")
+    step = timing.step_time(0, 0, 256, 256 * 255 // 2)  # one request's prefill, alone
+    workers = 4
+    capacity = workers / step  # requests per second the fleet prefills
+    policy = make_policy("ttft")
+    cfg = SimConfig(num_workers=workers, num_pages=1024, page_size=P, timing=timing)
+    simulate(_cold_fleet_workload(load * capacity), policy, cfg)
+    assert policy.headroom == pytest.approx(1.0 - load, abs=0.03)
+
+
 @pytest.mark.parametrize("load, per_step", [(0.5, 1), (2.0, 2)])
-def test_ttft_headroom_against_a_simulated_fleet_of_known_capacity(load, per_step):
-    """At half the fleet's one-prompt-a-step capacity each prompt has a step to itself; at twice
-    it the queue packs two prompts into each 512-token step, which pays its fixed cost once."""
+def test_headroom_by_steps_against_a_fleet_of_known_capacity(load, per_step):
+    """Work counted by steps (``ttft:work_steps=true``): at half the fleet's one-prompt-a-step
+    capacity each prompt has a step to itself; at twice it the queue packs two prompts into each
+    512-token step, which pays its fixed cost once, and the estimate sees that capacity."""
     timing = timing_preset("cpu")
     step = timing.step_time(0, 0, 256, 256 * 255 // 2)  # one request's prefill, alone
     workers = 4
     capacity = workers / step  # requests per second the fleet prefills one a step
-    policy = make_policy("ttft")
+    policy = make_policy("ttft", work_steps=True)
     cfg = SimConfig(num_workers=workers, num_pages=1024, page_size=P, timing=timing)
     simulate(_cold_fleet_workload(load * capacity), policy, cfg)
     packed = timing.step_time(0, 0, 256 * per_step, per_step * 256 * 255 // 2) / per_step
@@ -71,7 +84,7 @@ def _decoding_workload(rate: float, n: int = 400) -> Workload:
 
 def _run_decoding(rate: float, steps: bool) -> tuple[float, float]:
     """(the headroom estimate's rho at the end, the mean wait of the last 100 requests)."""
-    policy = make_policy("ttft", steps=steps)
+    policy = make_policy("ttft", work_steps=steps)
     timing = timing_preset("cpu", max_batch_tokens=64)
     cfg = SimConfig(num_workers=4, num_pages=1024, page_size=P, timing=timing)
     records = simulate(_decoding_workload(rate), policy, cfg).records
