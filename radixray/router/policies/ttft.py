@@ -1,12 +1,13 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
 recomputation imposes on everyone else, is lowest::
 
-    cost_w = steps_w(queued_w + n - c_w) + ((L + h * f) * (c_best - c_w) + h * spill_w) / R_w
-             + load_w(c_w - d_w) + h * load_w(demoted_w)
+    cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
+             + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
 
-(``steps_w(x)``: ``x`` prefill tokens by ``w``'s engine steps, ``ceil(x / (B_w - running_w))``
-steps of its step budget ``B_w`` less its decodes, each at the larger of ``O_w`` and its decode
-step while it decodes, plus ``x / R_w``; ``step_cost.prefill_seconds``)
+(with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
++ n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
+``O_w`` and its decode step, and the other tokens at a token's share of a full step;
+``step_cost.prefill_seconds``, docs/ttft_policy.md, "Queue time in steps")
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
@@ -49,7 +50,7 @@ class PredictedTTFT(Policy):
         stale: bool = True,
         shared: bool = True,
         lpm: bool = False,
-        steps: bool = True,
+        steps: bool = False,
         work_steps: bool = False,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
@@ -65,12 +66,13 @@ class PredictedTTFT(Policy):
         the header most workers hold as held (False restores the rule before each, for
         comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
         work the scheduler admits before it, by this router's record of what it placed
-        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps``: queued and
-        own prefill cost the engine steps they take on a worker that reports its step budget
-        (``step_cost.prefill_seconds``; False: one step's fixed cost whatever the queue, the
-        rule before; docs/ttft_policy.md, "Queue time in steps"); ``work_steps``: the
-        headroom estimate counts each request's work by its share of full steps too (off:
-        measured, not adopted; one fixed cost a request)."""
+        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps`` (off: measured,
+        not adopted): queued and own prefill cost the engine steps they take on a worker that
+        reports its step budget, and what a placement recomputes a token's share of them
+        (``step_cost.prefill_seconds``, ``token_seconds``; off: one step's fixed cost whatever
+        the queue); ``work_steps`` (off: measured, not adopted): the headroom estimate counts
+        each request's work by its share of full steps too (docs/ttft_policy.md, "Queue time in
+        steps")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
