@@ -273,6 +273,7 @@ class DcLoadReport:
     load_bytes_per_s: float | None = None
     load_overhead_s: float | None = None
     kv_bytes_per_token: int = 0
+    max_batch_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +398,7 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 ld.load_bytes_per_s,
                 ld.load_overhead_s,
                 ld.kv_bytes_per_token,
+                ld.max_batch_tokens,
             ],
             [
                 c.requests_finished,
@@ -430,8 +432,8 @@ _SP_FLOATS = (
 )  # fmt: skip
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None, 0, 0]  # [0:3] required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
-_LOAD_DEFAULTS += [0, 0, 0, None, None, 0]
-_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22)
+_LOAD_DEFAULTS += [0, 0, 0, None, None, 0, 0]
+_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22, 23)
 _LOAD_OPT_FLOATS = (8, 9, 11, 12, 20, 21)
 _COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0.0]  # None: a fresh {} below
 _COUNTER_INTS = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13)
@@ -616,8 +618,8 @@ def _dc_lp_in(v: Any, name: str, nullable: bool) -> list | None:
 def _dc_load(f: Any) -> DcLoadReport:
     if type(f) is not list:
         raise _bad(TAG_POLL, "load must be an array")
-    if len(f) != 23:
-        f = (f + _LOAD_DEFAULTS[len(f) :])[:23]
+    if len(f) != 24:
+        f = (f + _LOAD_DEFAULTS[len(f) :])[:24]
     for i in _LOAD_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"load[{i}] must be an int")
@@ -768,6 +770,7 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "load_bytes_per_s": rng.uniform(1e9, 5e10),
         "load_overhead_s": None,
         "kv_bytes_per_token": 131072,
+        "max_batch_tokens": 8192,
     }
     counters = {
         "requests_finished": rng.randrange(10**6),

@@ -71,11 +71,12 @@ def workload(name: str, speedup: float, limit: int | None, seed: int):
 def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, dict]:
     wl = workload(args.workload, speedup, args.limit, seed)
     limit, per_worker, max_queue_s = ADMISSION if args.admission else (None, None, None)
+    budget = {"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}
     cfg = SimConfig(
         num_workers=args.workers,
         num_pages=args.pages,
         page_size=16,
-        timing=timing_preset(args.timing),
+        timing=timing_preset(args.timing, **budget),
         seed=seed,
         max_inflight=limit,
         max_inflight_per_worker=per_worker,
@@ -83,7 +84,7 @@ def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, di
     )
     out = {}
     for name in names:
-        s = simulate(wl, name, cfg).summary()
+        s = simulate(wl, args.ours if name == OURS else name, cfg).summary()
         out[name] = {k: s[k] for k in METRICS}
     return out
 
@@ -113,6 +114,8 @@ def sustainable(points: dict[float, dict[str, dict]], policy: str) -> float | No
 
 def verdict(points: dict[float, dict[str, dict]], names: list[str]) -> list[str]:
     base = [n for n in names if n != OURS]
+    if not base:
+        return ["no baseline run: nothing to check ttft against"]
     lines, ok = [], True
     for s, pt in sorted(points.items()):
         ours = pt[OURS]
@@ -194,6 +197,17 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--pages", type=int, default=8192)
     p.add_argument("--timing", default="cpu")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=0,
+        help="the workers' step budget (0: the timing preset's, 512 for cpu)",
+    )
+    p.add_argument(
+        "--ours",
+        default=OURS,
+        help="the policy spec run as ttft (e.g. ttft:steps=false; the table still says ttft)",
+    )
     p.add_argument("--limit", type=int, default=None, help="the first N requests")
     p.add_argument(
         "--admission",
@@ -228,7 +242,8 @@ def main(argv=None) -> int:
         points[s] = {n: (old | median_over_seeds(runs))[n] for n in names}
         print(f"speedup {s:g}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     title = (
-        f"{args.workload}, {args.workers} workers x {args.pages} pages, {args.timing} timing, "
+        f"{args.workload}, {args.workers} workers x {args.pages} pages, {args.timing} timing"
+        f"{f', {args.max_batch_tokens}-token steps' if args.max_batch_tokens else ''}, "
         f"{args.seeds} seed(s){', admission modelled' if args.admission else ''}"
     )
     print(f"#### {title}\n\n{table(points, names, args.admission)}\n")

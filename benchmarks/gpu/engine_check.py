@@ -174,7 +174,9 @@ def measure_host(mcfg, device: str, prompt_len: int, reps: int) -> dict:
 
     def run(layered: bool) -> dict:
         KVPool.host_copies = (
-            at_once if layered else (lambda self, c, layered=False: at_once(self, c, False))
+            at_once
+            if layered
+            else (lambda self, c, layered=False, wait=False: at_once(self, c, False, wait))
         )
         try:
             e = engine(

@@ -56,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 7  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 8  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -271,6 +271,10 @@ class LoadReport(Struct, frozen=True, array_like=True):
     load_bytes_per_s: float | None = None
     load_overhead_s: float | None = None
     kv_bytes_per_token: int = 0
+    # The token budget of one engine step (the scheduler's ``max_batch_tokens``): decodes take
+    # one token of it each, prefill chunks the rest, so a router can price queued prefill by the
+    # steps it takes (``step_cost.prefill_seconds``); 0: not reported.
+    max_batch_tokens: int = 0
 
 
 class WorkerCounters(Struct, frozen=True, array_like=True):

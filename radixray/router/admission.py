@@ -7,12 +7,14 @@ Two limits, checked in this order before a request is routed (``request_path.py`
 * **queueing delay** (``max_queue_s``): the time a new request would wait before its prefill
   starts on the least-queued routable worker, from the same numbers the routing policies price
   time with: the worker's queued prefill tokens (this router's tally plus the others' from its
-  report) at its pooled prefill fit (``overhead + tokens / rate``). When even that worker would
-  make it wait longer than ``max_queue_s``, every placement would, so the request is refused
-  and told to come back when that worker's backlog beyond the limit has drained at its rate
-  (``retry_after``), instead of joining a queue that only grows: past saturation (the policy's
-  ``headroom`` <= 0, shown on ``/metrics``) work arrives faster than the fleet computes it, and a
-  request admitted into that queue waits longer than its client does.
+  report) at its pooled prefill fit, by the steps that run before the request's first
+  (``step_cost.queue_wait_seconds``: each step's token budget less one token per running
+  decode, each step's fixed cost). When even that worker would make it wait longer than
+  ``max_queue_s``, every placement would, so the request is refused and told to come back when
+  that worker's backlog beyond the limit has drained at its rate (``retry_after``), instead of
+  joining a queue that only grows: past saturation (the policy's ``headroom`` <= 0, shown on
+  ``/metrics``) work arrives faster than the fleet computes it, and a request admitted into that
+  queue waits longer than its client does.
 
 The delay limit needs measured rates: before any worker has reported a prefill step the router
 knows only a nominal prior (``PRIOR_PREFILL_TPS``), which says nothing about seconds, so only
@@ -33,10 +35,11 @@ __all__ = ["Admission", "queue_wait_s", "retry_after"]
 
 
 def worker_wait_s(w: WorkerState) -> float:
-    """Seconds of prefill queued on ``w`` ahead of a new request (0 when nothing is)."""
-    if w.queued_prefill_tokens <= 0:
-        return 0.0
-    return w.prefill_overhead_s + w.queued_prefill_tokens / w.prefill_tokens_per_s
+    """Seconds of prefill queued on ``w`` ahead of a new request (0 when nothing is), by the
+    engine steps that run before its first (``step_cost.queue_wait_seconds``: each step's budget
+    less the decodes it carries, each step's fixed cost; one step's where the worker reports no
+    budget)."""
+    return w.queue_wait_s()
 
 
 def queue_wait_s(states: Iterable[WorkerState]) -> float | None:

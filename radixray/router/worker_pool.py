@@ -175,6 +175,7 @@ class WorkerPool:
                     r.decode_step_s or 0.0,
                     True,
                     *_load_cost(r),
+                    r.max_batch_tokens,
                     host_free_pages=r.host_free_pages,
                     host_total_pages=r.host_total_pages,
                 )

@@ -151,6 +151,7 @@ class SimWorker:
             prefill_tokens_per_s=rate,
             prefill_overhead_s=overhead,
             decode_step_s=self._decode_step.value,
+            max_batch_tokens=self.timing.max_batch_tokens,
             **self._load_report(),
         )
 

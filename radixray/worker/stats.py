@@ -171,6 +171,7 @@ def engine_stats(engine) -> dict:
         preemptions=sched.num_preemptions,
         evicted_pages=sched.num_evicted_pages,
         kv_bytes_per_token=engine.pool.page_bytes // engine.page_size,
+        max_batch_tokens=sched.config.max_batch_tokens,
     )
     if engine.pool.window_k is not None:  # the window layers' pool (docs/window_cache.md)
         s.update(

@@ -29,6 +29,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from radixray.step_cost import prefill_seconds, queue_wait_seconds, token_seconds
+
 if TYPE_CHECKING:  # only for type hints: policies read the index, they never build one
     from radixray.cache_index import ApproxIndex
 
@@ -91,6 +93,53 @@ class WorkerState:
     # rate``; a rate of 0 means no host tier.
     load_tokens_per_s: float = 0.0
     load_overhead_s: float = 0.0
+    # The token budget of one engine step (0: not reported; then a queue costs one step's fixed
+    # cost whatever its length): ``step_cost.prefill_seconds`` prices queued prefill by steps.
+    max_batch_tokens: int = 0
+    # Its host tier's pages, free and in all (0 in all: none, or not reported): a placement's
+    # demotions beyond the free ones push older prefixes out of the host tier.
+    host_free_pages: int = 0
+    host_total_pages: int = 0
+
+    def prefill_s(
+        self, queued: float, own: float = 0, whole: bool = True, steps: bool = True
+    ) -> float:
+        """Seconds for ``queued`` + ``own`` prefill tokens here, by this worker's steps
+        (``step_cost.prefill_seconds``; 0 for none); ``steps=False``: as if it reported no
+        step budget (one step's fixed cost whatever the queue)."""
+        return prefill_seconds(
+            queued,
+            own,
+            self.running,
+            self.max_batch_tokens if steps else 0,
+            self.prefill_overhead_s,
+            self.prefill_tokens_per_s,
+            self.decode_step_s,
+            whole,
+        )
+
+    def token_s(self, steps: bool = True) -> float:
+        """Seconds one more prefill token takes here: its time at the fit's rate and its share
+        of a step's fixed cost (``step_cost.token_seconds``; ``steps=False``: the rate alone)."""
+        return token_seconds(
+            self.running,
+            self.max_batch_tokens if steps else 0,
+            self.prefill_overhead_s,
+            self.prefill_tokens_per_s,
+            self.decode_step_s,
+        )
+
+    def queue_wait_s(self) -> float:
+        """Seconds before a request sent here now starts its first step, behind the queued
+        prefill (``step_cost.queue_wait_seconds``; 0 when nothing is queued)."""
+        return queue_wait_seconds(
+            self.queued_prefill_tokens,
+            self.running,
+            self.max_batch_tokens,
+            self.prefill_overhead_s,
+            self.prefill_tokens_per_s,
+            self.decode_step_s,
+        )
 
     def load_time(self, tokens: int) -> float:
         """Seconds to load ``tokens`` back from the host tier (0 for none)."""
@@ -102,11 +151,6 @@ class WorkerState:
     def load(self) -> int:
         """Outstanding requests: what SGLang's router calls the running queue."""
         return self.running + self.waiting
-
-    # Its host tier's pages, free and in all (0 in all: none, or not reported): a placement's
-    # demotions beyond the free ones push older prefixes out of the host tier.
-    host_free_pages: int = 0
-    host_total_pages: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,12 @@
 """``Headroom``: how close the fleet is to saturation, from what the router already measures.
 
-Each routed request brings the fleet an amount of prefill work, in worker-seconds: its uncached
-tokens (the prompt less what its chosen worker holds) over that worker's measured prefill rate,
-plus the step's fixed cost, both from the prefill fit the router routes by. Work arriving per
-second, over the worker-seconds the fleet has per second, is its utilisation::
+Each routed request brings the fleet an amount of prefill work, in worker-seconds, which the
+caller passes: its uncached tokens ``u`` (the prompt less what its chosen worker holds) over that
+worker's measured prefill rate, plus the step's fixed cost (ttft's default), or plus its share of
+the steps they take, ``u / (B - r)`` steps of the worker's step budget ``B`` less its ``r``
+running decodes, each at the step's fixed cost (``ttft:work_steps=true``;
+``step_cost.prefill_seconds(..., whole=False)``). Work arriving per second, over the
+worker-seconds the fleet has per second, is its utilisation::
 
     rho      = E[work per request] / (E[time between arrivals] * workers)
     headroom = 1 - rho                    (<= 0: work arrives faster than the fleet does it)
@@ -15,10 +18,14 @@ busy fraction read 0.82-1.0 on Mooncake at loads from 2.5x to 4x, where the spar
 capacity went from about half to none; docs/ttft_policy.md, "Near saturation").
 
 The work is what the router *placed*, with its own reuse: a policy that recomputes prefixes
-raises its own ``rho``, as it should. The fixed cost per request is an upper bound when several
-short prompts share a prefill step, and the fit's intercept holds the decode steps that ride
-along with prefill chunks, which do take worker time: on the ``cpu`` timing preset the estimate
-crosses 1 between 3.5x and 4x Mooncake, where the best policy's queue stops draining.
+raises its own ``rho``, as it should. One fixed cost a request is an upper bound when several
+short prompts share a step, and the fit's intercept holds the decodes that ride along with
+prefill chunks: on the ``cpu`` timing preset the estimate crosses 1 between 3x and 4x Mooncake,
+a little before the best policy's queue stops draining (4x-4.5x). Counted by steps, a short
+prompt pays only its share of a step's fixed cost and a worker whose decodes eat its budget
+pays more steps: the estimate crosses 1 between 4x and 4.5x there, and on 64-token steps with
+decodes exactly where the fleet saturates (one fixed cost a request read 0.67 there). The
+earlier reading is what ttft's reuse weight wants (docs/ttft_policy.md, "Queue time in steps").
 
 ``reuse_weight`` is the M/M/1 mean number in system, ``rho / (1 - rho)``: how many requests a
 second of extra work delays. ``rho`` is clipped below ``1 - 1 / memory``: an average over

@@ -4,6 +4,11 @@ recomputation imposes on everyone else, is lowest::
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
 
+(with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
++ n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
+``O_w`` and its decode step, and the other tokens at a token's share of a full step;
+``step_cost.prefill_seconds``, docs/ttft_policy.md, "Queue time in steps")
+
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
 worker at least the header most workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
@@ -47,6 +52,8 @@ class PredictedTTFT(Policy):
         shared: bool = True,
         lpm: bool = False,
         host_room: bool = False,
+        steps: bool = False,
+        work_steps: bool = False,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -61,9 +68,15 @@ class PredictedTTFT(Policy):
         the header most workers hold as held (False restores the rule before each, for
         comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
         work the scheduler admits before it, by this router's record of what it placed
-        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``host_room`` (off:
-        measured, not adopted) prices a tiered worker's demotions at their load-back only up to
-        the room its host tier reports, the rest as lost (docs/ttft_policy.md, "Host tiers")."""
+        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps`` (off: measured,
+        not adopted): queued and own prefill cost the engine steps they take on a worker that
+        reports its step budget, and what a placement recomputes a token's share of them
+        (``step_cost.prefill_seconds``, ``token_seconds``; off: one step's fixed cost whatever
+        the queue); ``work_steps`` (off: measured, not adopted): the headroom estimate counts
+        each request's work by its share of full steps too (docs/ttft_policy.md, "Queue time in
+        steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
+        at their load-back only up to the room its host tier reports, the rest as lost
+        (docs/ttft_policy.md, "Host tiers")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -82,6 +95,8 @@ class PredictedTTFT(Policy):
         self.shared = shared
         self.waiting = Waiting() if lpm else None
         self.host_room = host_room
+        self.steps = steps
+        self.work_steps = work_steps
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -171,18 +186,20 @@ class PredictedTTFT(Policy):
             cc = c if w.running or w.waiting else max(c, c_shared)
             dup = (weight + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
-            work = queued + n - cc + dup + reuse * spill
-            t = w.prefill_overhead_s + work / w.prefill_tokens_per_s + w.load_time(c - d)
-            t += reuse * w.load_time(demoted)
-            return t + w.decode_step_s if w.running else t
+            # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
+            t = w.prefill_s(queued, n - cc, steps=self.steps)
+            # and what it recomputes for others (or evicts) at a prefill token's cost there
+            t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
+            return t + reuse * w.load_time(demoted)
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
         c = reusable.get(pick.worker_id, 0)
         # The prefill work this placement brings the fleet, by the fit it was priced with (what
-        # it loads back from a host tier is not prefill). In a fleet of routers sharing the
-        # workers this one sees about 1 / routers of the arrivals.
-        work = pick.prefill_overhead_s + (n - held(pick)[0]) / pick.prefill_tokens_per_s
+        # it loads back from a host tier is not prefill): its share of full steps (each step's
+        # fixed cost over the prefill tokens a step holds, and the tokens at the fit's rate). In
+        # a fleet of routers sharing the workers this one sees about 1 / routers of the arrivals.
+        work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.work_steps)
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"

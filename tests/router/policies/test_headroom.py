@@ -59,6 +59,51 @@ def test_ttft_headroom_against_a_simulated_fleet_of_known_capacity(load):
     assert policy.headroom == pytest.approx(1.0 - load, abs=0.03)
 
 
+@pytest.mark.parametrize("load, per_step", [(0.5, 1), (2.0, 2)])
+def test_headroom_by_steps_against_a_fleet_of_known_capacity(load, per_step):
+    """Work counted by steps (``ttft:work_steps=true``): at half the fleet's one-prompt-a-step
+    capacity each prompt has a step to itself; at twice it the queue packs two prompts into each
+    512-token step, which pays its fixed cost once, and the estimate sees that capacity."""
+    timing = timing_preset("cpu")
+    step = timing.step_time(0, 0, 256, 256 * 255 // 2)  # one request's prefill, alone
+    workers = 4
+    capacity = workers / step  # requests per second the fleet prefills one a step
+    policy = make_policy("ttft", work_steps=True)
+    cfg = SimConfig(num_workers=workers, num_pages=1024, page_size=P, timing=timing)
+    simulate(_cold_fleet_workload(load * capacity), policy, cfg)
+    packed = timing.step_time(0, 0, 256 * per_step, per_step * 256 * 255 // 2) / per_step
+    assert policy.capacity.rho == pytest.approx(load * packed / step, abs=0.03)
+
+
+def _decoding_workload(rate: float, n: int = 400) -> Workload:
+    """Distinct 256-token prompts with 24-token answers: on 64-token steps the decodes of the
+    answers take a good share of every step's budget."""
+    reqs = [SimRequest(i, i / rate, ((i + 1, 256),), 24) for i in range(n)]
+    return Workload("decoding", reqs, P)
+
+
+def _run_decoding(rate: float, steps: bool) -> tuple[float, float]:
+    """(the headroom estimate's rho at the end, the mean wait of the last 100 requests)."""
+    policy = make_policy("ttft", work_steps=steps)
+    timing = timing_preset("cpu", max_batch_tokens=64)
+    cfg = SimConfig(num_workers=4, num_pages=1024, page_size=P, timing=timing)
+    records = simulate(_decoding_workload(rate), policy, cfg).records
+    return policy.capacity.rho, sum(r.wait_s for r in records[-100:]) / 100
+
+
+def test_headroom_by_steps_crosses_one_where_a_small_budget_fleet_saturates():
+    """Four workers on 64-token steps, with decodes taking their share of each step: the queue
+    drains at 4.4 requests/s and grows at 4.6 (the waits of the last requests). Counted by steps
+    the estimate reads the edge (rho 0.95, then over 1); counted as one step's fixed cost per
+    request it read a third of the fleet spare at 4.4."""
+    rho, wait = _run_decoding(4.4, steps=True)
+    assert wait < 0.2 and 0.85 < rho < 1.0
+    rho, wait = _run_decoding(4.6, steps=True)
+    assert wait > 1.0 and rho > 1.0
+    rho_before, _ = _run_decoding(4.4, steps=False)
+    assert rho_before < 0.75
+
+
 def req(k: int, at: float) -> RoutingRequest:
     return RoutingRequest(k, 8 * P, list(range(1000, 1008)), None, at)
 

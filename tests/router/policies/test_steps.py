@@ -1,0 +1,121 @@
+"""Queued prefill priced by the engine steps it takes (``step_cost.prefill_seconds``,
+``queue_wait_seconds``): the function on hand-computed cases, admission's wait and ttft's
+choice by steps, and the step budget a worker reports reaching the policy's view."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixray.cache_index import ApproxIndex
+from radixray.protocol import LoadReport, WorkerInfo
+from radixray.router.admission import queue_wait_s, worker_wait_s
+from radixray.router.policies import RoutingRequest, WorkerState, make_policy
+from radixray.step_cost import prefill_seconds, queue_wait_seconds, step_fixed_s
+
+P = 16
+
+
+def test_a_step_costs_its_fixed_cost_once_the_larger_of_the_fit_and_a_decode_step():
+    assert step_fixed_s(0.05, 0, 0.3) == 0.05  # nothing decodes: the fit's intercept
+    assert step_fixed_s(0.05, 8, 0.3) == 0.3  # 8 decodes ride along: a decode step now
+    assert step_fixed_s(0.05, 8, 0.01) == 0.05  # the intercept already holds them
+
+
+def test_prefill_seconds_by_steps_hand_computed():
+    # budget 100, 20 decodes: 80 prefill tokens a step; 250 tokens take ceil(250/80) = 4 steps
+    # of max(0.05, 0.1) s, plus 250 tokens at 1000/s
+    assert prefill_seconds(200, 50, 20, 100, 0.05, 1000.0, 0.1) == pytest.approx(4 * 0.1 + 0.25)
+    # nothing decoding: 100 a step, 3 steps of the intercept
+    assert prefill_seconds(200, 50, 0, 100, 0.05, 1000.0, 0.1) == pytest.approx(3 * 0.05 + 0.25)
+    # exactly two steps' worth
+    assert prefill_seconds(160, 0, 20, 100, 0.05, 1000.0) == pytest.approx(2 * 0.05 + 0.16)
+    # the share of full steps (Headroom's work): 250 / 80 steps
+    fractional = prefill_seconds(200, 50, 20, 100, 0.05, 1000.0, 0.1, whole=False)
+    assert fractional == pytest.approx(250 / 80 * 0.1 + 0.25)
+    # decodes fill the budget: one prefill token a step, not none
+    assert prefill_seconds(3, 0, 100, 100, 0.05, 1000.0) == pytest.approx(3 * 0.05 + 0.003)
+    assert prefill_seconds(0, 0, 20, 100, 0.05, 1000.0) == 0.0  # nothing to compute
+
+
+def test_without_a_reported_budget_the_rule_before():
+    # one step's fixed cost whatever the queue, and a decode step while it decodes
+    assert prefill_seconds(5000, 100, 3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.05 + 5.1 + 0.1)
+    assert prefill_seconds(5000, 100, 0, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.05 + 5.1)
+    # the work a request brings (whole=False): no decode step
+    assert prefill_seconds(0, 100, 3, 0, 0.05, 1000.0, 0.1, whole=False) == pytest.approx(0.15)
+    assert queue_wait_seconds(3000, 3, 0, 0.02, 1000.0, 0.1) == pytest.approx(0.02 + 3.0)
+
+
+def test_the_wait_counts_the_steps_before_a_requests_first_chunk():
+    # 250 queued, 80 prefill tokens a step: 3 full steps run before it; its first chunk rides
+    # in the fourth, on the 70 tokens the queue's last 10 leave
+    assert queue_wait_seconds(250, 20, 100, 0.05, 1000.0, 0.1) == pytest.approx(3 * 0.1 + 0.25)
+    assert queue_wait_seconds(70, 20, 100, 0.05, 1000.0, 0.1) == pytest.approx(0.07)
+    assert queue_wait_seconds(0, 20, 100, 0.05, 1000.0, 0.1) == 0.0
+
+
+def state(wid, queued=0, running=0, budget=0, rate=1000.0, overhead=0.02, decode=0.0, **kw):
+    return WorkerState(
+        wid,
+        running=running,
+        queued_prefill_tokens=queued,
+        prefill_tokens_per_s=rate,
+        prefill_overhead_s=overhead,
+        decode_step_s=decode,
+        max_batch_tokens=budget,
+        **kw,
+    )
+
+
+def test_admission_waits_by_steps():
+    # 3,000 queued on 64-token steps with 32 decodes: 93 full steps of a 0.4 s decode step
+    # before a new request's first chunk, and the tokens at 1000/s
+    slow = state("a", 3000, running=32, budget=64, decode=0.4)
+    assert worker_wait_s(slow) == pytest.approx(93 * 0.4 + 3.0)
+    # the same queue on a worker with a budget its decodes barely dent: 3000 // 992 = 3 steps
+    fast = state("b", 3000, running=32, budget=1024, decode=0.4)
+    assert worker_wait_s(fast) == pytest.approx(3 * 0.4 + 3.0)
+    assert queue_wait_s([slow, fast]) == pytest.approx(3 * 0.4 + 3.0)
+    # a worker that reports no budget: the queue at the fit, one step's fixed cost
+    assert worker_wait_s(state("c", 3000)) == pytest.approx(0.02 + 3.0)
+
+
+def test_ttft_prefers_fewer_decodes_at_equal_queues_on_a_small_budget():
+    """Two workers with the same queued tokens and fit; one runs 28 decodes on a 32-token step
+    budget (4 prefill tokens a step), the other 4 (28 a step). By steps the first takes seven
+    times the steps; one step's cost whatever the queue, the two look alike but for one decode
+    step, which a decode-heavy worker measures as no dearer here."""
+    idx = ApproxIndex(P, 1 << 16)
+    for w in (0, 1):
+        idx.add_worker(w)
+    common = {"queued": 400, "budget": 32, "rate": 1000.0, "overhead": 0.05, "decode": 0.05}
+    room = {"free_pages": 100, "total_pages": 100}
+    workers = [state(0, running=28, **common, **room), state(1, running=4, **common, **room)]
+    request = RoutingRequest("r", 4 * P, list(range(100, 104)), None, 0.0)
+    by_steps = make_policy("ttft", seed=1, steps=True).choose(request, workers, idx)
+    assert by_steps.worker_id == 1
+    s = by_steps.scores
+    assert s[0] - s[1] == pytest.approx((116 - 17) * 0.05)  # ceil(464/4) - ceil(464/28) steps
+    one_step = make_policy("ttft", seed=1, steps=False).choose(request, workers, idx)
+    assert one_step.scores[0] == pytest.approx(one_step.scores[1])  # a tie: no preference
+
+
+def test_a_worker_reports_its_step_budget_to_the_policy_view():
+    from radixray.router.worker_pool import WorkerEntry, WorkerPool
+    from radixray.sim import Workload, timing_preset
+    from radixray.sim.sim_worker import SimWorker
+    from radixray.worker import Engine, EngineConfig
+
+    cfg = EngineConfig(model="tiny", page_size=4, device="cpu", seed=0, max_batch_tokens=48)
+    with Engine(cfg) as e:
+        load, _ = e.report()
+    assert load.max_batch_tokens == 48
+    pool = WorkerPool(ApproxIndex(4))
+    info = WorkerInfo("w", "epoch", "tiny", 4, 4096, 320, "radix", 64, "cpu", "")
+    pool.workers["w"] = WorkerEntry(None, "w", info, load)
+    (seen,) = pool.states()
+    assert seen.max_batch_tokens == 48
+    assert LoadReport().max_batch_tokens == 0  # a worker that does not say: unknown
+    timing = timing_preset("cpu", max_batch_tokens=96)
+    sim = SimWorker(0, 64, P, timing, Workload("none", [], P))
+    assert sim.state().max_batch_tokens == 96
