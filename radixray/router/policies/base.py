@@ -129,13 +129,14 @@ class WorkerState:
             self.decode_step_s,
         )
 
-    def queue_wait_s(self) -> float:
+    def queue_wait_s(self, steps: bool = True) -> float:
         """Seconds before a request sent here now starts its first step, behind the queued
-        prefill (``step_cost.queue_wait_seconds``; 0 when nothing is queued)."""
+        prefill (``step_cost.queue_wait_seconds``; 0 when nothing is queued); ``steps=False``:
+        as if it reported no step budget (the queue at the fit, one step's fixed cost)."""
         return queue_wait_seconds(
             self.queued_prefill_tokens,
             self.running,
-            self.max_batch_tokens,
+            self.max_batch_tokens if steps else 0,
             self.prefill_overhead_s,
             self.prefill_tokens_per_s,
             self.decode_step_s,

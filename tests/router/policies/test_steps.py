@@ -71,13 +71,17 @@ def test_admission_waits_by_steps():
     # 3,000 queued on 64-token steps with 32 decodes: 93 full steps of a 0.4 s decode step
     # before a new request's first chunk, and the tokens at 1000/s
     slow = state("a", 3000, running=32, budget=64, decode=0.4)
-    assert worker_wait_s(slow) == pytest.approx(93 * 0.4 + 3.0)
+    assert worker_wait_s(slow, steps=True) == pytest.approx(93 * 0.4 + 3.0)
     # the same queue on a worker with a budget its decodes barely dent: 3000 // 992 = 3 steps
     fast = state("b", 3000, running=32, budget=1024, decode=0.4)
-    assert worker_wait_s(fast) == pytest.approx(3 * 0.4 + 3.0)
-    assert queue_wait_s([slow, fast]) == pytest.approx(3 * 0.4 + 3.0)
+    assert worker_wait_s(fast, steps=True) == pytest.approx(3 * 0.4 + 3.0)
+    assert queue_wait_s([slow, fast], steps=True) == pytest.approx(3 * 0.4 + 3.0)
     # a worker that reports no budget: the queue at the fit, one step's fixed cost
-    assert worker_wait_s(state("c", 3000)) == pytest.approx(0.02 + 3.0)
+    assert worker_wait_s(state("c", 3000), steps=True) == pytest.approx(0.02 + 3.0)
+    # admission's default, the rule ttft prices a queue with: one step's fixed cost whatever the
+    # budget (0.02 s the fit's intercept)
+    assert worker_wait_s(slow) == pytest.approx(0.02 + 3.0)
+    assert queue_wait_s([slow, fast]) == pytest.approx(0.02 + 3.0)
 
 
 def test_ttft_prefers_fewer_decodes_at_equal_queues_on_a_small_budget():
