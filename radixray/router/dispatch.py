@@ -69,6 +69,10 @@ class DecisionRecord:
     # not a device hit; the delivered split is the worker's ``miss["host"]``.
     available_host_tokens: int = 0
     captured_host_tokens: int = 0
+    # The prefill fit the policy priced the chosen worker with (``overhead + tokens / rate``,
+    # pooled over its performance class): what its time predictions and headroom rest on.
+    prefill_tokens_per_s: float | None = None
+    prefill_overhead_s: float | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -169,4 +173,6 @@ class Dispatcher:
             scores=dict(d.scores),
             available_host_tokens=available - available_device,
             captured_host_tokens=captured - captured_device,
+            prefill_tokens_per_s=st.prefill_tokens_per_s if st else None,
+            prefill_overhead_s=st.prefill_overhead_s if st else None,
         )

@@ -78,9 +78,12 @@ def test_the_decision_record_splits_reuse_by_tier():
     from radixray.router.dispatch import Dispatcher
 
     idx = _tiered_index()
-    fast = replace(ws(0), load_tokens_per_s=10_000.0)
+    fast = replace(ws(0), load_tokens_per_s=10_000.0, prefill_overhead_s=0.004)
     dispatch = Dispatcher(_ttft(), idx, optimistic=False, herd_window=0)
     decision, rec = dispatch.decide(req(8), [fast, ws(1)])
+    # the fit the chosen worker was priced with, beside the placement
+    assert (rec.prefill_tokens_per_s, rec.prefill_overhead_s) == (500.0, 0.004)
+    assert rec.as_dict()["prefill_tokens_per_s"] == 500.0
     assert decision.worker_id == 0
     # the longest reusable prefix: 6 blocks on worker 0, 4 of them only on its host tier; the
     # longest device-only prefix anywhere is worker 1's 4 blocks
