@@ -29,8 +29,8 @@ class EngineStats:
         self.steps = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
-        self.prefill_cost = StepCostModel()  # steps that prefill (chunks of mixed steps)
-        self.decode_step_time = Ewma()  # seconds per step for steps that are decode only
+        self.prefill_cost = StepCostModel()  # steps that prefill (chunks of mixed steps), by period
+        self.decode_step_time = Ewma()  # period of a step that is decode only
         self.decode_rate = Ewma()  # tokens/s of decode-only steps
         self.step_time = Ewma()
         # The last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds,
@@ -60,16 +60,22 @@ class EngineStats:
         """One step of ``shape`` (a scheduler ``StepShape``) took ``seconds`` of forward pass
         and ``period_s`` of the engine's time (default: ``seconds``)."""
         decode_tokens, _, prefill_tokens, _ = shape
-        self.step_log.append((*shape, seconds, seconds if period_s is None else period_s))
+        period = seconds if period_s is None else period_s
+        self.step_log.append((*shape, seconds, period))
         self.steps += 1
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
         self.step_time.update(seconds)
-        if prefill_tokens and seconds > 0:
-            self.prefill_cost.update(prefill_tokens, seconds)
-        elif decode_tokens and seconds > 0:
-            self.decode_step_time.update(seconds)
-            self.decode_rate.update(decode_tokens / seconds)
+        # The costs a router prices time with are of the step's whole period, not its forward:
+        # a queued request waits for the scheduling, sampling and streaming out too, and the
+        # rate the queue drains at is tokens per period (on the tiny CPU model past saturation
+        # the period was 1.16-1.18x the forward, and a fit of the forward read the fleet's
+        # capacity that much too high: benchmarks/README.md, "Live: at and past saturation").
+        if prefill_tokens and period > 0:
+            self.prefill_cost.update(prefill_tokens, period)
+        elif decode_tokens and period > 0:
+            self.decode_step_time.update(period)
+            self.decode_rate.update(decode_tokens / period)
 
     def record_copies(self, copies, moved_bytes: int, seconds: float) -> None:
         """One batch of host-tier copies (``host_tier.PageCopy``) moved ``moved_bytes`` in

@@ -43,3 +43,24 @@ def test_workers_that_each_saw_one_step_size_together_fit_overhead_and_rate():
 def test_fit_moments_before_any_step_is_none():
     assert fit_moments([0.0] * 5) is None
     assert fit_moments(sum_moments([])) is None
+
+
+def test_the_reported_costs_are_of_the_step_period_not_the_forward():
+    """A router prices a queue by the rate it drains at: tokens per step period (forward plus
+    scheduling, sampling, streaming out), not per forward pass. Steps of 100 and 300 prefill
+    tokens whose forwards take 0.01 + t / 10,000 s and whose periods are twice that fit 0.02 s
+    and 5,000 tokens/s; decode-only steps report their period too."""
+    from radixray.worker.stats import EngineStats
+
+    s = EngineStats()
+    for tokens in (100, 300) * 4:
+        forward = 0.01 + tokens / 10_000
+        s.record_step((2, 64, tokens, tokens * tokens // 2), forward, 2 * forward)
+    s.record_step((4, 128, 0, 0), 0.005, 0.008)
+    d = s.as_dict()
+    assert abs(d["prefill_overhead_s"] - 0.02) < 1e-9
+    assert abs(d["prefill_tokens_per_s"] - 5_000) < 1e-6
+    assert d["decode_step_s"] == 0.008
+    assert d["decode_tokens_per_s"] == 4 / 0.008
+    # the step log keeps both
+    assert s.step_log[-1][-2:] == (0.005, 0.008)
