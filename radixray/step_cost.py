@@ -1,11 +1,14 @@
 """The prefill step-cost model shared by workers (which measure it) and routers (which pool it).
 
 A worker fits ``step_seconds ~ overhead + tokens / rate`` over its recent prefill steps by
-exponentially weighted least squares. The fit's sufficient statistics (five moments) travel in
-the worker's load report, so a router can also fit one model over several workers of the same
-performance class: on identical hardware, per-worker fits differ only by noise, and a router that
-compared them would route on that noise (a few milliseconds of fitted overhead outweigh a cached
-prefix of a hundred tokens on a small model).
+exponentially weighted least squares, ``step_seconds`` being each step's whole period (its
+forward and the engine's work around it: what a queued request waits for, and what bounds the
+rate a queue drains at; the forward alone read the capacity 16-18% high on the tiny CPU model).
+The fit's sufficient statistics (five moments) travel in the worker's load report, so a router
+can also fit one model over several workers of the same performance class: on identical
+hardware, per-worker fits differ only by noise, and a router that compared them would route on
+that noise (a few milliseconds of fitted overhead outweigh a cached prefix of a hundred tokens
+on a small model).
 
 Pure Python, no torch: the router imports it.
 """

@@ -248,7 +248,9 @@ class LoadReport(Struct, frozen=True, array_like=True):
     cached_pages: int = 0
     evictable_pages: int = 0
     # Prefill step cost overhead + tokens / rate (None before any prefill step) and the fit's
-    # five weighted moments, so a router can pool identical workers (radixray.step_cost).
+    # five weighted moments, so a router can pool identical workers (radixray.step_cost); the
+    # seconds are each step's whole period (forward, scheduling, sampling, streaming out), as
+    # is ``decode_step_s``'s.
     prefill_tokens_per_s: float | None = None
     prefill_overhead_s: float | None = None
     prefill_fit_moments: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
