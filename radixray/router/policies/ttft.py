@@ -196,9 +196,10 @@ class PredictedTTFT(Policy):
         pick = self.pick_tied(best, request.fleet)
         c = reusable.get(pick.worker_id, 0)
         # The prefill work this placement brings the fleet, by the fit it was priced with (what
-        # it loads back from a host tier is not prefill): its share of full steps (each step's
-        # fixed cost over the prefill tokens a step holds, and the tokens at the fit's rate). In
-        # a fleet of routers sharing the workers this one sees about 1 / routers of the arrivals.
+        # it loads back from a host tier is not prefill): one step's fixed cost and the tokens at
+        # the fit's rate, or with work_steps its share of full steps (each step's fixed cost over
+        # the prefill tokens a step holds). In a fleet of routers sharing the workers this one
+        # sees about 1 / routers of the arrivals.
         work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.work_steps)
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, len(live))
