@@ -7,11 +7,13 @@ Two limits, checked in this order before a request is routed (``request_path.py`
 * **queueing delay** (``max_queue_s``): the time a new request would wait before its prefill
   starts on the least-queued routable worker, from the same numbers the routing policies price
   time with: the worker's queued prefill tokens (this router's tally plus the others' from its
-  report) at its pooled prefill fit (``overhead + tokens / rate``), the rule ttft prices a
-  queue with by default. (By the engine steps that run before the request's first,
-  ``step_cost.queue_wait_seconds``, the estimate is closer below saturation but 1.5x the wait
-  deep in a queue, where this limit acts: it would refuse at two thirds of ``max_queue_s``;
-  benchmarks/README.md, "Queue time in steps".) When even that worker would make it wait longer than
+  report; what the queue will compute, net of the worker's cache, ``QueuedPrefill``) by the
+  engine steps that run before the request's first (``step_cost.queue_wait_seconds``: each
+  step's budget less the decodes it carries, each step's fixed cost, the tokens at the pooled
+  prefill fit). Measured against the simulator deep in a queue, where this limit acts, that is
+  0.99x the wait; one step's fixed cost whatever the queue (``steps=False``, the rule before
+  the queue was counted net of the cache) is 0.61x (benchmarks/README.md, "Queued work net of
+  the cache"). When even that worker would make it wait longer than
   ``max_queue_s``, every placement would, so the request is refused and told to come back when
   that worker's backlog beyond the limit has drained at its rate (``retry_after``), instead of
   joining a queue that only grows: past saturation (the policy's ``headroom`` <= 0, shown on
@@ -36,15 +38,15 @@ from .policies import WorkerState
 __all__ = ["Admission", "queue_wait_s", "retry_after"]
 
 
-def worker_wait_s(w: WorkerState, steps: bool = False) -> float:
-    """Seconds of prefill queued on ``w`` ahead of a new request (0 when nothing is): the
-    queue at its fit and one step's fixed cost; ``steps``: by the engine steps that run before
-    its first (``step_cost.queue_wait_seconds``: each step's budget less the decodes it carries,
-    each step's fixed cost)."""
+def worker_wait_s(w: WorkerState, steps: bool = True) -> float:
+    """Seconds of prefill queued on ``w`` ahead of a new request (0 when nothing is): by the
+    engine steps that run before its first (``step_cost.queue_wait_seconds``: each step's
+    budget less the decodes it carries, each step's fixed cost); ``steps=False``: the queue at
+    its fit and one step's fixed cost."""
     return w.queue_wait_s(steps)
 
 
-def queue_wait_s(states: Iterable[WorkerState], steps: bool = False) -> float | None:
+def queue_wait_s(states: Iterable[WorkerState], steps: bool = True) -> float | None:
     """The shortest queueing delay any of ``states`` offers a new request (None: no worker)."""
     return min((worker_wait_s(w, steps) for w in states), default=None)
 

@@ -126,6 +126,7 @@ class Request:
     miss: dict[str, int] | None = None  # set on first admission
     num_preemptions: int = 0
     deferred_steps: int = 0
+    queued_tokens: int = 0  # while waiting: the prefill it adds to the queue (QueuedPrefill)
     finish_reason: str | None = None
     first_token_time: float | None = None
 

@@ -30,6 +30,7 @@ from typing import NamedTuple
 from radixray.cache_index import PrefixCache
 
 from .page_manager import PageManager
+from .queued import QueuedPrefill
 from .request import Request, RequestStatus
 
 __all__ = [
@@ -122,6 +123,7 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.queued = QueuedPrefill(self.pages, self.waiting, self.running)
         self.steps = 0
         self.num_preemptions = 0
 
@@ -147,6 +149,7 @@ class Scheduler:
             )
         req.arrival_step = self.steps
         req.status = RequestStatus.WAITING
+        self.queued.enqueue(req)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -154,14 +157,11 @@ class Scheduler:
 
     def load(self) -> tuple[int, int, int, int]:
         """``(running, waiting, queued_prefill_tokens, active_decode_tokens)``: what a worker
-        reports to routers (the engine and the simulator's workers both). Queued prefill is
-        every token a waiting request has not computed (the cache may cover some at admission)
-        plus what running prefills have left."""
+        reports to routers (engine and simulator alike); queued prefill: ``QueuedPrefill``."""
         return (
             len(self.running),
             len(self.waiting),
-            sum(r.num_tokens - r.num_computed for r in self.waiting)
-            + sum(r.num_tokens - r.num_computed - 1 for r in self.running if r.in_prefill),
+            self.queued.tokens(),
             sum(r.num_tokens for r in self.running),
         )
 
@@ -377,6 +377,7 @@ class Scheduler:
                 self.running.append(dst)
                 return pairs
         dst.status = RequestStatus.WAITING
+        self.queued.enqueue(dst)
         self.waiting.insert(0, dst)
         return None
 
@@ -388,6 +389,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.running.remove(req)
+        self.queued.enqueue(req)
         self.waiting.insert(0, req)
 
     def finish(self, req: Request, reason: str) -> None:

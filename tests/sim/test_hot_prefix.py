@@ -23,7 +23,10 @@ def test_ttft_replicates_a_hot_prefix_instead_of_making_a_hotspot():
         return sorted((n / len(hot) for n in counts.values()), reverse=True)
 
     ttft_shares = hot_share_by_worker("ttft")
-    assert len(ttft_shares) >= 6 and ttft_shares[0] <= 0.25  # spread: no worker takes a quarter
+    # spread over at least half the fleet, no worker taking much more than its share of those
+    # (it was six workers while queues counted cached prompts whole: docs/ttft_policy.md,
+    # "Queued work net of the cache")
+    assert len(ttft_shares) >= 4 and ttft_shares[0] <= 0.3
     assert s["ttft"]["ttft_p99"] <= s["least_load"]["ttft_p99"]
     assert s["ttft"]["hit_rate"] >= 0.95 * s["cache_aware"]["hit_rate"]
     # ... and the workload is a real hotspot: pure affinity replicates the prompt only once a

@@ -1,23 +1,23 @@
 """``Waiting``: which of a worker's queued prefill work a new request would wait behind.
 
-A worker reports its queue as one number, every token its waiting requests have not computed
-plus what its running prefills have left. A new request does not wait behind all of it: the
-engine's scheduler admits waiting requests by longest cached prefix (``Scheduler``: LPM order,
-FCFS among equals), so a request that finds much of its prompt cached on a worker goes ahead of
-the waiting ones that find less, and the cached part of a waiting prompt is never computed.
-Charged the whole queue, ttft's predicted wait behind a queue was about twice the wait measured
-on Mooncake. ``ttft:lpm=true`` uses this estimate instead; it is off by default: counting
-tokens alone, it misses what a worker's decode batch adds to every step, and on the hot-prefix
-workload it kept the hot prompt on 4 workers of 8 (TTFT p50 0.32 s against 0.22;
-docs/ttft_policy.md, "Copies of a prefix").
+A worker reports its queue as one number, the tokens its waiting requests will compute (net of
+what its cache holds) plus what its running prefills have left. A new request does not wait
+behind all of it: the engine's scheduler admits waiting requests by longest cached prefix
+(``Scheduler``: LPM order, FCFS among equals), so a request that finds much of its prompt cached
+on a worker goes ahead of the waiting ones that find less, and the cached part of a waiting
+prompt is never computed. Charged the whole queue, ttft's predicted wait behind a queue was
+about twice the wait measured on Mooncake. ``ttft:lpm=true`` uses this estimate instead; it is
+off by default: counting tokens alone, it misses what a worker's decode batch adds to every
+step, and on the hot-prefix workload it kept the hot prompt on 4 workers of 8 (TTFT p50 0.32 s
+against 0.22; docs/ttft_policy.md, "Copies of a prefix").
 
 This router knows what it placed on each worker (tokens, predicted cached) and which of those
 finished. A worker reporting ``waiting`` requests is waiting on the last ``waiting`` that this
 router placed there and has not seen finish (an approximation: admission is by prefix length,
 not arrival). Ahead of a request with ``c`` tokens cached on the worker: what the running
-prefills have left (the queue less the waiting prompts), and the uncached work of the waiting
-requests whose cached prefix is at least ``c``. Where this router did not place every waiting
-request (another router's, or records lost) it falls back to the whole queue.
+prefills have left (the queue less the waiting prompts' uncached work), and the uncached work of
+the waiting requests whose cached prefix is at least ``c``. Where this router did not place
+every waiting request (another router's, or records lost) it falls back to the whole queue.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Waiting:
         if n <= 0 or not mine or len(mine) < n:
             return queued
         last = list(islice(reversed(mine.values()), n))
-        running_left = max(0, queued - sum(t for t, _ in last))
+        running_left = max(0, queued - sum(t - c for t, c in last))
         return running_left + sum(t - c for t, c in last if c >= cached)
 
     def __repr__(self) -> str:

@@ -78,10 +78,12 @@ def test_admission_waits_by_steps():
     assert queue_wait_s([slow, fast], steps=True) == pytest.approx(3 * 0.4 + 3.0)
     # a worker that reports no budget: the queue at the fit, one step's fixed cost
     assert worker_wait_s(state("c", 3000), steps=True) == pytest.approx(0.02 + 3.0)
-    # admission's default, the rule ttft prices a queue with: one step's fixed cost whatever the
+    # admission's default is by steps; the rule before: one step's fixed cost whatever the
     # budget (0.02 s the fit's intercept)
-    assert worker_wait_s(slow) == pytest.approx(0.02 + 3.0)
-    assert queue_wait_s([slow, fast]) == pytest.approx(0.02 + 3.0)
+    assert worker_wait_s(slow) == worker_wait_s(slow, steps=True)
+    assert queue_wait_s([slow, fast]) == pytest.approx(3 * 0.4 + 3.0)
+    assert worker_wait_s(slow, steps=False) == pytest.approx(0.02 + 3.0)
+    assert queue_wait_s([slow, fast], steps=False) == pytest.approx(0.02 + 3.0)
 
 
 def test_ttft_prefers_fewer_decodes_at_equal_queues_on_a_small_budget():

@@ -78,19 +78,20 @@ def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
 
 def test_waiting_counts_only_the_queued_work_a_request_waits_behind():
     """Three requests placed on worker 0: the first running (50 tokens of its prefill left), two
-    waiting, 120 tokens with nothing cached and 100 with 64 cached; the queue reads 270. The
+    waiting, 120 tokens with nothing cached and 100 with 64 cached; the queue reads 50 + 120 + 36
+    (a worker counts what its waiting requests will compute, net of its cache). The
     scheduler admits by longest cached prefix: a request with 64 cached waits behind 50 + 36,
     one with none behind 50 + 120 + 36."""
     q = Waiting()
     for rid, tokens, cached in ((1, 100, 0), (2, 120, 0), (3, 100, 64)):
         q.placed(0, rid, tokens, cached)
-    w = WorkerState(0, running=1, waiting=2, queued_prefill_tokens=270)
+    w = WorkerState(0, running=1, waiting=2, queued_prefill_tokens=206)
     assert q.ahead(w, 64) == 86 and q.ahead(w, 96) == 50 and q.ahead(w, 0) == 206
     # more waiting than this router placed (another router's requests): the whole queue
     assert q.ahead(WorkerState(0, running=1, waiting=4, queued_prefill_tokens=400), 64) == 400
     q.finished(0, 2)
     assert q.in_flight(0) == 2
-    assert q.ahead(WorkerState(0, waiting=2, queued_prefill_tokens=170), 64) == 36
+    assert q.ahead(WorkerState(0, waiting=2, queued_prefill_tokens=136), 64) == 36
     small = Waiting(cap=2)
     for rid in range(5):
         small.placed(0, rid, 10, 0)
