@@ -326,3 +326,27 @@ def test_a_slow_reader_gets_every_ready_token_in_one_chunk():
     assert len(chunks) < 24 and max(len(c.token_ids) for c in chunks) > 1
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert_no_leak(e)
+
+
+def test_the_reported_queue_is_what_the_engine_then_computes():
+    """What a worker tells routers it has queued (``stats()['queued_prefill_tokens']``) is the
+    prefill its waiting requests will compute: a follow-up turn counts its new tokens, not its
+    cached history; a burst behind it sharing a prefix counts that prefix once."""
+    e = engine()
+    history = list(range(5, 45))  # 40 tokens: 10 pages of 4
+    first = e.generate_batch([history], GREEDY)[0]
+    turn = history + first.token_ids + [7, 8, 9]
+    burst = [list(range(100, 132)) + [k] for k in range(3)]  # 33 tokens each, 8 pages shared
+    for p in (turn, *burst):
+        e.add_request(p, GREEDY)
+    cached = (len(history) + len(first.token_ids) - 1) // 4 * 4
+    expected = (len(turn) - cached) + 33 + 1 + 1
+    assert e.stats()["queued_prefill_tokens"] == expected
+    computed = 0
+    while e.has_work():
+        batch_before = e.stats()["prefill_tokens"]
+        e.step()
+        computed += e.stats()["prefill_tokens"] - batch_before
+    # every prompt token the engine prefilled: exactly what it reported
+    assert computed == expected
+    assert_no_leak(e)
