@@ -5,9 +5,9 @@ to compute (``LoadReport``). A waiting request has computed nothing yet, but it 
 all of its prompt: admission reuses what the cache holds, and requests queued ahead of it on
 this worker (waiting, or part-way through their prefill) compute and cache the prefix they share
 with it first. Counting whole prompts made a worker holding a conversation look as busy as if
-every queued turn recomputed its history: ttft sent those turns away from their cache and the
-router's admission refused at an estimated 30 s wait while the served p99 was 12 s
-(docs/ttft_policy.md, "Queued work").
+every queued turn recomputed its history, and every reader took that at face value: the
+policies' queue terms, and admission's wait (one live run refused at an estimated 30 s while
+its served p99 was 12 s); docs/ttft_policy.md, "Queued work net of the cache".
 
 So each request is counted, when it joins the queue (``enqueue``: arrival, preemption, a sample
 waiting for room), as its tokens beyond the longer of two prefixes: the one the cache holds (a
