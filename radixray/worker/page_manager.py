@@ -77,8 +77,12 @@ class PageManager:
         from the prompt's page hashes, O(edges)."""
         if req.needs_prompt_logits:
             return 0
-        hashes = req.block_hashes[: (req.num_tokens - 1) // self.P]
-        return self.cache.peek_prefix(req.prompt_ids, hashes, req.extra_key)
+        return self.cache.peek_prefix(req.prompt_ids, self.matchable(req), req.extra_key)
+
+    def matchable(self, req: Request) -> list[int]:
+        """Hashes of the prompt pages a match may cover: the last token is always computed, so
+        a prompt's last page only counts when more tokens follow it."""
+        return req.block_hashes[: (req.num_tokens - 1) // self.P]
 
     def admit(self, req: Request, m: MatchResult, upto: int) -> bool:
         """Lock ``m`` for ``req`` and give it pages for positions < ``upto``; the request's

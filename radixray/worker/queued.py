@@ -44,7 +44,7 @@ class QueuedPrefill:
         self.pages = pages
         self.waiting = waiting
         self.running = running
-        self.P = pages.cache.page_size
+        self.P = pages.P
         # page hash -> a queued request whose prompt holds that page (stale entries, of requests
         # no longer pending, are skipped when read and dropped by ``_prune``)
         self._by_hash: dict[int, Request] = {}
@@ -57,7 +57,7 @@ class QueuedPrefill:
         if not self.pages.reuse or req.needs_prompt_logits:
             req.queued_tokens = n - req.num_computed
             return
-        hashes = req.block_hashes[: (n - 1) // self.P]  # the last token is always computed
+        hashes = self.pages.matchable(req)
         cached = self.pages.peek(req) // self.P
         by_hash, k = self._by_hash, cached
         while k < len(hashes):
@@ -77,7 +77,7 @@ class QueuedPrefill:
         by_hash: dict[int, Request] = {}
         for r in (*self.waiting, *self.running, req):
             if _pending(r) and not r.needs_prompt_logits:
-                for h in r.block_hashes[: (r.num_tokens - 1) // self.P]:
+                for h in self.pages.matchable(r):
                     by_hash.setdefault(h, r)
         self._by_hash = by_hash
         self._kept = len(by_hash)
