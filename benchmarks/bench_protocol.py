@@ -274,6 +274,9 @@ class DcLoadReport:
     load_overhead_s: float | None = None
     kv_bytes_per_token: int = 0
     max_batch_tokens: int = 0
+    decode_seq_s: float | None = None
+    decode_fit_moments: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    answer_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +402,9 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 ld.load_overhead_s,
                 ld.kv_bytes_per_token,
                 ld.max_batch_tokens,
+                ld.decode_seq_s,
+                ld.decode_fit_moments,
+                ld.answer_tokens,
             ],
             [
                 c.requests_finished,
@@ -432,9 +438,9 @@ _SP_FLOATS = (
 )  # fmt: skip
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None, 0, 0]  # [0:3] required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
-_LOAD_DEFAULTS += [0, 0, 0, None, None, 0, 0]
+_LOAD_DEFAULTS += [0, 0, 0, None, None, 0, 0, None, (0.0, 0.0, 0.0, 0.0, 0.0), None]
 _LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22, 23)
-_LOAD_OPT_FLOATS = (8, 9, 11, 12, 20, 21)
+_LOAD_OPT_FLOATS = (8, 9, 11, 12, 20, 21, 24, 26)
 _COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0.0]  # None: a fresh {} below
 _COUNTER_INTS = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13)
 
@@ -618,8 +624,8 @@ def _dc_lp_in(v: Any, name: str, nullable: bool) -> list | None:
 def _dc_load(f: Any) -> DcLoadReport:
     if type(f) is not list:
         raise _bad(TAG_POLL, "load must be an array")
-    if len(f) != 24:
-        f = (f + _LOAD_DEFAULTS[len(f) :])[:24]
+    if len(f) != 27:
+        f = (f + _LOAD_DEFAULTS[len(f) :])[:27]
     for i in _LOAD_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"load[{i}] must be an int")
@@ -634,15 +640,16 @@ def _dc_load(f: Any) -> DcLoadReport:
         if type(v) is not int:
             raise _bad(TAG_POLL, "load.hit_rate must be a float")
         f[13] = float(v)
-    m = f[10]
-    if type(m) is not tuple:
-        if type(m) is not list or len(m) != 5:
-            raise _bad(TAG_POLL, "load.prefill_fit_moments must be an array of 5 floats")
-        if not all(type(x) is float for x in m):
-            if not all(type(x) is float or type(x) is int for x in m):
-                raise _bad(TAG_POLL, "load.prefill_fit_moments must be an array of 5 floats")
-            m = [float(x) for x in m]
-        f[10] = tuple(m)
+    for i, name in ((10, "prefill_fit_moments"), (25, "decode_fit_moments")):
+        m = f[i]
+        if type(m) is not tuple:
+            if type(m) is not list or len(m) != 5:
+                raise _bad(TAG_POLL, f"load.{name} must be an array of 5 floats")
+            if not all(type(x) is float for x in m):
+                if not all(type(x) is float or type(x) is int for x in m):
+                    raise _bad(TAG_POLL, f"load.{name} must be an array of 5 floats")
+                m = [float(x) for x in m]
+            f[i] = tuple(m)
     r = f[16]
     if type(r) is not tuple:
         if type(r) is not list or list(map(type, r)).count(str) != len(r):
@@ -771,6 +778,9 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "load_overhead_s": None,
         "kv_bytes_per_token": 131072,
         "max_batch_tokens": 8192,
+        "decode_seq_s": rng.uniform(1e-4, 1e-3),
+        "decode_fit_moments": tuple(rng.random() * 1e3 for _ in range(5)),
+        "answer_tokens": rng.uniform(10, 500),
     }
     counters = {
         "requests_finished": rng.randrange(10**6),

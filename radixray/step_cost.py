@@ -21,7 +21,10 @@ from collections.abc import Hashable, Iterable, Sequence
 __all__ = [
     "PRIOR_PREFILL_TPS",
     "StepCostModel",
+    "decode_seq_seconds",
+    "fit_line",
     "fit_moments",
+    "pooled_decode_seq_s",
     "pooled_fits",
     "prefill_seconds",
     "queue_wait_seconds",
@@ -35,26 +38,74 @@ __all__ = [
 PRIOR_PREFILL_TPS = 1000.0
 
 
-def fit_moments(moments: Sequence[float]) -> tuple[float, float] | None:
-    """(overhead seconds, tokens per second) from weighted moments
-    ``(sum w, sum w*x, sum w*y, sum w*x^2, sum w*x*y)``, or None before any prefill step.
-
-    With too little spread in step sizes to separate the two (or a fit that is not physical:
-    negative overhead, non-positive slope) it falls back to the plain ratio with zero overhead.
-    """
+def fit_line(moments: Sequence[float]) -> tuple[float, float] | None:
+    """(overhead seconds, units per second) from weighted moments ``(sum w, sum w*x, sum w*y,
+    sum w*x^2, sum w*x*y)`` by least squares, or None when they cannot separate the two: no
+    steps, too little spread in step sizes, or a fit that is not physical (negative overhead,
+    non-positive slope)."""
     s0, sx, sy, sxx, sxy = moments
     if s0 <= 0 or sx <= 0:
         return None
     mean_x = sx / s0
     var_x = sxx / s0 - mean_x * mean_x
-    if var_x > (0.05 * mean_x) ** 2:  # enough spread in step sizes to separate the two
-        slope = (sxy / s0 - mean_x * sy / s0) / var_x
-        intercept = sy / s0 - slope * mean_x
-        if slope > 0 and intercept >= 0:
-            return intercept, 1.0 / slope
-    if sy <= 0:
+    if var_x <= (0.05 * mean_x) ** 2:  # too little spread in step sizes to separate the two
+        return None
+    slope = (sxy / s0 - mean_x * sy / s0) / var_x
+    intercept = sy / s0 - slope * mean_x
+    return (intercept, 1.0 / slope) if slope > 0 and intercept >= 0 else None
+
+
+def fit_moments(moments: Sequence[float]) -> tuple[float, float] | None:
+    """(overhead seconds, tokens per second) from weighted moments (``fit_line``), or None
+    before any prefill step. Where ``fit_line`` cannot separate the two it falls back to the
+    plain ratio with zero overhead."""
+    fit = fit_line(moments)
+    if fit is not None:
+        return fit
+    s0, sx, sy, _, _ = moments
+    if s0 <= 0 or sx <= 0 or sy <= 0:
         return None
     return 0.0, sx / sy
+
+
+def decode_seq_seconds(moments: Sequence[float]) -> float | None:
+    """Seconds one more decoding sequence adds to a decode-only step: the slope of the step's
+    period against its batch size (moments of ``(batch, seconds)``), or None while the batch
+    sizes seen are too alike to tell it from the step's fixed cost. Unlike the prefill rate
+    there is no ratio to fall back on: a step of one sequence is almost all fixed cost on a
+    GPU, and charging it per sequence would price a decode at the whole step."""
+    fit = fit_line(moments)
+    return 1.0 / fit[1] if fit else None
+
+
+def pooled_decode_seq_s(
+    workers: Iterable[tuple[Hashable, Hashable | None, Sequence[float] | None]],
+) -> dict[Hashable, float]:
+    """Each worker's ``decode_seq_seconds``, pooled over its performance class as
+    ``pooled_fits`` pools the prefill fit. ``workers``: ``(worker id, perf class or None, decode
+    fit moments or None)``. A worker whose class has no separable fit borrows the mean of those
+    that have one, else 0 (not known: a router then leaves decode cost out)."""
+    workers = list(workers)
+    out: dict[Hashable, float] = {}
+    for members in _by_class(workers).values():
+        moments = [m for _, _, m in members if m is not None and m[0] > 0]
+        seq_s = decode_seq_seconds(sum_moments(moments)) if moments else None
+        if seq_s is not None:
+            out.update((wid, seq_s) for wid, *_ in members)
+    prior = sum(out.values()) / len(out) if out else 0.0
+    for wid, *_ in workers:
+        out.setdefault(wid, prior)
+    return out
+
+
+def _by_class(workers: list[tuple]) -> dict[Hashable, list[tuple]]:
+    """Workers (tuples of worker id, perf class or None, ...) grouped by performance class; a
+    worker with no class is a class of its own."""
+    groups: dict[Hashable, list] = {}
+    for w in workers:
+        wid, perf_class = w[0], w[1]
+        groups.setdefault(("worker", wid) if perf_class is None else perf_class, []).append(w)
+    return groups
 
 
 def sum_moments(many: Iterable[Sequence[float]]) -> list[float]:
@@ -81,12 +132,8 @@ def pooled_fits(
     flooded. The live router and the simulator both call this.
     """
     workers = list(workers)
-    groups: dict[Hashable, list] = {}
-    for w in workers:
-        wid, perf_class, _, _ = w
-        groups.setdefault(("worker", wid) if perf_class is None else perf_class, []).append(w)
     fits: dict[Hashable, tuple[float, float]] = {}
-    for members in groups.values():
+    for members in _by_class(workers).values():
         moments = [m for _, _, m, _ in members if m is not None and m[0] > 0]
         pooled = fit_moments(sum_moments(moments)) if moments else None
         for wid, _, _, own in members:

@@ -56,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 8  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 9  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -277,6 +277,15 @@ class LoadReport(Struct, frozen=True, array_like=True):
     # one token of it each, prefill chunks the rest, so a router can price queued prefill by the
     # steps it takes (``step_cost.prefill_seconds``); 0: not reported.
     max_batch_tokens: int = 0
+    # Decode cost: what one more decoding sequence adds to a decode-only step's period (the
+    # slope of a line through period against batch size, None until the batch sizes seen can
+    # separate it from the fixed cost; ``step_cost.decode_seq_seconds``), the line's moments so a
+    # router can pool identical workers, and the tokens a sequence decodes here, on average over
+    # the last ones that ended (None before any): with them a router prices the steps a
+    # placement's answer adds for the requests already on a worker (docs/ttft_policy.md).
+    decode_seq_s: float | None = None
+    decode_fit_moments: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    answer_tokens: float | None = None
 
 
 class WorkerCounters(Struct, frozen=True, array_like=True):

@@ -1,4 +1,5 @@
-"""Each worker's prefill step cost ``(overhead_s, tokens_per_s)``, pooled over its class.
+"""Each worker's prefill step cost ``(overhead_s, tokens_per_s)`` and decode cost, pooled over
+its class.
 
 Workers of one performance class (their ``info.perf_class``: same model, dtype, device type and
 threads) share one fit over all their reported steps (``radixray.step_cost``), so the router
@@ -12,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from radixray.step_cost import PRIOR_PREFILL_TPS, pooled_fits
+from radixray.step_cost import PRIOR_PREFILL_TPS, pooled_decode_seq_s, pooled_fits
 
 if TYPE_CHECKING:
     from .worker_pool import WorkerEntry
 
-__all__ = ["pooled_prefill_fits", "PRIOR_PREFILL_TPS"]
+__all__ = ["pooled_decode_costs", "pooled_prefill_fits", "PRIOR_PREFILL_TPS"]
 
 
 def pooled_prefill_fits(entries: Iterable[WorkerEntry]) -> dict[str, tuple[float, float]]:
@@ -32,4 +33,12 @@ def pooled_prefill_fits(entries: Iterable[WorkerEntry]) -> dict[str, tuple[float
             else None,
         )
         for e in entries
+    )
+
+
+def pooled_decode_costs(entries: Iterable[WorkerEntry]) -> dict[str, float]:
+    """Each entry's decode cost, seconds one more sequence adds to a decode step, pooled per
+    class the same way (``radixray.step_cost.pooled_decode_seq_s``; 0: not known yet)."""
+    return pooled_decode_seq_s(
+        (e.worker_id, e.info.perf_class or None, e.report.decode_fit_moments) for e in entries
     )

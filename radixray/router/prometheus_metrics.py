@@ -158,6 +158,8 @@ class RouterMetrics:
                 "active_decode_tokens",
                 "prefill_tokens_per_s",
                 "decode_step_s",
+                "decode_seq_s",
+                "answer_tokens",
             ):
                 v = getattr(e.report, f)
                 if v is not None:

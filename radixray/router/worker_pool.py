@@ -7,7 +7,8 @@ noun each:
 * ``Traffic`` (``traffic.py``): this router's own requests on a worker, counted as they move
   (each request moves itself: ``RoutedRequest`` in ``request_path.py``);
 * ``Poller`` (``poller.py``): the feed of KV events, load reports and counters from the workers;
-* ``pooled_prefill_fits`` (``prefill_fits.py``): each worker's prefill cost, pooled per class.
+* ``pooled_prefill_fits``, ``pooled_decode_costs`` (``prefill_fits.py``): each worker's prefill
+  and decode costs, pooled per class.
 
 Load a policy sees on a worker is ours now plus the others' from the worker's last report; rates
 only come from the workers' own measurements.
@@ -27,7 +28,7 @@ from .admission import queue_wait_s
 from .circuit_breaker import CircuitBreaker
 from .policies import WorkerState
 from .poller import Poller
-from .prefill_fits import PRIOR_PREFILL_TPS, pooled_prefill_fits
+from .prefill_fits import PRIOR_PREFILL_TPS, pooled_decode_costs, pooled_prefill_fits
 from .traffic import Traffic
 
 __all__ = ["WorkerPool", "WorkerEntry", "DuplicateWorker"]
@@ -81,7 +82,8 @@ class WorkerPool:
         self.failure_threshold = failure_threshold
         self.workers: dict[str, WorkerEntry] = {}
         self.poller = Poller(self, poll_interval_s, poll_timeout_s)
-        self._fits: dict[str, tuple[float, float]] | None = None  # prefill_fits(), until a report
+        # (prefill fits, decode costs) pooled per class, until the next report or membership change
+        self._fits: tuple[dict[str, tuple[float, float]], dict[str, float]] | None = None
         self.fleet: tuple[str, ...] = (router_id,) if router_id else ()
 
     # ------------------------------------------------------------------ membership
@@ -152,8 +154,8 @@ class WorkerPool:
         busy until the next poll, and push that request's successors off their cached prefix.
         """
         if self._fits is None:
-            self._fits = self.prefill_fits()
-        fits = self._fits
+            self._fits = (self.prefill_fits(), pooled_decode_costs(self.workers.values()))
+        fits, decode = self._fits
         out = []
         for e in self.workers.values():
             if not e.healthy or e.draining:
@@ -178,6 +180,8 @@ class WorkerPool:
                     r.max_batch_tokens,
                     host_free_pages=r.host_free_pages,
                     host_total_pages=r.host_total_pages,
+                    decode_seq_s=decode.get(e.worker_id, 0.0),
+                    answer_tokens=r.answer_tokens or 0.0,
                 )
             )
         return out

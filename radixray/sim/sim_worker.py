@@ -25,7 +25,7 @@ from radixray.cache_index import PageAllocator, RadixCache
 from radixray.numbers import Ewma
 from radixray.protocol import SamplingParams
 from radixray.router.policies import WorkerState
-from radixray.step_cost import StepCostModel
+from radixray.step_cost import StepCostModel, decode_seq_seconds
 from radixray.worker.request import Request
 from radixray.worker.scheduler import Batch, Scheduler, SchedulerConfig
 
@@ -90,6 +90,11 @@ class SimWorker:
         for tokens in {max(1, timing.max_batch_tokens // 8), timing.max_batch_tokens}:
             self.prefill_cost.update(tokens, timing.step_time(0, 0, tokens, 0))
         self._decode_step = Ewma(alpha=0.1, initial=timing.step_time(1, 0, 0, 0))
+        # decode-only steps against their batch, and the tokens sequences decode (as the engine
+        # measures them, EngineStats.decode_cost / answer_tokens; not seeded: the engine has no
+        # decode warm-up)
+        self.decode_cost = StepCostModel()
+        self.answer_tokens = Ewma(1 / 64)
         # The host tier's copies: pages each way, seconds, and the load-back cost fitted to
         # them as the engine fits it (EngineStats.load_cost), seeded the same way.
         self.pages_to_host = 0
@@ -134,11 +139,16 @@ class SimWorker:
 
     # ------------------------------------------------------------------ state for the router
 
-    def state(self, prefill_fit: tuple[float, float] | None = None) -> WorkerState:
+    def state(
+        self, prefill_fit: tuple[float, float] | None = None, decode_seq_s: float | None = None
+    ) -> WorkerState:
         """The report a router would see (the engine's load numbers, from the same scheduler).
-        ``prefill_fit`` = (overhead_s, tokens_per_s) pooled over the workers of this worker's
-        class, as the live router pools them; by default this worker's own fit."""
+        ``prefill_fit`` = (overhead_s, tokens_per_s) and ``decode_seq_s`` pooled over the
+        workers of this worker's class, as the live router pools them; by default this worker's
+        own."""
         overhead, rate = prefill_fit or self.prefill_cost.fit()
+        if decode_seq_s is None:
+            decode_seq_s = decode_seq_seconds(self.decode_cost.moments) or 0.0
         running, waiting, queued, decoding = self.scheduler.load()
         return WorkerState(
             worker_id=self.worker_id,
@@ -152,6 +162,8 @@ class SimWorker:
             prefill_overhead_s=overhead,
             decode_step_s=self._decode_step.value,
             max_batch_tokens=self.timing.max_batch_tokens,
+            decode_seq_s=decode_seq_s,
+            answer_tokens=self.answer_tokens.value or 0.0,
             **self._load_report(),
         )
 
@@ -203,6 +215,7 @@ class SimWorker:
             self.prefill_cost.update(shape.prefill_tokens, dt)
         elif shape.decode_batch:
             self._decode_step.update(dt)
+            self.decode_cost.update(shape.decode_batch, dt)
         copy = self._copy_time()
         total = self.timing.with_copies(dt, copy)
         self._account(batch, dt, total - dt)
@@ -256,6 +269,7 @@ class SimWorker:
                 self.on_first_token(sim, req.cached_tokens, now)
             if n + 1 >= req.params.max_tokens:
                 sched.finish(req, "length")
+                self.answer_tokens.update(n + 1)
                 del self._sim[req.request_id]
                 if self.on_finish:
                     self.on_finish(sim, req.cached_tokens, now)

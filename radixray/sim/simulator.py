@@ -27,7 +27,7 @@ from radixray.protocol import Overloaded
 from radixray.router.admission import Admission, queue_wait_s
 from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
-from radixray.step_cost import pooled_fits
+from radixray.step_cost import pooled_decode_seq_s, pooled_fits
 from radixray.worker.engine_config import EngineConfig
 from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_order
 
@@ -261,8 +261,10 @@ class _Run:
         req, hs = self.wl.requests[i], self.hashes[i]
         rreq = RoutingRequest(req.rid, req.num_tokens, hs, req.session, now)
         # One timing model, one performance class: the router pools the workers' fits.
-        fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in self.workers)
-        states = [w.state(fits[w.worker_id]) for w in self.workers]
+        ws = self.workers
+        fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in ws)
+        decode = pooled_decode_seq_s((w.worker_id, "sim", w.decode_cost.moments) for w in ws)
+        states = [w.state(fits[w.worker_id], decode[w.worker_id]) for w in self.workers]
         if not self._admit(states):
             self.records[i] = RequestRecord(req.rid, -1, now, req.num_tokens, 0, REFUSED)
             self._end(i, now)

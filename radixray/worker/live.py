@@ -115,7 +115,7 @@ class LiveRequests:
             group.open if group is not None else 0,
         )
         self.sampler.forget(req.request_id)
-        self.meter.completion_tokens += len(req.output_ids)
+        self.meter.record_answer(len(req.output_ids))
         del self._by_id[req.request_id]
         chunks = [chunk]
         if group is not None and not group.forked:  # its other samples never started

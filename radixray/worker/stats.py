@@ -7,7 +7,7 @@ from collections import deque
 
 from radixray.numbers import Ewma
 from radixray.protocol import MISS_CAUSES
-from radixray.step_cost import StepCostModel
+from radixray.step_cost import StepCostModel, decode_seq_seconds
 from radixray.sysinfo import cpu_model
 
 __all__ = ["EngineStats", "STEP_FIELDS", "engine_stats", "perf_class"]
@@ -32,6 +32,11 @@ class EngineStats:
         self.prefill_cost = StepCostModel()  # steps that prefill (chunks of mixed steps), by period
         self.decode_step_time = Ewma()  # period of a step that is decode only
         self.decode_rate = Ewma()  # tokens/s of decode-only steps
+        # decode-only steps' period against their batch: what one more sequence adds to a step
+        self.decode_cost = StepCostModel()
+        # tokens a sequence decodes, over the last ~64 that ended (aborted ones included: what
+        # they decoded took its steps)
+        self.answer_tokens = Ewma(1 / 64)
         self.step_time = Ewma()
         # The last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds,
         # period_s): what a timing model for the simulator is fitted to (radixray.sim.calibrate).
@@ -76,6 +81,12 @@ class EngineStats:
         elif decode_tokens and period > 0:
             self.decode_step_time.update(period)
             self.decode_rate.update(decode_tokens / period)
+            self.decode_cost.update(decode_tokens, period)
+
+    def record_answer(self, tokens: int) -> None:
+        """A sequence ended after decoding ``tokens`` tokens (each sample of a request apart)."""
+        self.completion_tokens += tokens
+        self.answer_tokens.update(tokens)
 
     def record_copies(self, copies, moved_bytes: int, seconds: float) -> None:
         """One batch of host-tier copies (``host_tier.PageCopy``) moved ``moved_bytes`` in
@@ -131,6 +142,9 @@ class EngineStats:
             "prefill_fit_moments": tuple(self.prefill_cost.moments),
             "decode_step_s": self.decode_step_time.value,
             "decode_tokens_per_s": self.decode_rate.value,
+            "decode_seq_s": decode_seq_seconds(self.decode_cost.moments),
+            "decode_fit_moments": tuple(self.decode_cost.moments),
+            "answer_tokens": self.answer_tokens.value,
             "bytes_to_host": self.bytes_to_host,
             "bytes_from_host": self.bytes_from_host,
             "copy_seconds": self.copy_seconds,

@@ -112,6 +112,24 @@ def test_workers_of_one_perf_class_share_one_prefill_fit():
     assert fits["d"] == (0.002, 777.0)
 
 
+def test_workers_of_one_perf_class_share_one_decode_cost_and_report_their_answers():
+    # "a" only ever decoded 1 sequence a step and "b" 8 (20 ms + 3 ms a sequence): pooled, both
+    # price a sequence at 3 ms; "c" (another class, one batch size) borrows that mean. Answer
+    # lengths stay each worker's own (0: none ended there yet).
+    pool = WorkerPool(ApproxIndex(4))
+    for wid, cls, batch, answer in (("a", "x", 1, 12.0), ("b", "x", 8, 30.0), ("c", "y", 4, None)):
+        model = StepCostModel()
+        for _ in range(5):
+            model.update(batch, 0.02 + 0.003 * batch)
+        pool.workers[wid] = entry(
+            wid, cls, decode_fit_moments=tuple(model.moments), answer_tokens=answer
+        )
+    states = {s.worker_id: s for s in pool.states()}
+    assert abs(states["a"].decode_seq_s - 0.003) < 1e-9
+    assert states["a"].decode_seq_s == states["b"].decode_seq_s == states["c"].decode_seq_s
+    assert [states[w].answer_tokens for w in "abc"] == [12.0, 30.0, 0.0]
+
+
 # The polls below are held open by the test for as long as it needs; the pool's own timeout (2 s)
 # would end one early on a loaded machine, and its report would be lost.
 HELD_POLL_TIMEOUT_S = 600.0

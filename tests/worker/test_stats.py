@@ -64,3 +64,48 @@ def test_the_reported_costs_are_of_the_step_period_not_the_forward():
     assert d["decode_tokens_per_s"] == 4 / 0.008
     # the step log keeps both
     assert s.step_log[-1][-2:] == (0.005, 0.008)
+
+
+def test_decode_cost_is_the_slope_of_step_period_against_batch():
+    """Decode-only steps of 1 to 8 sequences at 20 ms + 3 ms a sequence: the report says 3 ms a
+    sequence, and the mean tokens the sequences that ended decoded. While every decode step had
+    one sequence the slope cannot be told from the fixed cost: no decode cost (None), not the
+    20 ms step charged to one sequence."""
+    from radixray.worker.stats import EngineStats
+
+    s = EngineStats()
+    for _ in range(6):
+        s.record_step((1, 64, 0, 0), 0.02, 0.023)
+    assert s.as_dict()["decode_seq_s"] is None
+    for batch in (1, 4, 8, 2) * 6:
+        s.record_step((batch, 64 * batch, 0, 0), 0.02, 0.02 + 0.003 * batch)
+    d = s.as_dict()
+    assert abs(d["decode_seq_s"] - 0.003) < 1e-9
+    assert d["answer_tokens"] is None
+    for tokens in (10, 30, 20):
+        s.record_answer(tokens)
+    d = s.as_dict()
+    assert d["completion_tokens"] == 60
+    expected = 10.0
+    for tokens in (30, 20):
+        expected += (tokens - expected) / 64
+    assert abs(d["answer_tokens"] - expected) < 1e-9
+
+
+def test_decode_costs_pool_over_a_class_and_unknown_ones_borrow_the_mean():
+    """Two workers of one class saw one batch size each (1 and 8): neither alone has a slope,
+    together they have 3 ms a sequence. A worker of another class with nothing separable borrows
+    that mean; with no fit anywhere the cost is 0 (left out), never a guess."""
+    from radixray.step_cost import pooled_decode_seq_s
+
+    a, b, c = StepCostModel(), StepCostModel(), StepCostModel()
+    for _ in range(5):
+        a.update(1, 0.02 + 0.003)
+        b.update(8, 0.02 + 0.003 * 8)
+        c.update(4, 0.05)
+    fleet = [("a", "gpu", a.moments), ("b", "gpu", b.moments), ("c", "cpu", c.moments)]
+    costs = pooled_decode_seq_s([*fleet, ("d", None, None)])
+    assert abs(costs["a"] - 0.003) < 1e-9 and costs["a"] == costs["b"]
+    assert costs["c"] == costs["d"] == costs["a"]
+    alone = pooled_decode_seq_s([("a", None, a.moments), ("c", None, c.moments)])
+    assert alone == {"a": 0.0, "c": 0.0}

@@ -100,6 +100,10 @@ class WorkerState:
     # demotions beyond the free ones push older prefixes out of the host tier.
     host_free_pages: int = 0
     host_total_pages: int = 0
+    # Seconds one more decoding sequence adds to each of its steps (pooled per class, 0: not
+    # known) and the tokens a sequence decodes here on average (0: none ended yet).
+    decode_seq_s: float = 0.0
+    answer_tokens: float = 0.0
 
     def prefill_s(
         self, queued: float, own: float = 0, whole: bool = True, steps: bool = True

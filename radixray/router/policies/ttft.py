@@ -3,6 +3,7 @@ recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
+             + s_w * A * (running_w / 2 + waiting_w)
 
 (with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
 + n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
@@ -19,7 +20,9 @@ work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` th
 share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
 once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
 host tier, ``demoted_w`` with one: worth their load-back, not their recompute; with
-``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``). Why each
+``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``; ``s_w`` the seconds one more decoding sequence
+adds to a step of ``w``'s, ``A`` the tokens a sequence decodes, as the workers measure them: the
+steps this request's answer adds for those already there, ``decode_cost``). Why each
 term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
 random, or by rank in a fleet of routers.
 """
@@ -54,6 +57,7 @@ class PredictedTTFT(Policy):
         host_room: bool = False,
         steps: bool = False,
         work_steps: bool = False,
+        decode: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -76,7 +80,9 @@ class PredictedTTFT(Policy):
         each request's work by its share of full steps too (docs/ttft_policy.md, "Queue time in
         steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
         at their load-back only up to the room its host tier reports, the rest as lost
-        (docs/ttft_policy.md, "Host tiers")."""
+        (docs/ttft_policy.md, "Host tiers"); ``decode`` prices the steps this request's answer
+        adds for the requests already on a worker (False: the rule before, docs/ttft_policy.md,
+        "Decode cost")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -97,6 +103,7 @@ class PredictedTTFT(Policy):
         self.host_room = host_room
         self.steps = steps
         self.work_steps = work_steps
+        self.decode = decode
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -162,6 +169,8 @@ class PredictedTTFT(Policy):
             """``held``, none when its prefix (both tiers) is under the floor."""
             return held(w) if reusable.get(w.worker_id, 0) >= max(floor, 1) else (0, 0)
 
+        # What this request's answer adds to the steps of those already on w (decode_cost).
+        answer = _answer_tokens(live) if self.decode else 0.0
         sized = [w for w in live if w.total_pages]
         total = sum(w.total_pages for w in sized)
         full = 1.0 - sum(w.free_pages for w in sized) / total if total and self.stale else 0.0
@@ -190,7 +199,7 @@ class PredictedTTFT(Policy):
             t = w.prefill_s(queued, n - cc, steps=self.steps)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
-            return t + reuse * w.load_time(demoted)
+            return t + reuse * w.load_time(demoted) + decode_cost(w, answer)
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
@@ -221,3 +230,22 @@ class PredictedTTFT(Policy):
             f"headroom={self.headroom:.3f}, "
             f"min_match={self.min_match})"
         )
+
+
+def _answer_tokens(live: Sequence[WorkerState]) -> float:
+    """The tokens a request is expected to decode: the mean of what the workers report (the
+    workload's, not the worker's: it does not depend on where the request goes); 0 before any
+    worker has seen a sequence end."""
+    known = [w.answer_tokens for w in live if w.answer_tokens > 0]
+    return sum(known) / len(known) if known else 0.0
+
+
+def decode_cost(w: WorkerState, answer: float) -> float:
+    """Seconds a placement's answer of ``answer`` tokens adds, on ``w``, to the requests already
+    there: each of its decode steps is ``decode_seq_s`` longer for them while they share it; a
+    waiting request waits through all of it, a running one overlaps about half (docs/
+    ttft_policy.md, "Decode cost"). The answer's own steps cost the same on any worker; what
+    differs is who waits for them."""
+    if not answer or not w.decode_seq_s:
+        return 0.0
+    return w.decode_seq_s * answer * (w.running / 2 + w.waiting)
