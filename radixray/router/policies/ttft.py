@@ -3,7 +3,7 @@ recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
-             + s_w * A * (running_w / 2 + waiting_w)
+             + A * (s_w * (running_w / 2 + waiting_w) + [steps full] waiting_w * token_w)
 
 (with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
 + n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
@@ -20,9 +20,11 @@ work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` th
 share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
 once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
 host tier, ``demoted_w`` with one: worth their load-back, not their recompute; with
-``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``; ``s_w`` the seconds one more decoding sequence
-adds to a step of ``w``'s, ``A`` the tokens a sequence decodes, as the workers measure them: the
-steps this request's answer adds for those already there, ``decode_cost``). Why each
+``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``; ``A`` the
+tokens a sequence decodes and ``s_w`` the seconds one more decoding sequence adds to a step of
+``w``'s, as the workers measure them: the steps this request's answer adds for those already
+there, plus, while ``w``'s steps are full of prefill, the budget tokens it takes from the
+requests waiting there, ``decode_cost``). Why each
 term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
 random, or by rank in a fleet of routers.
 """
@@ -58,6 +60,7 @@ class PredictedTTFT(Policy):
         steps: bool = False,
         work_steps: bool = False,
         decode: bool = True,
+        decode_budget: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -81,7 +84,8 @@ class PredictedTTFT(Policy):
         steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
         at their load-back only up to the room its host tier reports, the rest as lost
         (docs/ttft_policy.md, "Host tiers"); ``decode`` prices the steps this request's answer
-        adds for the requests already on a worker (False: the rule before, docs/ttft_policy.md,
+        adds for the requests already on a worker, with ``decode_budget`` the budget tokens it
+        takes from their prefill on full steps (False: the rule before, docs/ttft_policy.md,
         "Decode cost")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
@@ -104,6 +108,7 @@ class PredictedTTFT(Policy):
         self.steps = steps
         self.work_steps = work_steps
         self.decode = decode
+        self.decode_budget = decode_budget
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -199,7 +204,7 @@ class PredictedTTFT(Policy):
             t = w.prefill_s(queued, n - cc, steps=self.steps)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
-            return t + reuse * w.load_time(demoted) + decode_cost(w, answer)
+            return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.decode_budget)
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
@@ -240,12 +245,19 @@ def _answer_tokens(live: Sequence[WorkerState]) -> float:
     return sum(known) / len(known) if known else 0.0
 
 
-def decode_cost(w: WorkerState, answer: float) -> float:
+def decode_cost(w: WorkerState, answer: float, budget: bool = True) -> float:
     """Seconds a placement's answer of ``answer`` tokens adds, on ``w``, to the requests already
-    there: each of its decode steps is ``decode_seq_s`` longer for them while they share it; a
-    waiting request waits through all of it, a running one overlaps about half (docs/
-    ttft_policy.md, "Decode cost"). The answer's own steps cost the same on any worker; what
-    differs is who waits for them."""
-    if not answer or not w.decode_seq_s:
+    there (docs/ttft_policy.md, "Decode cost"). Each of its decode steps is ``decode_seq_s``
+    longer for everyone sharing it: a waiting request waits through all of it, a running one
+    overlaps about half. And while ``w``'s steps are full of queued prefill (its queue at least
+    a step's budget less its decodes), each answer token takes a budget token from that prefill:
+    every request still waiting for its first token (at least the one in prefill) waits a
+    prefill token's time more (``token_s`` by steps), which on small budgets is most of the
+    step. The answer's own steps cost the same on any worker; what differs is who waits."""
+    if not answer:
         return 0.0
-    return w.decode_seq_s * answer * (w.running / 2 + w.waiting)
+    per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
+    spare = w.max_batch_tokens - w.running
+    if budget and w.max_batch_tokens and w.queued_prefill_tokens >= spare:
+        per_token += max(w.waiting, 1) * w.token_s(steps=True)
+    return answer * per_token

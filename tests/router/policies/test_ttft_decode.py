@@ -36,6 +36,31 @@ def test_decode_cost_counts_who_shares_the_answers_steps():
     assert decode_cost(worker(2), 100.0) == 0.0  # nobody there to slow down
 
 
+def test_an_answer_on_full_steps_takes_budget_from_the_prefill_waiting_there():
+    """8-token steps, 2 decoding, 20 ms a step's fixed cost, 100 prefill tokens/s: a prefill token
+    costs 10 ms + 20 ms / 6 on full steps. With 40 tokens queued (the steps are full) each of the
+    3 waiting requests waits that long for every answer token; with 5 queued (steps not full) the
+    answer costs its decode time only."""
+
+    def w(queued):
+        return WorkerState(
+            0,
+            running=2,
+            waiting=3,
+            queued_prefill_tokens=queued,
+            prefill_tokens_per_s=100.0,
+            prefill_overhead_s=0.02,
+            max_batch_tokens=8,
+            decode_seq_s=0.001,
+        )
+
+    decode_only = 10 * 0.001 * (1 + 3)
+    assert abs(decode_cost(w(5), 10.0) - decode_only) < 1e-12
+    full = decode_only + 10 * 3 * (0.01 + 0.02 / 6)
+    assert abs(decode_cost(w(40), 10.0) - full) < 1e-12
+    assert abs(decode_cost(w(40), 10.0, budget=False) - decode_only) < 1e-12
+
+
 def test_ttft_moves_off_a_crowded_holder_when_its_answer_slows_everyone_there():
     """Worker 1 holds 6 of the 8 pages and runs 8 decoding requests; worker 0 is idle; caches
     have room (no stale charge) and L = 0. Staying costs 32 tokens (0.32 s), moving 128 (1.28 s):
