@@ -3,7 +3,7 @@ recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
-             + A * (s_w * (running_w / 2 + waiting_w) + [steps full] waiting_w * token_w)
+             + A * (s_w * (running_w / 2 + waiting_w) + [steps; full] waiting_w * token_w)
 
 (with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
 + n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
@@ -60,7 +60,6 @@ class PredictedTTFT(Policy):
         steps: bool = False,
         work_steps: bool = False,
         decode: bool = True,
-        decode_budget: bool = True,
     ):
         """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
         ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
@@ -84,9 +83,9 @@ class PredictedTTFT(Policy):
         steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
         at their load-back only up to the room its host tier reports, the rest as lost
         (docs/ttft_policy.md, "Host tiers"); ``decode`` prices the steps this request's answer
-        adds for the requests already on a worker, with ``decode_budget`` the budget tokens it
-        takes from their prefill on full steps (False: the rule before, docs/ttft_policy.md,
-        "Decode cost")."""
+        adds for the requests already on a worker, and with ``steps`` the budget tokens it takes
+        from their prefill on full steps (False: the rule before, docs/ttft_policy.md, "Decode
+        cost")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -108,7 +107,6 @@ class PredictedTTFT(Policy):
         self.steps = steps
         self.work_steps = work_steps
         self.decode = decode
-        self.decode_budget = decode_budget
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -204,7 +202,7 @@ class PredictedTTFT(Policy):
             t = w.prefill_s(queued, n - cc, steps=self.steps)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
-            return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.decode_budget)
+            return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)
@@ -253,7 +251,10 @@ def decode_cost(w: WorkerState, answer: float, budget: bool = True) -> float:
     a step's budget less its decodes), each answer token takes a budget token from that prefill:
     every request still waiting for its first token (at least the one in prefill) waits a
     prefill token's time more (``token_s`` by steps), which on small budgets is most of the
-    step. The answer's own steps cost the same on any worker; what differs is who waits."""
+    step. ttft charges this (``budget``) only where it prices recomputes by steps too
+    (``steps``): against a recompute at the fit's rate alone it outweighs every cached prefix
+    on small budgets. The answer's own steps cost the same on any worker; what differs is who
+    waits."""
     if not answer:
         return 0.0
     per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
