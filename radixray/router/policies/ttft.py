@@ -3,7 +3,7 @@ recomputation imposes on everyone else, is lowest::
 
     cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
-             + A * (s_w * (running_w / 2 + waiting_w) + [steps; full] waiting_w * token_w)
+             + A * (s_w * (running_w / 2 + waiting_w) + [full steps] max(waiting_w, 1) * token_w)
 
 (with ``steps``, off by default: the queue and the prompt by ``w``'s engine steps, ``ceil((queued_w
 + n - c_w) / (B_w - running_w))`` steps of its step budget less its decodes, each at the larger of
@@ -12,7 +12,7 @@ recomputation imposes on everyone else, is lowest::
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
 its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
-worker at least the header most workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
+worker at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
 ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler would
 run before this request, ``Waiting``); ``L`` the larger
 of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the fleet's offered
@@ -55,6 +55,7 @@ class PredictedTTFT(Policy):
         tiers: bool = True,
         stale: bool = True,
         shared: bool = True,
+        shared_share: float = 0.25,
         lpm: bool = False,
         host_room: bool = False,
         steps: bool = False,
@@ -71,21 +72,22 @@ class PredictedTTFT(Policy):
         tier-blind baseline (``ttft:tiers=false``): host-tier copies are invisible, a prefix is
         reusable only where it is on the device. ``stale``: a move off a prefix's holders is also
         charged the copy it leaves stale (``h * f`` a token); ``shared``: an idle worker counts
-        the header most workers hold as held (False restores the rule before each, for
-        comparison); ``lpm`` (off: measured, not adopted) charges a request only the queued
-        work the scheduler admits before it, by this router's record of what it placed
-        (``Waiting``). Why: docs/ttft_policy.md, "Copies of a prefix". ``steps`` (off: measured,
-        not adopted): queued and own prefill cost the engine steps they take on a worker that
-        reports its step budget, and what a placement recomputes a token's share of them
+        the longest prefix that more than ``shared_share`` of the workers (and at least two)
+        hold as held (False restores the rule before each, for comparison;
+        ``shared_share=0.5``: the majority rule before the decode cost); ``lpm`` (off:
+        measured, not adopted) charges a request only the queued work the scheduler admits
+        before it, by this router's record of what it placed (``Waiting``). Why:
+        docs/ttft_policy.md, "Copies of a prefix". ``steps`` (off: measured, not adopted):
+        queued and own prefill cost the engine steps they take on a worker that reports its
+        step budget, and what a placement recomputes a token's share of them
         (``step_cost.prefill_seconds``, ``token_seconds``; off: one step's fixed cost whatever
         the queue); ``work_steps`` (off: measured, not adopted): the headroom estimate counts
         each request's work by its share of full steps too (docs/ttft_policy.md, "Queue time in
         steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
         at their load-back only up to the room its host tier reports, the rest as lost
         (docs/ttft_policy.md, "Host tiers"); ``decode`` prices the steps this request's answer
-        adds for the requests already on a worker, and with ``steps`` the budget tokens it takes
-        from their prefill on full steps (False: the rule before, docs/ttft_policy.md, "Decode
-        cost")."""
+        adds for the requests already on a worker, and the budget its tokens take from their
+        prefill on full steps (False: the rule before, docs/ttft_policy.md, "Decode cost")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -95,6 +97,8 @@ class PredictedTTFT(Policy):
             raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
         if not 0 <= min_match < 1:
             raise ValueError(f"min_match must be in [0, 1), got {min_match}")
+        if not 0 < shared_share < 1:
+            raise ValueError(f"shared_share must be in (0, 1), got {shared_share}")
         self.reuse_weight = reuse_weight
         self.rho_max = rho_max
         self.min_match = min_match
@@ -102,6 +106,7 @@ class PredictedTTFT(Policy):
         self.tiers = tiers
         self.stale = stale
         self.shared = shared
+        self.shared_share = shared_share
         self.waiting = Waiting() if lpm else None
         self.host_room = host_room
         self.steps = steps
@@ -174,14 +179,12 @@ class PredictedTTFT(Policy):
 
         # What this request's answer adds to the steps of those already on w (decode_cost).
         answer = _answer_tokens(live) if self.decode else 0.0
-        sized = [w for w in live if w.total_pages]
-        total = sum(w.total_pages for w in sized)
-        full = 1.0 - sum(w.free_pages for w in sized) / total if total and self.stale else 0.0
+        full = _pages_in_use(live) if self.stale else 0.0
 
-        # A header most workers hold: an idle worker without it counts it as held (it computes
-        # it once and holds it from then on; nobody waits behind that).
+        # A prefix a share of the workers hold (at least two): an idle worker without it counts
+        # it as held (it computes it once and holds it from then on; nobody waits behind that).
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
-        c_shared = depths[len(depths) // 2] if len(depths) > 1 else 0
+        c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
@@ -205,6 +208,9 @@ class PredictedTTFT(Policy):
             return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
 
         best, scores = self.lowest(live, cost)
+        if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
+            most = max(cached(w)[0] for w in best)
+            best = [w for w in best if cached(w)[0] == most]
         pick = self.pick_tied(best, request.fleet)
         c = reusable.get(pick.worker_id, 0)
         # The prefill work this placement brings the fleet, by the fit it was priced with (what
@@ -235,6 +241,13 @@ class PredictedTTFT(Policy):
         )
 
 
+def _pages_in_use(live: Sequence[WorkerState]) -> float:
+    """The share of the fleet's pages in use (of the workers that report their pages)."""
+    sized = [w for w in live if w.total_pages]
+    total = sum(w.total_pages for w in sized)
+    return 1.0 - sum(w.free_pages for w in sized) / total if total else 0.0
+
+
 def _answer_tokens(live: Sequence[WorkerState]) -> float:
     """The tokens a request is expected to decode: the mean of what the workers report (the
     workload's, not the worker's: it does not depend on where the request goes); 0 before any
@@ -243,22 +256,22 @@ def _answer_tokens(live: Sequence[WorkerState]) -> float:
     return sum(known) / len(known) if known else 0.0
 
 
-def decode_cost(w: WorkerState, answer: float, budget: bool = True) -> float:
+def decode_cost(w: WorkerState, answer: float, steps: bool = True) -> float:
     """Seconds a placement's answer of ``answer`` tokens adds, on ``w``, to the requests already
     there (docs/ttft_policy.md, "Decode cost"). Each of its decode steps is ``decode_seq_s``
     longer for everyone sharing it: a waiting request waits through all of it, a running one
     overlaps about half. And while ``w``'s steps are full of queued prefill (its queue at least
     a step's budget less its decodes), each answer token takes a budget token from that prefill:
     every request still waiting for its first token (at least the one in prefill) waits a
-    prefill token's time more (``token_s`` by steps), which on small budgets is most of the
-    step. ttft charges this (``budget``) only where it prices recomputes by steps too
-    (``steps``): against a recompute at the fit's rate alone it outweighs every cached prefix
-    on small budgets. The answer's own steps cost the same on any worker; what differs is who
-    waits."""
+    prefill token's time more. That token is priced as ttft prices a recompute: by ``steps``
+    (its share of a full step too, which on small budgets is most of the step) or at the fit's
+    rate alone; priced by steps against recomputes at the rate it would outweigh every cached
+    prefix on small budgets. The answer's own steps cost the same on any worker; what differs is
+    who waits."""
     if not answer:
         return 0.0
     per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
     spare = w.max_batch_tokens - w.running
-    if budget and w.max_batch_tokens and w.queued_prefill_tokens >= spare:
-        per_token += max(w.waiting, 1) * w.token_s(steps=True)
+    if w.max_batch_tokens and w.queued_prefill_tokens >= spare:
+        per_token += max(w.waiting, 1) * w.token_s(steps)
     return answer * per_token

@@ -55,9 +55,9 @@ def test_ttft_prices_the_stale_copy_a_move_leaves_when_caches_are_full():
 def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
     """Workers 0, 1 and 2 hold a 4-page header of the 8-page prompt, each behind 30 queued
     tokens; worker 3 is idle and has never seen it. Counted as held there, it costs 64 tokens
-    (0.64 s) against 30 + 64 (0.94 s): new conversations go to it. Held by two workers of
-    four, the header is theirs as before; and ``shared=false`` restores the rule that kept the
-    idle worker out (1.28 s there)."""
+    (0.64 s) against 30 + 64 (0.94 s): new conversations go to it. Held by two workers of four
+    (more than a quarter) the same; by one, it is that worker's own (a conversation's history);
+    and ``shared=false`` restores the rule that kept the idle worker out (1.28 s there)."""
     fleet = [worker(w, 30, 1, 100) for w in range(3)] + [worker(3, 0, 0, 100)]
     idx = index_with(w0=4, w1=4, w2=4)
     d = make_policy("ttft").choose(req(), fleet, idx)
@@ -69,8 +69,14 @@ def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
         for s in range(20)
     }
     assert former == {0, 1, 2}
-    two = index_with(w0=4, w1=4)  # two holders of four: not most of the fleet
-    assert make_policy("ttft").choose(req(), fleet, two).worker_id in (0, 1)
+    one = index_with(w0=4)  # one holder: a conversation's own history, not a shared header
+    assert make_policy("ttft").choose(req(), fleet, one).worker_id == 0
+    two = index_with(w0=4, w1=4)  # two of four: more than a quarter, shared
+    assert make_policy("ttft").choose(req(), fleet, two).worker_id == 3
+    # the majority rule before (shared_share=0.5): two of four are theirs
+    majority = make_policy("ttft", shared_share=0.5)
+    assert majority.choose(req(), fleet, two).worker_id in (0, 1)
+    assert majority.choose(req(), fleet, idx).worker_id == 3
     # the header on a busy worker that lacks it is still its own to compute
     busy = [*fleet[:3], worker(3, 0, 1, 100)]
     assert make_policy("ttft").choose(req(), busy, idx).worker_id in (0, 1, 2)

@@ -38,9 +38,10 @@ def test_decode_cost_counts_who_shares_the_answers_steps():
 
 def test_an_answer_on_full_steps_takes_budget_from_the_prefill_waiting_there():
     """8-token steps, 2 decoding, 20 ms a step's fixed cost, 100 prefill tokens/s: a prefill token
-    costs 10 ms + 20 ms / 6 on full steps. With 40 tokens queued (the steps are full) each of the
-    3 waiting requests waits that long for every answer token; with 5 queued (steps not full) the
-    answer costs its decode time only."""
+    costs 10 ms + 20 ms / 6 on full steps (10 ms at the fit's rate alone, as ttft prices a
+    recompute unless ``steps``). With 40 tokens queued (the steps are full) each of the 3 waiting
+    requests waits that long for every answer token; with 5 queued (steps not full) the answer
+    costs its decode time only."""
 
     def w(queued):
         return WorkerState(
@@ -56,9 +57,9 @@ def test_an_answer_on_full_steps_takes_budget_from_the_prefill_waiting_there():
 
     decode_only = 10 * 0.001 * (1 + 3)
     assert abs(decode_cost(w(5), 10.0) - decode_only) < 1e-12
-    full = decode_only + 10 * 3 * (0.01 + 0.02 / 6)
-    assert abs(decode_cost(w(40), 10.0) - full) < 1e-12
-    assert abs(decode_cost(w(40), 10.0, budget=False) - decode_only) < 1e-12
+    assert abs(decode_cost(w(40), 10.0) - (decode_only + 10 * 3 * (0.01 + 0.02 / 6))) < 1e-12
+    # priced as ttft prices recomputes by default, at the fit's rate alone
+    assert abs(decode_cost(w(40), 10.0, steps=False) - (decode_only + 10 * 3 * 0.01)) < 1e-12
 
 
 def test_ttft_moves_off_a_crowded_holder_when_its_answer_slows_everyone_there():
