@@ -263,11 +263,11 @@ def decode_cost(w: WorkerState, answer: float, steps: bool = True) -> float:
     overlaps about half. And while ``w``'s steps are full of queued prefill (its queue at least
     a step's budget less its decodes), each answer token takes a budget token from that prefill:
     every request still waiting for its first token (at least the one in prefill) waits a
-    prefill token's time more. That token is priced as ttft prices a recompute: by ``steps``
-    (its share of a full step too, which on small budgets is most of the step) or at the fit's
-    rate alone; priced by steps against recomputes at the rate it would outweigh every cached
-    prefix on small budgets. The answer's own steps cost the same on any worker; what differs is
-    who waits."""
+    prefill token's time more. That token is priced as ttft prices a recompute, by ``steps``
+    (with its share of a full step, most of the step on small budgets) or at the fit's rate
+    alone: the two sides of the trade in one unit (by steps against recomputes at the rate, on a
+    4-token budget it would outweigh every cached prefix). The answer's own steps cost the same
+    on any worker; what differs is who waits."""
     if not answer:
         return 0.0
     per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
