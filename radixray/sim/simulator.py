@@ -264,7 +264,7 @@ class _Run:
         ws = self.workers
         fits = pooled_fits((w.worker_id, "sim", w.prefill_cost.moments, None) for w in ws)
         decode = pooled_decode_seq_s((w.worker_id, "sim", w.decode_cost.moments) for w in ws)
-        states = [w.state(fits[w.worker_id], decode[w.worker_id]) for w in self.workers]
+        states = [w.state(fits[w.worker_id], decode[w.worker_id]) for w in ws]
         if not self._admit(states):
             self.records[i] = RequestRecord(req.rid, -1, now, req.num_tokens, 0, REFUSED)
             self._end(i, now)
