@@ -31,9 +31,20 @@ earlier reading is what ttft's reuse weight wants (docs/ttft_policy.md, "Queue t
 second of extra work delays. ``rho`` is clipped below ``1 - 1 / memory``: an average over
 ``memory`` arrivals cannot tell a headroom smaller than that from none, and past it the weight
 is ``memory - 1``, every request the estimate remembers.
+
+Per worker (``waiting``): the number of requests waiting on it, averaged over about ``memory``
+arrivals per worker, is its own reuse weight: by Little's law and the M/M/1 queue, the mean
+number in a worker's queue is its ``rho / (1 - rho)``, measured rather than derived from the
+work this router placed (which counts a step's fixed cost once per request and so over-counts
+a worker's share). A saturated fleet can hold a worker whose queue stays empty: its prefixes
+are in low demand and the busy ones are held elsewhere, so no request reaches it without a
+recomputation, and work placed there delays the few requests queued on it, not the fleet
+(docs/ttft_policy.md, "A worker outside the queue").
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 from radixray.numbers import Ewma
 
@@ -54,6 +65,8 @@ class Headroom:
         self._gap = Ewma(1.0 / memory, initial=0.0)  # seconds between arrivals, x workers
         self._last: float | None = None
         self.seen = 0  # arrivals that gave a sample (all but the first)
+        # worker -> moving sums of the requests waiting on it at arrivals, and of the arrivals
+        self._waiting: dict[Hashable, tuple[float, float]] = {}
 
     def observe(self, now: float, work_s: float, workers: int) -> None:
         """A request arrived at ``now`` (seconds, any monotonic clock) bringing ``work_s``
@@ -63,6 +76,15 @@ class Headroom:
             self._work.update(max(0.0, work_s))
             self.seen += 1
         self._last = now if self._last is None else max(self._last, now)
+
+    def waiting(self, worker: Hashable, waiting: int, workers: int) -> float:
+        """Take the requests waiting on ``worker`` at an arrival to a fleet of ``workers``;
+        return their moving average over about ``memory`` arrivals per worker."""
+        keep = 1.0 - 1.0 / (self.memory * max(1, workers))
+        total, count = self._waiting.get(worker, (0.0, 0.0))
+        total, count = keep * total + waiting, keep * count + 1.0
+        self._waiting[worker] = (total, count)
+        return total / count
 
     @property
     def rho(self) -> float:

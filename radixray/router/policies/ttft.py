@@ -1,7 +1,7 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
 recomputation imposes on everyone else, is lowest::
 
-    cost_w = O_w + (queued_w + n - c_w + (L + h * f) * (c_best - c_w) + h * spill_w) / R_w
+    cost_w = O_w + (queued_w + n - c_w + (L_w + h * f) * (c_best - c_w) + h * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
              + A * (s_w * (running_w / 2 + waiting_w) + [full steps] max(waiting_w, 1) * token_w)
 
@@ -10,21 +10,21 @@ recomputation imposes on everyone else, is lowest::
 ``O_w`` and its decode step, and the other tokens at a token's share of a full step;
 ``step_cost.prefill_seconds``, docs/ttft_policy.md, "Queue time in steps")
 
-(``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on
-its device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle
-worker at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
-``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler would
-run before this request, ``Waiting``); ``L`` the larger
-of ``rho / (1 - rho)`` by the share of busy workers (``rho <= 0.8``) and by the fleet's offered
-work over its capacity (``Headroom``: uncapped as the headroom closes); ``h`` the measured reuse
-share, ``f`` the share of the fleet's pages in use (the copy a move leaves stale costs cache room
-once caches are full), ``spill_w`` the cached tokens the placement would evict, lost without a
-host tier, ``demoted_w`` with one: worth their load-back, not their recompute; with
-``host_room``, only as far as its host tier has room, the rest stay in ``spill_w``; ``A`` the
-tokens a sequence decodes and ``s_w`` the seconds one more decoding sequence adds to a step of
-``w``'s, as the workers measure them: the steps this request's answer adds for those already
-there, plus, while ``w``'s steps are full of prefill, the budget tokens it takes from the
-requests waiting there, ``decode_cost``). Why each
+(``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
+device pool and the rest on its host tier, loaded back at its measured ``load_w``; on a worker
+nobody waits on at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled
+prefill fit; ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
+would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
+of busy workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
+uncapped as the headroom closes), the latter scaled by ``w``'s share of the fleet's mean queue (a
+worker whose queue stays empty is outside it); ``h`` the measured reuse share, ``f`` the share of
+the fleet's pages in use (the copy a move leaves stale costs cache room once caches are full),
+``spill_w`` the cached tokens the placement would evict, lost without a host tier, ``demoted_w``
+with one: worth their load-back, not their recompute; with ``host_room``, only as far as its host
+tier has room, the rest stay in ``spill_w``; ``A`` the tokens a sequence decodes and ``s_w`` the
+seconds one more decoding sequence adds to a step of ``w``'s, as the workers measure them: the steps
+this request's answer adds for those already there, plus, while ``w``'s steps are full of prefill,
+the budget tokens it takes from the requests waiting there, ``decode_cost``). Why each
 term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
 random, or by rank in a fleet of routers.
 """
@@ -61,33 +61,26 @@ class PredictedTTFT(Policy):
         steps: bool = False,
         work_steps: bool = False,
         decode: bool = True,
+        spare: bool = True,
+        shared_decoding: bool = True,
     ):
-        """``reuse_weight`` fixes ``L`` (None: measured, the default; 0: myopic TTFT);
-        ``ewma_requests`` is the memory of the utilisation estimates, in arrivals; ``rho_max``
-        caps the busy-worker estimate, so its ``L <= rho_max / (1 - rho_max)`` (4: why,
-        docs/ttft_policy.md); ``headroom``: ``L`` is also at least the fleet's offered work
-        over its capacity's ``rho / (1 - rho)`` (``Headroom``; False: the rule before issue 23,
-        for comparison); a cached prefix shorter than ``min_match`` of the prompt does not
-        steer placement (counts as none; why, docs/ttft_policy.md); ``tiers=False`` is the
-        tier-blind baseline (``ttft:tiers=false``): host-tier copies are invisible, a prefix is
-        reusable only where it is on the device. ``stale``: a move off a prefix's holders is also
-        charged the copy it leaves stale (``h * f`` a token); ``shared``: an idle worker counts
-        the longest prefix that more than ``shared_share`` of the workers (and at least two)
-        hold as held (False restores the rule before each, for comparison;
-        ``shared_share=0.5``: the majority rule before the decode cost); ``lpm`` (off:
-        measured, not adopted) charges a request only the queued work the scheduler admits
-        before it, by this router's record of what it placed (``Waiting``). Why:
-        docs/ttft_policy.md, "Copies of a prefix". ``steps`` (off: measured, not adopted):
-        queued and own prefill cost the engine steps they take on a worker that reports its
-        step budget, and what a placement recomputes a token's share of them
-        (``step_cost.prefill_seconds``, ``token_seconds``; off: one step's fixed cost whatever
-        the queue); ``work_steps`` (off: measured, not adopted): the headroom estimate counts
-        each request's work by its share of full steps too (docs/ttft_policy.md, "Queue time in
-        steps"); ``host_room`` (off: measured, not adopted) prices a tiered worker's demotions
-        at their load-back only up to the room its host tier reports, the rest as lost
-        (docs/ttft_policy.md, "Host tiers"); ``decode`` prices the steps this request's answer
-        adds for the requests already on a worker, and the budget its tokens take from their
-        prefill on full steps (False: the rule before, docs/ttft_policy.md, "Decode cost")."""
+        """Each option names a rule; False (or the value named) restores the rule before it,
+        for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
+        ``L`` (None: measured; 0: myopic TTFT); ``ewma_requests``: the memory of the utilisation
+        estimates, in arrivals; ``rho_max`` caps the busy-worker estimate (``L <= 4``);
+        ``headroom``: ``L`` at least the fleet's offered work over its capacity's ``rho / (1 -
+        rho)`` (``Headroom``); a prefix under ``min_match`` of the prompt counts as none;
+        ``tiers=False``: the tier-blind baseline (host-tier copies invisible); ``stale``: a
+        move off a prefix's holders is charged the copy it leaves stale; ``shared``: a worker
+        nobody waits on counts the prefix more than ``shared_share`` of the workers (at least
+        two) hold as held, ``shared_decoding=False`` only an idle one ("Copies of a prefix",
+        "A worker outside the queue"); ``decode``: the steps this request's answer adds for
+        those already on a worker ("Decode cost"); ``spare``: the headroom's weight on a worker
+        scaled by its share of the fleet's mean queue (``Headroom.waiting``). Measured, not
+        adopted (off): ``lpm``, only the queued work the scheduler admits first (``Waiting``);
+        ``steps``, queued and own prefill by the engine steps they take; ``work_steps``, the
+        headroom's work by steps ("Queue time in steps"); ``host_room``, demotions priced at
+        their load-back only up to the host tier's room ("Host tiers")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -112,6 +105,8 @@ class PredictedTTFT(Policy):
         self.steps = steps
         self.work_steps = work_steps
         self.decode = decode
+        self.spare = spare
+        self.shared_decoding = shared_decoding
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -134,19 +129,32 @@ class PredictedTTFT(Policy):
     def reuse(self) -> float:
         return self._reuse.value
 
-    def _weight(self, live: Sequence[WorkerState]) -> float:
-        """``L``, the reuse weight, from the utilisation measured before this arrival: the
-        larger of the capped busy-worker rule and the uncapped offered-work rule."""
+    def _weights(self, live: Sequence[WorkerState], now: float):
+        """``L_w``, the reuse weight on each worker, from the utilisation measured before this
+        arrival: the larger of the capped busy-worker rule and the uncapped offered-work rule,
+        the latter (with ``spare``) scaled by the worker's share of the fleet's mean queue."""
         busy = sum(1 for w in live if w.running or w.waiting)
         rho = min(self._rho.update(busy / len(live)), self.rho_max)
         if self.reuse_weight is not None:
-            return self.reuse_weight
+            fixed = self.reuse_weight
+            return lambda w: fixed
         weight = rho / (1.0 - rho)
-        return max(weight, self.capacity.reuse_weight) if self.use_headroom else weight
+        if not self.use_headroom:
+            return lambda w: weight
+        fleet = max(weight, self.capacity.reuse_weight)
+        if not self.spare:
+            return lambda w: fleet
+        # scaled by the worker's share of the fleet's queue: its mean queue over the fleet's
+        n, capacity = len(live), self.capacity
+        own = {w.worker_id: capacity.waiting(w.worker_id, w.waiting, n) for w in live}
+        mean = sum(own.values()) / n
+        if mean <= 0:
+            return lambda w: fleet
+        return lambda w: max(weight, fleet * min(1.0, own[w.worker_id] / mean))
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weight = self._weight(live)
+        weight = self._weights(live, request.arrival_time)
         P = index.page_size
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.tiers:  # tier-blind: what index.match sees
@@ -181,8 +189,9 @@ class PredictedTTFT(Policy):
         answer = _answer_tokens(live) if self.decode else 0.0
         full = _pages_in_use(live) if self.stale else 0.0
 
-        # A prefix a share of the workers hold (at least two): an idle worker without it counts
-        # it as held (it computes it once and holds it from then on; nobody waits behind that).
+        # A prefix a share of the workers hold (at least two): a worker without it that nobody
+        # waits on counts it as held (it computes it once and holds it from then on; nobody
+        # queues behind that).
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
@@ -198,8 +207,8 @@ class PredictedTTFT(Policy):
             if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
-            cc = c if w.running or w.waiting else max(c, c_shared)
-            dup = (weight + reuse * full) * (c_best - cc)
+            cc = c if w.waiting or (w.running and not self.shared_decoding) else max(c, c_shared)
+            dup = (weight(w) + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
             t = w.prefill_s(queued, n - cc, steps=self.steps)

@@ -4,6 +4,8 @@ saturates; the estimate on the decision record and on /metrics."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from radixray.cache_index import ApproxIndex
@@ -38,6 +40,20 @@ def test_headroom_weighs_nothing_until_its_window_is_full():
     assert h.reuse_weight == pytest.approx(7.0)
     with pytest.raises(ValueError, match="memory"):
         Headroom(memory=1)
+
+
+def test_headroom_per_worker_mean_queue():
+    """A worker's requests waiting, averaged over about ``memory`` arrivals per worker: a
+    constant count reads as itself from the first arrival (no start at 0), and a change is
+    followed at ``1 / (memory * workers)`` an arrival."""
+    h = Headroom(memory=8)
+    assert h.waiting("a", 3, 4) == 3.0
+    for _ in range(200):
+        mean = h.waiting("a", 3, 4)
+    assert mean == pytest.approx(3.0) and h.waiting("b", 0, 4) == 0.0
+    for _ in range(32):  # a's queue empties: after memory * workers arrivals, e^-1 of it left
+        mean = h.waiting("a", 0, 4)
+    assert mean == pytest.approx(3.0 * (1 - 1 / 32) ** 32, rel=0.01)
 
 
 def _cold_fleet_workload(rate: float, n: int = 400, tokens: int = 256) -> Workload:
@@ -112,15 +128,10 @@ def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
     """Worker 1 holds 6 of the prompt's 8 pages behind 300 queued tokens; worker 0 is empty.
     With headroom, moving costs 128 + L * 96 tokens against 300 + 32 staying: spread while
     L < 2.1, keep the prefix beyond. Only worker 1 is busy, so the busy-worker rule alone keeps
-    L at 1/3 whatever the arrival rate."""
-    idx = ApproxIndex(P, 1 << 16)
-    for w in range(4):
-        idx.add_worker(w)
-    idx.insert(1, list(range(1000, 1006)))
-    room = {"prefill_tokens_per_s": 100.0, "free_pages": 100, "total_pages": 100}
-    workers = [WorkerState(w, **room) for w in (0, 2, 3)]
-    workers.insert(1, WorkerState(1, running=1, queued_prefill_tokens=300, **room))
-    new, old = make_policy("ttft"), make_policy("ttft", headroom=False)
+    L at 1/3 whatever the arrival rate. (The fleet's weight everywhere: ``spare=False``; with
+    it, a worker's weight is at most its own placed work's, the next test.)"""
+    idx, workers = _held_by_worker_1()
+    new, old = make_policy("ttft", spare=False), make_policy("ttft", headroom=False)
     for k in range(100):  # one request every 10 s: 1.3 s of work each, the fleet nearly idle
         picks = {p.choose(req(k, 10.0 * k), workers, idx).worker_id for p in (new, old)}
         assert picks <= {0, 2, 3}
@@ -131,6 +142,40 @@ def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
         d = new.choose(req(k, t), workers, idx)
         assert old.choose(req(k, t), workers, idx).worker_id != 1  # blind to saturation
     assert d.headroom < 0 and d.worker_id == 1 and d.reason == "ttft: best match"
+
+
+@pytest.mark.parametrize("queued_elsewhere", [False, True])
+def test_ttft_recomputes_on_a_worker_outside_the_fleets_queue(queued_elsewhere):
+    """The fleet saturated, worker 1 holding the prefix with 20 requests waiting. Where the
+    other workers' queues stay empty (their prefixes in low demand, nothing else can reach
+    them), work placed there delays no one queued: the headroom's weight on a worker is scaled
+    by its share of the fleet's mean queue, and ttft recomputes there (``spare=False``: the
+    fleet's weight everywhere keeps it on worker 1). Where they queue as much as worker 1 they
+    are in the fleet's queue and the prefix stays."""
+    idx, workers = _held_by_worker_1(waiting=20)
+    if queued_elsewhere:
+        workers = [replace(w, running=1, waiting=20) for w in workers]
+    new, blind = make_policy("ttft"), make_policy("ttft", spare=False)
+    t = 0.0
+    for k in range(1000):  # one every 0.01 s: 1.3 s of work a move, the fleet saturated
+        t += 0.01
+        d = new.choose(req(k, t), workers, idx)
+        b = blind.choose(req(k, t), workers, idx)
+    assert d.headroom < 0 and b.worker_id == 1
+    assert (d.worker_id != 1) is not queued_elsewhere
+
+
+def _held_by_worker_1(waiting: int = 0):
+    """Worker 1 holds 6 of 8 pages of ``req``'s prompt behind 300 queued tokens; 0, 2, 3 are
+    empty; 100 tokens/s each."""
+    idx = ApproxIndex(P, 1 << 16)
+    for w in range(4):
+        idx.add_worker(w)
+    idx.insert(1, list(range(1000, 1006)))
+    room = {"prefill_tokens_per_s": 100.0, "free_pages": 100, "total_pages": 100}
+    workers = [WorkerState(w, **room) for w in (0, 2, 3)]
+    workers.insert(1, WorkerState(1, 1, waiting, queued_prefill_tokens=300, **room))
+    return idx, workers
 
 
 def test_headroom_on_the_decision_record_and_in_metrics():
