@@ -11,8 +11,8 @@ recomputation imposes on everyone else, is lowest::
 ``step_cost.prefill_seconds``, docs/ttft_policy.md, "Queue time in steps")
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
-device pool and the rest on its host tier, loaded back at its measured ``load_w``; on a worker
-nobody waits on at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled
+device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle worker
+at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled
 prefill fit; ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
 would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
 of busy workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
@@ -62,7 +62,6 @@ class PredictedTTFT(Policy):
         work_steps: bool = False,
         decode: bool = True,
         spare: bool = True,
-        shared_decoding: bool = True,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -71,10 +70,9 @@ class PredictedTTFT(Policy):
         ``headroom``: ``L`` at least the fleet's offered work over its capacity's ``rho / (1 -
         rho)`` (``Headroom``); a prefix under ``min_match`` of the prompt counts as none;
         ``tiers=False``: the tier-blind baseline (host-tier copies invisible); ``stale``: a
-        move off a prefix's holders is charged the copy it leaves stale; ``shared``: a worker
-        nobody waits on counts the prefix more than ``shared_share`` of the workers (at least
-        two) hold as held, ``shared_decoding=False`` only an idle one ("Copies of a prefix",
-        "A worker outside the queue"); ``decode``: the steps this request's answer adds for
+        move off a prefix's holders is charged the copy it leaves stale; ``shared``: an idle
+        worker counts the prefix more than ``shared_share`` of the workers (at least two) hold
+        as held ("Copies of a prefix"); ``decode``: the steps this request's answer adds for
         those already on a worker ("Decode cost"); ``spare``: the headroom's weight on a worker
         scaled by its share of the fleet's mean queue (``Headroom.waiting``). Measured, not
         adopted (off): ``lpm``, only the queued work the scheduler admits first (``Waiting``);
@@ -106,7 +104,6 @@ class PredictedTTFT(Policy):
         self.work_steps = work_steps
         self.decode = decode
         self.spare = spare
-        self.shared_decoding = shared_decoding
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -189,9 +186,8 @@ class PredictedTTFT(Policy):
         answer = _answer_tokens(live) if self.decode else 0.0
         full = _pages_in_use(live) if self.stale else 0.0
 
-        # A prefix a share of the workers hold (at least two): a worker without it that nobody
-        # waits on counts it as held (it computes it once and holds it from then on; nobody
-        # queues behind that).
+        # A prefix a share of the workers hold (at least two): an idle worker without it counts
+        # it as held (it computes it once and holds it from then on; nobody waits behind that).
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
@@ -207,7 +203,7 @@ class PredictedTTFT(Policy):
             if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
-            cc = c if w.waiting or (w.running and not self.shared_decoding) else max(c, c_shared)
+            cc = c if w.running or w.waiting else max(c, c_shared)
             dup = (weight(w) + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)

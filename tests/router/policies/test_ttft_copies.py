@@ -16,11 +16,10 @@ def req(k: int = 0) -> RoutingRequest:
     return RoutingRequest(k, 8 * P, list(range(1000, 1008)), None)
 
 
-def worker(wid, queued=0, running=0, free=0, waiting=0):
+def worker(wid, queued=0, running=0, free=0):
     return WorkerState(
         wid,
         running=running,
-        waiting=waiting,
         queued_prefill_tokens=queued,
         free_pages=free,
         total_pages=100,
@@ -53,7 +52,7 @@ def test_ttft_prices_the_stale_copy_a_move_leaves_when_caches_are_full():
     assert new.choose(req(), roomy, idx).worker_id in (0, 2)
 
 
-def test_ttft_a_worker_nobody_waits_on_counts_a_header_most_workers_hold_as_held():
+def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
     """Workers 0, 1 and 2 hold a 4-page header of the 8-page prompt, each behind 30 queued
     tokens; worker 3 is idle and has never seen it. Counted as held there, it costs 64 tokens
     (0.64 s) against 30 + 64 (0.94 s): new conversations go to it. Held by two workers of four
@@ -78,15 +77,9 @@ def test_ttft_a_worker_nobody_waits_on_counts_a_header_most_workers_hold_as_held
     majority = make_policy("ttft", shared_share=0.5)
     assert majority.choose(req(), fleet, two).worker_id in (0, 1)
     assert majority.choose(req(), fleet, idx).worker_id == 3
-    # a worker that decodes with nothing waiting counts it too (nobody queues behind it), the
-    # rule before (shared_decoding=false) only an idle one; a worker with a request waiting
-    # computes it as its own
-    decoding = [*fleet[:3], worker(3, 0, 1, 100)]
-    assert make_policy("ttft").choose(req(), decoding, idx).worker_id == 3
-    before = make_policy("ttft", shared_decoding=False)
-    assert before.choose(req(), decoding, idx).worker_id in (0, 1, 2)
-    queued = [*fleet[:3], worker(3, 0, 1, 100, waiting=1)]
-    assert make_policy("ttft").choose(req(), queued, idx).worker_id in (0, 1, 2)
+    # the header on a busy worker that lacks it is still its own to compute
+    busy = [*fleet[:3], worker(3, 0, 1, 100)]
+    assert make_policy("ttft").choose(req(), busy, idx).worker_id in (0, 1, 2)
 
 
 def test_waiting_counts_only_the_queued_work_a_request_waits_behind():
