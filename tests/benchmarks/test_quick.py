@@ -69,6 +69,7 @@ CASES = {
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
     "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
     "studies/sim_light_load.py": (["--out", "{out}/light.json"], "| 0.1 | ttft |", (needs_trace,)),
+    "studies/sim_live_regime.py": ([], "| ttft |", (needs_trace,)),
     "studies/sim_median_anatomy.py": ([], "| ttft | all |", (needs_trace,)),
     "studies/sim_seed_spread.py": ([], "ttft / best other", (needs_trace,)),
 }
