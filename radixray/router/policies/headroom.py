@@ -32,19 +32,19 @@ second of extra work delays. ``rho`` is clipped below ``1 - 1 / memory``: an ave
 ``memory`` arrivals cannot tell a headroom smaller than that from none, and past it the weight
 is ``memory - 1``, every request the estimate remembers.
 
-Per worker (``waiting``): the number of requests waiting on it, averaged over about ``memory``
-arrivals per worker, is its own reuse weight: by Little's law and the M/M/1 queue, the mean
-number in a worker's queue is its ``rho / (1 - rho)``, measured rather than derived from the
-work this router placed (which counts a step's fixed cost once per request and so over-counts
-a worker's share). A saturated fleet can hold a worker whose queue stays empty: its prefixes
+Per worker (``waiting``): the requests waiting on it, averaged over about ``memory`` arrivals
+per worker. Measured, where the work this router placed is not a worker's own load (each request
+is charged a whole step's fixed cost, so it over-counts a worker that shares its steps). A
+saturated fleet can hold a worker whose queue stays empty while the others' grow: its prefixes
 are in low demand and the busy ones are held elsewhere, so no request reaches it without a
-recomputation, and work placed there delays the few requests queued on it, not the fleet
-(docs/ttft_policy.md, "A worker outside the queue").
+recomputation, and work placed there delays the few requests queued on it, not the fleet. ttft
+scales the headroom's weight on a worker by its mean queue over the fleet's (docs/ttft_policy.md,
+"A worker outside the queue").
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 
 from radixray.numbers import Ewma
 
@@ -85,6 +85,12 @@ class Headroom:
         total, count = keep * total + waiting, keep * count + 1.0
         self._waiting[worker] = (total, count)
         return total / count
+
+    def forget(self, live: Collection[Hashable]) -> None:
+        """Drop the per-worker averages of workers gone from the fleet (not in ``live``), once
+        they outnumber the live ones."""
+        if len(self._waiting) > 2 * len(live):
+            self._waiting = {w: v for w, v in self._waiting.items() if w in live}
 
     @property
     def rho(self) -> float:

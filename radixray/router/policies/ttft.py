@@ -12,8 +12,8 @@ recomputation imposes on everyone else, is lowest::
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
 device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle worker
-at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled
-prefill fit; ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
+at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
+``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
 would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
 of busy workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
 uncapped as the headroom closes), the latter scaled by ``w``'s share of the fleet's mean queue (a
@@ -144,6 +144,7 @@ class PredictedTTFT(Policy):
         # scaled by the worker's share of the fleet's queue: its mean queue over the fleet's
         n, capacity = len(live), self.capacity
         own = {w.worker_id: capacity.waiting(w.worker_id, w.waiting, n) for w in live}
+        capacity.forget(own.keys())
         mean = sum(own.values()) / n
         if mean <= 0:
             return lambda w: fleet

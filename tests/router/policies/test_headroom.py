@@ -54,6 +54,10 @@ def test_headroom_per_worker_mean_queue():
     for _ in range(32):  # a's queue empties: after memory * workers arrivals, e^-1 of it left
         mean = h.waiting("a", 0, 4)
     assert mean == pytest.approx(3.0 * (1 - 1 / 32) ** 32, rel=0.01)
+    for w in range(2, 6):  # workers that come and go: the gone ones are dropped, in time
+        h.waiting(w, 1, 4)
+    h.forget({"a", 5})  # six tracked, two live
+    assert h.waiting("a", 0, 4) < mean and h.waiting(2, 0, 4) == 0.0  # 2 forgotten, a kept
 
 
 def _cold_fleet_workload(rate: float, n: int = 400, tokens: int = 256) -> Workload:
