@@ -126,7 +126,7 @@ class PredictedTTFT(Policy):
     def reuse(self) -> float:
         return self._reuse.value
 
-    def _weights(self, live: Sequence[WorkerState], now: float):
+    def _weights(self, live: Sequence[WorkerState]):
         """``L_w``, the reuse weight on each worker, from the utilisation measured before this
         arrival: the larger of the capped busy-worker rule and the uncapped offered-work rule,
         the latter (with ``spare``) scaled by the worker's share of the fleet's mean queue."""
@@ -152,7 +152,7 @@ class PredictedTTFT(Policy):
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weight = self._weights(live, request.arrival_time)
+        weight = self._weights(live)
         P = index.page_size
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.tiers:  # tier-blind: what index.match sees
