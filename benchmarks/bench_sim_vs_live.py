@@ -81,6 +81,15 @@ def chat_replay(wl, records: list[dict], rate: float, seed: int) -> Workload:
     return Workload("mtbench_live", reqs, 0, dict(wl.meta), literal)
 
 
+# The timing model's per-step and per-token costs: what workers sharing cores pay more of.
+SLOWED = ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_token_s", "prefill_attn_s")
+
+
+def slowed(timing: TimingModel, k: float, **overrides) -> TimingModel:
+    """``timing`` with every cost ``k`` times longer (workers contending for the cores)."""
+    return replace(timing, **{f: getattr(timing, f) * k for f in SLOWED}, **overrides)
+
+
 def sim_workload(wl, rate: float, seed: int, page_size: int, model: str) -> Workload:
     """The live workload's requests for the simulator (one completion turn per session, as the
     Mooncake workload has), arriving when the load generator sends them."""
@@ -238,11 +247,7 @@ def main(argv=None) -> int:
     spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
     solo = load_timing(args.timing)
     k = args.contention or args.workers / (os.cpu_count() or 1)
-    contended = replace(
-        solo,
-        **{f: getattr(solo, f) * k for f in ("step_overhead_s", "decode_seq_s", "decode_ctx_s",
-                                             "prefill_token_s", "prefill_attn_s")},
-    )  # fmt: skip
+    contended = slowed(solo, k)
     results = {}
     for name in args.workloads:
         part = report["workloads"][name]

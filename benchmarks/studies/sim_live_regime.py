@@ -20,18 +20,15 @@ import argparse
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_sim_vs_live import sim_workload  # noqa: E402
+from bench_sim_vs_live import sim_workload, slowed  # noqa: E402
 
 from radixray.bench.workloads import build_workload  # noqa: E402
 from radixray.sim import SimConfig, Workload, simulate  # noqa: E402
 from radixray.sim.timing import load_timing  # noqa: E402
-
-SCALED = ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_token_s", "prefill_attn_s")
 
 
 def run(args: tuple) -> tuple[tuple, tuple]:
@@ -42,10 +39,7 @@ def run(args: tuple) -> tuple[tuple, tuple]:
     reqs = [r for r in full.requests if r.arrival < opts.duration]
     sw = Workload(full.name, reqs, full.first_block_tokens, full.description)
     solo = load_timing(opts.timing)
-    k = opts.contention
-    timing = replace(
-        solo, max_batch_tokens=opts.max_batch_tokens, **{f: getattr(solo, f) * k for f in SCALED}
-    )
+    timing = slowed(solo, opts.contention, max_batch_tokens=opts.max_batch_tokens)
     cfg = SimConfig(num_workers=opts.workers, num_pages=768, page_size=16, timing=timing, seed=seed)
     s = simulate(sw, policy, cfg).summary()
     row = (s["ttft_p50"] * 1e3, s["ttft_p99"] * 1e3, s["hit_rate"], s["throughput"])
