@@ -107,6 +107,12 @@ class Headroom:
         return 1.0 - rho if rho != float("inf") else float("-inf")
 
     @property
+    def saturated(self) -> bool:
+        """Work arrives at least as fast as the fleet does it, by an estimate over ``memory``
+        arrivals (False before it has them)."""
+        return self.seen >= self.memory and self.rho >= 1.0
+
+    @property
     def reuse_weight(self) -> float:
         """``rho / (1 - rho)``, with ``rho`` clipped below ``1 - 1 / memory``; 0 until
         ``memory`` arrivals were seen (a cold start's first prompts, all misses arriving

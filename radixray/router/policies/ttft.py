@@ -12,7 +12,8 @@ recomputation imposes on everyone else, is lowest::
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
 device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle worker
-at least the prefix a quarter of the workers hold; ``R_w`` / ``O_w`` its pooled prefill fit;
+at least the prefix a quarter of the workers hold, and so on one whose mean queue is under the
+fleet's while the fleet is saturated; ``R_w`` / ``O_w`` its pooled prefill fit;
 ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
 would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
 of busy workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
@@ -62,6 +63,7 @@ class PredictedTTFT(Policy):
         work_steps: bool = False,
         decode: bool = True,
         spare: bool = True,
+        replicate: bool = True,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -74,7 +76,9 @@ class PredictedTTFT(Policy):
         worker counts the prefix more than ``shared_share`` of the workers (at least two) hold
         as held ("Copies of a prefix"); ``decode``: the steps this request's answer adds for
         those already on a worker ("Decode cost"); ``spare``: the headroom's weight on a worker
-        scaled by its share of the fleet's mean queue (``Headroom.waiting``). Measured, not
+        scaled by its share of the fleet's mean queue (``Headroom.waiting``); ``replicate``: while
+        the fleet is saturated, a worker whose mean queue is under the fleet's counts the
+        prefix as an idle one does ("A worker outside the queue"). Measured, not
         adopted (off): ``lpm``, only the queued work the scheduler admits first (``Waiting``);
         ``steps``, queued and own prefill by the engine steps they take; ``work_steps``, the
         headroom's work by steps ("Queue time in steps"); ``host_room``, demotions priced at
@@ -104,6 +108,7 @@ class PredictedTTFT(Policy):
         self.work_steps = work_steps
         self.decode = decode
         self.spare = spare
+        self.replicate = replicate
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -127,32 +132,38 @@ class PredictedTTFT(Policy):
         return self._reuse.value
 
     def _weights(self, live: Sequence[WorkerState]):
-        """``L_w``, the reuse weight on each worker, from the utilisation measured before this
-        arrival: the larger of the capped busy-worker rule and the uncapped offered-work rule,
-        the latter (with ``spare``) scaled by the worker's share of the fleet's mean queue."""
+        """``(L_w, outside)`` from the utilisation measured before this arrival: ``L_w``, the
+        reuse weight on each worker, the larger of the capped busy-worker rule and the uncapped
+        offered-work rule, the latter (with ``spare``) scaled by the worker's share of the fleet's
+        mean queue; ``outside`` (with ``replicate``), the workers whose mean queue is under the
+        fleet's while the fleet is saturated."""
         busy = sum(1 for w in live if w.running or w.waiting)
         rho = min(self._rho.update(busy / len(live)), self.rho_max)
+        none: frozenset = frozenset()
         if self.reuse_weight is not None:
             fixed = self.reuse_weight
-            return lambda w: fixed
+            return (lambda w: fixed), none
         weight = rho / (1.0 - rho)
         if not self.use_headroom:
-            return lambda w: weight
+            return (lambda w: weight), none
         fleet = max(weight, self.capacity.reuse_weight)
-        if not self.spare:
-            return lambda w: fleet
-        # scaled by the worker's share of the fleet's queue: its mean queue over the fleet's
+        if not (self.spare or self.replicate):
+            return (lambda w: fleet), none
+        # each worker's mean queue, and the fleet's
         n, capacity = len(live), self.capacity
         own = {w.worker_id: capacity.waiting(w.worker_id, w.waiting, n) for w in live}
         capacity.forget(own.keys())
         mean = sum(own.values()) / n
-        if mean <= 0:
-            return lambda w: fleet
-        return lambda w: max(weight, fleet * min(1.0, own[w.worker_id] / mean))
+        outside = none
+        if self.replicate and capacity.saturated:
+            outside = frozenset(k for k, v in own.items() if v < mean)
+        if not self.spare or mean <= 0:
+            return (lambda w: fleet), outside
+        return (lambda w: max(weight, fleet * min(1.0, own[w.worker_id] / mean))), outside
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weight = self._weights(live)
+        weight, outside = self._weights(live)
         P = index.page_size
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.tiers:  # tier-blind: what index.match sees
@@ -204,7 +215,8 @@ class PredictedTTFT(Policy):
             if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
-            cc = c if w.running or w.waiting else max(c, c_shared)
+            idle = not (w.running or w.waiting) or w.worker_id in outside
+            cc = max(c, c_shared) if idle else c
             dup = (weight(w) + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)

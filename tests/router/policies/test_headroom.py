@@ -35,9 +35,12 @@ def test_headroom_weighs_nothing_until_its_window_is_full():
     for k in range(8):  # a cold start: misses arriving together read as saturation...
         h.observe(0.001 * k, 2.0, 4)
     assert h.headroom < 0
-    assert h.reuse_weight == 0.0  # ...but 7 samples are not yet a window of 8
+    assert h.reuse_weight == 0.0 and not h.saturated  # ...but 7 samples are not yet a window
     h.observe(0.008, 2.0, 4)
-    assert h.reuse_weight == pytest.approx(7.0)
+    assert h.reuse_weight == pytest.approx(7.0) and h.saturated
+    for k in range(100):  # a tenth of the capacity's worth of work: no longer saturated
+        h.observe(1.0 + k, 0.4, 4)
+    assert not h.saturated and h.headroom == pytest.approx(0.9, abs=1e-3)
     with pytest.raises(ValueError, match="memory"):
         Headroom(memory=1)
 
@@ -167,6 +170,35 @@ def test_ttft_recomputes_on_a_worker_outside_the_fleets_queue(queued_elsewhere):
         b = blind.choose(req(k, t), workers, idx)
     assert d.headroom < 0 and b.worker_id == 1
     assert (d.worker_id != 1) is not queued_elsewhere
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_ttft_copies_a_replicated_prefix_to_a_worker_outside_the_queue(saturated):
+    """Workers 0, 1 and 2 hold 6 of the prompt's 8 pages, each with 20 requests and 500 tokens
+    queued; worker 3 lacks them, 2 requests and 50 tokens queued. The fleet saturated (one
+    arrival every 0.01 s, 0.32 s of work each), worker 3's mean queue is under the fleet's: a
+    copy of a prefix most workers hold counts as held there, as on an idle worker, and the
+    request goes to worker 3 (50 + 32 tokens against 500 + 32). ``replicate=False``: the copy
+    is priced at worker 3's share of the headroom's weight, max(4, 63 * 2 / 15.5) = 8.1, 178 +
+    8.1 * 96 tokens: it stays with the holders. Below saturation (one arrival a second) the
+    busy-worker rule's 4 keeps it there too (178 + 4 * 96 tokens against 532)."""
+    idx = ApproxIndex(P, 1 << 16)
+    for w in range(4):
+        idx.add_worker(w)
+        if w < 3:
+            idx.insert(w, list(range(1000, 1006)))
+    room = {"prefill_tokens_per_s": 100.0, "free_pages": 100, "total_pages": 100}
+    workers = [WorkerState(w, 1, 20, queued_prefill_tokens=500, **room) for w in range(3)]
+    workers.append(WorkerState(3, 1, 2, queued_prefill_tokens=50, **room))
+    new, old = make_policy("ttft"), make_policy("ttft", replicate=False)
+    gap = 0.01 if saturated else 1.0
+    for k in range(1000):
+        d, b = (p.choose(req(k, gap * k), workers, idx) for p in (new, old))
+    assert (d.headroom < 0) is saturated and b.worker_id != 3
+    assert (d.worker_id == 3) is saturated
+    if saturated:
+        assert d.scores[3] == pytest.approx((50 + 32) / 100)
+        assert b.scores[3] == pytest.approx((50 + 128 + 63 * 2 / 15.5 * 96) / 100, rel=1e-3)
 
 
 def _held_by_worker_1(waiting: int = 0):
