@@ -12,7 +12,7 @@ recomputation imposes on everyone else, is lowest::
 
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
 device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle worker
-at least the prefix a quarter of the workers hold, and so on one whose mean queue is under the
+at least the prefix a quarter of the workers hold, as on a worker whose mean queue is under the
 fleet's while the fleet is saturated; ``R_w`` / ``O_w`` its pooled prefill fit;
 ``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
 would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
@@ -215,8 +215,9 @@ class PredictedTTFT(Policy):
             if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
-            idle = not (w.running or w.waiting) or w.worker_id in outside
-            cc = max(c, c_shared) if idle else c
+            # an idle worker, or one outside a saturated fleet's queue, counts the shared prefix
+            shares = not (w.running or w.waiting) or w.worker_id in outside
+            cc = max(c, c_shared) if shares else c
             dup = (weight(w) + reuse * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
