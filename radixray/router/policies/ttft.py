@@ -198,8 +198,8 @@ class PredictedTTFT(Policy):
         answer = _answer_tokens(live) if self.decode else 0.0
         full = _pages_in_use(live) if self.stale else 0.0
 
-        # A prefix a share of the workers hold (at least two): an idle worker without it counts
-        # it as held (it computes it once and holds it from then on; nobody waits behind that).
+        # A prefix a share of the workers hold (at least two) counts as held on an idle worker or
+        # one outside a saturated fleet's queue: it computes it once and holds it from then on.
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
@@ -215,7 +215,6 @@ class PredictedTTFT(Policy):
             if demoted and self.host_room and w.host_total_pages:
                 demoted = min(demoted, w.host_free_pages * P)
             spill -= demoted
-            # an idle worker, or one outside a saturated fleet's queue, counts the shared prefix
             shares = not (w.running or w.waiting) or w.worker_id in outside
             cc = max(c, c_shared) if shares else c
             dup = (weight(w) + reuse * full) * (c_best - cc)
