@@ -136,7 +136,7 @@ def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
     With headroom, moving costs 128 + L * 96 tokens against 300 + 32 staying: spread while
     L < 2.1, keep the prefix beyond. Only worker 1 is busy, so the busy-worker rule alone keeps
     L at 1/3 whatever the arrival rate. (The fleet's weight everywhere: ``spare=False``; with
-    it, a worker's weight is at most its own placed work's, the next test.)"""
+    it, a worker's weight is scaled by its share of the fleet's mean queue, the next test.)"""
     idx, workers = _held_by_worker_1()
     new, old = make_policy("ttft", spare=False), make_policy("ttft", headroom=False)
     for k in range(100):  # one request every 10 s: 1.3 s of work each, the fleet nearly idle
