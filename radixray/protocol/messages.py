@@ -239,10 +239,12 @@ TRAFFIC_FIELDS = ("running", "waiting", "queued_prefill_tokens", "active_decode_
 class LoadReport(Struct, frozen=True, array_like=True):
     """What a worker is doing, and how fast it is, when it answered a poll."""
 
-    running: int = 0
-    waiting: int = 0  # admitted to the worker, not yet scheduled (its inbox included)
+    running: int = 0  # decoding: past their prefill, a token of every step's budget each
+    # not yet at their first token: queued, in the inbox, or mid-prefill (as a router tallies its
+    # own requests, ``router/traffic.py``)
+    waiting: int = 0
     queued_prefill_tokens: int = 0  # prompt tokens still to prefill, waiting and running
-    active_decode_tokens: int = 0  # context tokens of running requests
+    active_decode_tokens: int = 0  # context tokens of the requests admitted to the steps
     free_pages: int = 0
     total_pages: int = 0
     cached_pages: int = 0

@@ -156,14 +156,13 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def load(self) -> tuple[int, int, int, int]:
-        """``(running, waiting, queued_prefill_tokens, active_decode_tokens)``: what a worker
-        reports to routers (engine and simulator alike); queued prefill: ``QueuedPrefill``."""
-        return (
-            len(self.running),
-            len(self.waiting),
-            self.queued.tokens(),
-            sum(r.num_tokens for r in self.running),
-        )
+        """``(running, waiting, queued_prefill_tokens, active_decode_tokens)`` for routers (engine
+        and simulator alike): running decode, a token of every step each; waiting are the rest,
+        mid-prefill too, as routers count (``router/traffic.py``); queued: ``QueuedPrefill``;
+        active decode tokens: the context of every admitted request."""
+        decoding = sum(1 for r in self.running if not r.in_prefill)
+        waiting = len(self.waiting) + len(self.running) - decoding
+        return decoding, waiting, self.queued.tokens(), sum(r.num_tokens for r in self.running)
 
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is; its pages go back at once. None if unknown."""

@@ -117,7 +117,7 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
     workers = serve.get_deployment_handle(WORKER_DEPLOYMENT, app_name=APP)
     for wid in set(home.values()):
         pages = workers.check_integrity.remote(replica=wid).result(timeout_s=60)
-        assert pages["running"] == 0 and pages["free_pages"] > 0, (wid, pages)
+        assert pages["running"] == pages["waiting"] == 0 and pages["free_pages"] > 0, (wid, pages)
 
 
 def test_a_killed_worker_replica_is_routed_around_and_replaced(app_url):

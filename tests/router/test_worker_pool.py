@@ -261,3 +261,40 @@ def test_a_report_carries_its_host_tier_room_to_the_router():
     pool, _ = pool_with({})
     (s,) = pool.states()
     assert (s.host_free_pages, s.host_total_pages) == (0, 0)
+
+
+def test_a_request_mid_prefill_is_one_waiting_request_not_two():
+    """The worker reports a request still in its prefill chunks as waiting, as the router tallies
+    its own until the first token: the pool sees one request. Counted running by the worker and
+    waiting by the router, it read as two (ours waiting, and a running one taken for another
+    router's) until the next report."""
+    host = WorkerHost({"model": "tiny", "page_size": 4, "max_batch_tokens": 8}, "w0")
+    gate = StepGate(host)  # the first 8-token chunk runs, then the engine waits
+
+    async def scenario():
+        pool = WorkerPool(ApproxIndex(4), poll_timeout_s=HELD_POLL_TIMEOUT_S)
+        await pool.add(WorkerClient(LocalTransport(host), host.worker_id))
+        pool.workers["w0"].traffic.dispatch("r1", uncached=40, context=40)
+        stream = host.generate(GenerateRequest("r1", list(range(40)), SamplingParams(max_tokens=2)))
+        first = asyncio.ensure_future(anext(stream))
+        for _ in range(6000):  # until a report shows the first chunk computed (the gate holds)
+            await pool.poll_once()
+            r = pool.workers["w0"].report
+            if r.active_decode_tokens and r.queued_prefill_tokens < 40 - 1:
+                break
+            await asyncio.sleep(0.01)
+        report = pool.workers["w0"].report
+        assert (report.running, report.waiting) == (0, 1)
+        assert report.queued_prefill_tokens == 40 - 8 - 1  # the first chunk computed
+        (s,) = pool.states()
+        gate.release()
+        await first
+        async for _ in stream:
+            pass
+        return s.running, s.waiting
+
+    try:
+        assert asyncio.run(scenario()) == (0, 1)
+    finally:
+        gate.release()
+        host.shutdown()
