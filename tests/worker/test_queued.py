@@ -10,7 +10,7 @@ import pytest
 from radixray.protocol import SamplingParams
 from radixray.worker.request import Request
 
-from .test_scheduler import make_req, make_sched, next_token, run
+from .test_scheduler import _tokens_per_step, make_req, make_sched, next_token, run
 
 P = 4
 
@@ -161,28 +161,19 @@ def test_the_page_map_is_rebuilt_and_stays_correct(seed):
     assert (first.queued_tokens, second.queued_tokens) == (41, 1)
 
 
-def step(s) -> None:
-    """One engine step: plan, compute, sample a token for every request that samples."""
-    batch = s.schedule()
-    s.postprocess(batch)
-    for it in batch.items:
-        if it.sample:
-            it.req.output_ids.append(next_token(it.req.all_ids))
-
-
 def test_a_request_mid_prefill_is_reported_waiting_and_one_that_decodes_running():
     """``running`` is the requests that decode (each takes a token of every step's budget),
     ``waiting`` every other one not yet at its first token, mid-prefill included: the router's
     own tally's meaning (``router/traffic.py``), which its step costs read."""
     s = make_sched(num_pages=64, P=P, max_batch_tokens=8)
-    short = make_req("short", list(range(5)), 4)  # one 5-token chunk, then decodes
+    short = make_req("short", list(range(5)), 20)  # one 5-token chunk, then decodes
     long_ = make_req("long", list(range(100, 130)), 4)  # 30 tokens: chunks of what is left
     s.add(short)
     s.add(long_)
     assert s.load()[:2] == (0, 2)
-    step(s)  # short's whole prompt and long's first 3 tokens
+    _tokens_per_step(s, {}, 1)  # short's whole prompt and long's first 3 tokens
     assert short.output_ids and long_.in_prefill and len(s.running) == 2
     assert s.load()[:2] == (1, 1)  # long is running on the scheduler, waiting to a router
-    while long_.in_prefill:  # its chunks, beside short's decodes (nothing finishes here)
-        step(s)
+    while long_.in_prefill:  # its chunks, beside short's decodes (short has 20 to go)
+        _tokens_per_step(s, {}, 1)
     assert s.load()[:2] == (2, 0)
