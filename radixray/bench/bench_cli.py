@@ -131,6 +131,7 @@ def _cmd_compare(args, argv: list[str]) -> int:
         probe_requests=args.probe_requests,
         repeats=args.repeats,
         command="radixray bench " + shlex.join(argv),
+        step_logs=args.step_logs,
     )
     report = run_compare(cfg)
     for name, w in report["workloads"].items():
@@ -196,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=2, help="runs per target, in alternating target order"
     )
     c.add_argument("--out-dir", default="/tmp/bench_serving")
+    c.add_argument(
+        "--step-logs",
+        action="store_true",
+        help="keep every worker's step log of each run in the JSON report (tokens and seconds "
+        "of each engine step: where a fleet's time went)",
+    )
     _workload_args(c)
     _load_args(c)
 

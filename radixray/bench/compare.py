@@ -59,9 +59,11 @@ REPEAT_KEYS = (
     "hit_rate",
     "device_hit_rate",
     "host_load_rate",
+    "ttft_mean_s",
     "ttft_p50_s",
     "ttft_p99_s",
     "throughput_rps",
+    "step_period_ms",
     "refused",
     "errors",
     "router_ttft_p50_s",
@@ -305,7 +307,8 @@ def _run_repeats(wl, targets: tuple, load, cfg: CompareConfig, log_dir: Path):
                 f"   [{rep}] {target:22s} hit {row['hit_rate']:.1%}  TTFT p50 "
                 f"{p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  "
                 f"{row['throughput_rps']:.2f} req/s  host loads {row['host_load_rate']:.1%}  "
-                f"refused {row['refused']}  errors {row['errors']}",
+                f"refused {row['refused']}  errors {row['errors']}"
+                + (f"  step {row['step_period_ms']:.2f} ms" if row.get("step_period_ms") else ""),
                 flush=True,
             )
     return runs, per_repeat

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 
 import httpx
 
-__all__ = ["worker_counters", "worker_steps", "counter_delta", "merge_deltas", "COUNTER_KEYS"]
+__all__ = [
+    "worker_counters",
+    "worker_steps",
+    "step_totals",
+    "counter_delta",
+    "merge_deltas",
+    "COUNTER_KEYS",
+]
 
 COUNTER_KEYS = ("prompt_tokens", "cached_tokens", "evicted_pages", "preemptions")
 # The worker app's poll interval (RouterSettings.poll_interval_s) plus margin: wait this long
@@ -60,6 +67,25 @@ async def worker_steps(since: dict[str, tuple[int, int]] | None, urls=()) -> dic
     async with httpx.AsyncClient() as client:
         got = await asyncio.gather(*(one(client, u) for u in since))
     return dict(zip(since, got, strict=True))
+
+
+def step_totals(steps: dict[str, dict]) -> dict:
+    """A run's step logs (``worker_steps``) summed over the workers: steps, their forward and
+    period seconds, prefill and decode tokens, and ``step_period_ms`` (period per step). The
+    step count is set by the work (the tokens and the step budget), the period per step by the
+    machine: two runs of the same work that differ in it ran on a faster or slower host."""
+    out = dict.fromkeys(("steps", "prefill_tokens", "decode_tokens"), 0)
+    out |= dict.fromkeys(("forward_s", "period_s"), 0.0)
+    for d in steps.values():
+        ix = {name: i for i, name in enumerate(d["fields"])}
+        for x in d["log"]:
+            out["steps"] += 1
+            out["forward_s"] += x[ix["seconds"]]
+            out["period_s"] += x[ix["period_s"]]
+            out["prefill_tokens"] += x[ix["prefill_tokens"]]
+            out["decode_tokens"] += x[ix["decode_batch"]]
+    out["step_period_ms"] = 1000 * out["period_s"] / out["steps"] if out["steps"] else None
+    return out
 
 
 def counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict:

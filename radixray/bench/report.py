@@ -9,6 +9,7 @@ from pathlib import Path
 from radixray.numbers import percentile
 from radixray.plots import ttft_cdf
 
+from .counters import step_totals
 from .loadgen import RunResult
 
 __all__ = [
@@ -54,6 +55,7 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         "duration_s": run.duration_s,
         "throughput_rps": len(ok) / span if span else 0.0,
         "output_tps": out_tokens / span if span else 0.0,
+        "ttft_mean_s": sum(ttft) / len(ttft) if ttft else None,
         "ttft_p50_s": percentile(ttft, 50, None),
         "ttft_p90_s": percentile(ttft, 90, None),
         "ttft_p99_s": percentile(ttft, 99, None),
@@ -85,6 +87,9 @@ def summarize(run: RunResult, counters: dict | None = None) -> dict:
         for key, cause in (("device_hit_rate", "cached"), ("host_load_rate", "host")):
             n = total["miss_tokens"].get(cause, 0)
             row[key] = n / prompt_total if prompt_total else 0.0
+        if counters.get("steps"):  # the step logs were kept: the machine's speed in this run
+            row["step_totals"] = step_totals(counters["steps"])
+            row["step_period_ms"] = row["step_totals"]["step_period_ms"]
     return row
 
 

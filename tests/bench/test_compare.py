@@ -9,6 +9,7 @@ import json
 import pytest
 
 from radixray.bench.compare import CompareConfig, run_compare
+from radixray.bench.counters import step_totals
 from radixray.bench.loadgen import LoadConfig
 from radixray.bench.local_cluster import WorkerSpec
 
@@ -47,3 +48,13 @@ def test_the_report_keeps_requests_ids_decisions_and_steps(tmp_path):
     assert sum(len(body["ttft"]) for body in steps.values()) == 6
     on_disk = json.loads((tmp_path / "bench_serving.json").read_text())
     assert on_disk["workloads"]["mtbench"]["decisions"]["radixray:ttft"] == [log]
+    # the run's speed from its step logs: every uncached prompt token was computed in a step
+    (row,) = part["rows"]
+    (rep,) = row["per_repeat"]
+    totals = row["worker_counters"]["total"]
+    assert rep["step_period_ms"] > 0 and rep["ttft_mean_s"] > 0
+    uncached = totals["prompt_tokens"] - totals["cached_tokens"]
+    summed = step_totals(steps)
+    assert summed["prefill_tokens"] == uncached > 0
+    assert summed["steps"] == sum(len(body["log"]) for body in steps.values())
+    assert rep["step_period_ms"] == pytest.approx(1000 * summed["period_s"] / summed["steps"])
