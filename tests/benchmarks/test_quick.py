@@ -66,6 +66,7 @@ CASES = {
     ),
     "gpu/engine_check.py": (["--json", "{out}/engine_check.json"], "exactness vs CPU: EQUAL", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
+    "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
     "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
     "studies/sim_light_load.py": (["--out", "{out}/light.json"], "| 0.1 | ttft |", (needs_trace,)),
