@@ -244,7 +244,7 @@ class LoadReport(Struct, frozen=True, array_like=True):
     # own requests, ``router/traffic.py``)
     waiting: int = 0
     queued_prefill_tokens: int = 0  # prompt tokens still to prefill, waiting and running
-    active_decode_tokens: int = 0  # context tokens of the requests admitted to the steps
+    active_decode_tokens: int = 0  # context tokens of the decoding (``running``) requests
     free_pages: int = 0
     total_pages: int = 0
     cached_pages: int = 0

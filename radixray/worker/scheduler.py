@@ -159,10 +159,12 @@ class Scheduler:
         """``(running, waiting, queued_prefill_tokens, active_decode_tokens)`` for routers (engine
         and simulator alike): running decode, a token of every step each; waiting are the rest,
         mid-prefill too, as routers count (``router/traffic.py``); queued: ``QueuedPrefill``;
-        active decode tokens: the context of every admitted request."""
-        decoding = sum(1 for r in self.running if not r.in_prefill)
-        waiting = len(self.waiting) + len(self.running) - decoding
-        return decoding, waiting, self.queued.tokens(), sum(r.num_tokens for r in self.running)
+        active decode tokens: the context of the decoding requests (a router adds a request's
+        context at its first token)."""
+        decoding = [r for r in self.running if not r.in_prefill]
+        waiting = len(self.waiting) + len(self.running) - len(decoding)
+        context = sum(r.num_tokens for r in decoding)
+        return len(decoding), waiting, self.queued.tokens(), context
 
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is; its pages go back at once. None if unknown."""

@@ -280,21 +280,22 @@ def test_a_request_mid_prefill_is_one_waiting_request_not_two():
         for _ in range(6000):  # until a report shows the first chunk computed (the gate holds)
             await pool.poll_once()
             r = pool.workers["w0"].report
-            if r.active_decode_tokens and r.queued_prefill_tokens < 40 - 1:
+            if 0 < r.queued_prefill_tokens < 40 - 1:
                 break
             await asyncio.sleep(0.01)
         report = pool.workers["w0"].report
         assert (report.running, report.waiting) == (0, 1)
         assert report.queued_prefill_tokens == 40 - 8 - 1  # the first chunk computed
+        assert report.active_decode_tokens == 0  # its context counts once it decodes
         (s,) = pool.states()
         gate.release()
         await first
         async for _ in stream:
             pass
-        return s.running, s.waiting
+        return s.running, s.waiting, s.active_decode_tokens
 
     try:
-        assert asyncio.run(scenario()) == (0, 1)
+        assert asyncio.run(scenario()) == (0, 1, 0)
     finally:
         gate.release()
         host.shutdown()
