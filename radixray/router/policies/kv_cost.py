@@ -3,8 +3,16 @@
 For each healthy worker, in blocks of ``page_size`` tokens::
 
     prefill_blocks = queued_prefill_tokens / P + (request_blocks - overlap_blocks)
-    decode_blocks  = active_decode_tokens / P + request_blocks
+    decode_blocks  = (active_decode_tokens + queued_prefill_tokens) / P + request_blocks
     cost           = overlap_score_weight * prefill_blocks + decode_blocks
+
+Dynamo's active blocks are those of every request routed to the worker and not yet finished
+(its router adds a request's blocks when it routes it), so requests still queued or mid-prefill
+count as well as the decoding ones. A worker's report carries the decoding requests' context
+(``active_decode_tokens``) and the others' tokens still to prefill (``queued_prefill_tokens``),
+so those two stand for its active blocks; what they leave out is the cached prefix of a request
+not yet decoding, and Dynamo counts a block that requests share once where the sum counts it per
+request.
 
 The lowest cost wins; ties are broken at random (seeded), as Dynamo does at temperature 0.
 ``overlap_score_weight`` defaults to Dynamo's 1.0 (0 makes it a pure load balancer).
@@ -52,7 +60,8 @@ class KvCost(Policy):
 
         def cost(w: WorkerState) -> float:
             prefill = w.queued_prefill_tokens / P + (req_blocks - overlap.get(w.worker_id, 0))
-            return wgt * prefill + w.active_decode_tokens / P + req_blocks
+            active = (w.active_decode_tokens + w.queued_prefill_tokens) / P
+            return wgt * prefill + active + req_blocks
 
         best, scores = self.lowest(live, cost)
         pick = self.pick_tied(best, request.fleet)

@@ -205,17 +205,19 @@ def test_cache_aware_imbalance_needs_both_thresholds():
 def test_kv_cost_exact_costs():
     pol = make_policy("kv_cost")
     idx = index_with(w1=6)
-    workers = [ws(0, queued=0, decode=0), ws(1, queued=64, decode=32), ws(2, queued=160)]
+    workers = [ws(0, queued=0, decode=0), ws(1, queued=32, decode=32), ws(2, queued=160)]
     d = pol.choose(req(8), workers, idx)
-    # w0: prefill 8, decode 8 -> 16; w1: 4 + (8 - 6) = 6, decode 2 + 8 = 10 -> 16;
-    # w2: 10 + 8 = 18, decode 8 -> 26. w0 and w1 tie at 16.
-    assert d.scores == {0: 16.0, 1: 16.0, 2: 26.0}
+    # Active blocks are every request's on the worker, queued ones too (as Dynamo adds a request's
+    # blocks when it routes it): w0: prefill 8, active 0 + 8 -> 16; w1: 2 + (8 - 6) = 4,
+    # active (32 + 32) / 16 + 8 = 12 -> 16; w2: 10 + 8 = 18, active 10 + 8 = 18 -> 36. w0 and w1
+    # tie at 16.
+    assert d.scores == {0: 16.0, 1: 16.0, 2: 36.0}
     picks = {
         make_policy("kv_cost", seed=s).choose(req(8), workers, idx).worker_id for s in range(30)
     }
     assert picks == {0, 1}
     heavy = make_policy("kv_cost", overlap_score_weight=2.0)
-    assert heavy.choose(req(8), workers, idx).worker_id == 1  # 2 * 6 + 10 = 22 < 2 * 8 + 8
+    assert heavy.choose(req(8), workers, idx).worker_id == 1  # 2 * 4 + 12 = 20 < 2 * 8 + 8
 
 
 def test_ttft_predicts_queue_plus_uncached_over_measured_rate():
