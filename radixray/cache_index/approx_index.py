@@ -28,7 +28,7 @@ them). The router's own inserts count in the window group for the request's last
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
 are bounded by an LRU of ``max_blocks_per_worker``. Below that bound a lookup is exact for the
-view the index was given.
+view the index was given. Blocks a worker's events remove for good feed ``lost`` (LostBlocks).
 """
 
 from __future__ import annotations
@@ -38,14 +38,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 from .block_hash import check_page_size
-from .events import (
-    SLIDING_WINDOW,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEvent,
-)
+from .events import SLIDING_WINDOW, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from .lost_blocks import LostBlocks
 from .window_pages import reusable_pages
 
 __all__ = ["ApproxIndex", "HOST_MEDIUM", "TIERS"]
@@ -75,6 +69,7 @@ class ApproxIndex:
         self._slot_worker: list[WorkerId | None] = []
         self._all_mask = 0
         self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
+        self.lost = LostBlocks()  # blocks workers evicted, and how often they are asked again
         # Workers with a sliding-window group: its window, and their blocks that have their
         # window pages, on the device and on the host tier.
         self._window: dict[WorkerId, int] = {}
@@ -180,11 +175,16 @@ class ApproxIndex:
             return
         bit = 1 << self._slot[worker]
         held = self._held(worker, tier)
+        other = self._tier(TIERS[tier == "device"])[1][worker]  # its other tier
+        gone = []
         for h in hashes:
             if lru.pop(h, _MISSING) is not _MISSING:
                 _clear_bit(owners, h, bit)
+                if h not in other:  # not demoted, not loaded back: lost to this worker
+                    gone.append(h)
             if held is not None:
                 held.discard(h)
+        self.lost.lost(gone)
 
     def clear(self, worker: WorkerId) -> None:
         """Drop every entry of ``worker``, both tiers (it stays registered)."""
@@ -318,10 +318,7 @@ class ApproxIndex:
         device, cut to its reusable prefix: a device block counts its device window page, a
         host-only block its host window page (as the worker's own match does)."""
         dev, host = self._window_held[worker], self._host_window_held[worker]
-
-        def has(i: int) -> bool:
-            return hashes[i] in (dev if i < d else host)
-
+        has = lambda i: hashes[i] in (dev if i < d else host)  # noqa: E731
         return reusable_pages(range(n), has, self.page_size, self._window[worker])
 
     def longest_match(self, hashes: Sequence[int]) -> int:
@@ -385,6 +382,7 @@ class ApproxIndex:
             "distinct_blocks": len(self._owners),
             "memory_bytes": self.memory_bytes(),
             "trimmed_blocks": self.trimmed_blocks,
+            **self.lost.stats(),
         }
 
 

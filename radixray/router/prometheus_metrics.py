@@ -22,6 +22,11 @@ _REUSE_ERROR_HELP = (
     "Delivered minus captured reuse, by sign: over (the index promised more than the worker had) "
     "and under (the worker had more than the index knew)"
 )
+_LOST_HELP = (
+    "Blocks the workers evicted for good, as the router's index saw them (kind=lost), and those "
+    "of them later requests asked for while no worker held them (kind=returned, within a horizon "
+    "of the fleet's device pages): returned / lost is what ttft prices an evicted token at"
+)
 _HEADROOM_HELP = (
     "The fleet's spare prefill capacity as the routing policy estimates it: 1 - offered prefill "
     "work / capacity over the last ~64 requests (<= 0: saturated, queues grow); absent for "
@@ -60,6 +65,7 @@ _METRICS = (
     ("index_entries", Gauge, "radixray_index_entries",
      "(block, worker) entries in the router's index", ()),
     ("index_memory", Gauge, "radixray_index_memory_bytes", "Router index memory", ()),
+    ("index_lost", Gauge, "radixray_index_lost_blocks", _LOST_HELP, ("kind",)),
     ("herded", Gauge, "radixray_herding", _HERDING_HELP, ("worker",)),
     ("headroom", Gauge, "radixray_fleet_headroom", _HEADROOM_HELP, ("policy",)),
     ("queue_wait", Gauge, "radixray_fleet_queue_seconds", _QUEUE_HELP, ()),
@@ -171,6 +177,8 @@ class RouterMetrics:
         st = pool.index.stats()
         self.index_entries.set(st["entries"])
         self.index_memory.set(st["memory_bytes"])
+        self.index_lost.labels("lost").set(st["lost_blocks"])
+        self.index_lost.labels("returned").set(st["returned_blocks"])
 
     def refresh_headroom(self, policy) -> None:
         """The routing policy's current estimate of the fleet's headroom (policies without

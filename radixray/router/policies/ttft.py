@@ -1,7 +1,7 @@
 """ttft: ours. Send each request where its predicted time to first token, plus the delay its
 recomputation imposes on everyone else, is lowest::
 
-    cost_w = O_w + (queued_w + n - c_w + (L_w + h * f) * (c_best - c_w) + h * spill_w) / R_w
+    cost_w = O_w + (queued_w + n - c_w + (L_w + h * f) * (c_best - c_w) + e * spill_w) / R_w
              + load_w(c_w - d_w) + h * load_w(demoted_w)  (+ decode_step_s_w while it decodes)
              + A * (s_w * (running_w / 2 + waiting_w) + [full steps] max(waiting_w, 1) * token_w)
 
@@ -13,21 +13,22 @@ recomputation imposes on everyone else, is lowest::
 (``c_w`` tokens reusable on ``w``, none if under ``min_match`` of the prompt, ``d_w`` of them on its
 device pool and the rest on its host tier, loaded back at its measured ``load_w``; on an idle worker
 at least the prefix a quarter of the workers hold, as on a worker whose mean queue is under the
-fleet's while the fleet is saturated; ``R_w`` / ``O_w`` its pooled prefill fit;
-``queued_w`` its queued prefill (with ``lpm``, off by default: only what the scheduler
-would run before this request, ``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share
-of busy workers (``rho <= 0.8``) and by the fleet's offered work over its capacity (``Headroom``:
-uncapped as the headroom closes), the latter scaled by ``w``'s share of the fleet's mean queue (a
-worker whose queue stays empty is outside it); ``h`` the measured reuse share, ``f`` the share of
-the fleet's pages in use (the copy a move leaves stale costs cache room once caches are full),
-``spill_w`` the cached tokens the placement would evict, lost without a host tier, ``demoted_w``
+fleet's while the fleet is saturated; ``R_w`` / ``O_w`` its pooled prefill fit; ``queued_w`` its
+queued prefill (with ``lpm``, off by default: only what the scheduler would run before this request,
+``Waiting``); ``L_w`` the larger of ``rho / (1 - rho)`` by the share of busy workers (``rho <=
+0.8``) and by the fleet's offered work over its capacity (``Headroom``: uncapped as the headroom
+closes), the latter scaled by ``w``'s share of the fleet's mean queue (a worker whose queue stays
+empty is outside it); ``h`` the measured reuse share, ``f`` the share of the fleet's pages in use
+(the copy a move leaves stale costs cache room once caches are full), ``spill_w`` the cached tokens
+the placement would evict, lost without a host tier, each worth a recompute with ``e`` the measured
+share of lost blocks requested again (``LostBlocks``; ``h`` until losses are seen), ``demoted_w``
 with one: worth their load-back, not their recompute; with ``host_room``, only as far as its host
 tier has room, the rest stay in ``spill_w``; ``A`` the tokens a sequence decodes and ``s_w`` the
 seconds one more decoding sequence adds to a step of ``w``'s, as the workers measure them: the steps
 this request's answer adds for those already there, plus, while ``w``'s steps are full of prefill,
-the budget tokens it takes from the requests waiting there, ``decode_cost``). Why each
-term is there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded
-random, or by rank in a fleet of routers.
+the budget tokens it takes from the requests waiting there, ``decode_cost``). Why each term is
+there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random, or by
+rank in a fleet of routers.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class PredictedTTFT(Policy):
         decode: bool = True,
         spare: bool = True,
         replicate: bool = True,
+        lost: bool = True,
+        lost_stale: bool = False,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -78,9 +81,12 @@ class PredictedTTFT(Policy):
         those already on a worker ("Decode cost"); ``spare``: the headroom's weight on a worker
         scaled by its share of the fleet's mean queue (``Headroom.waiting``); ``replicate``: while
         the fleet is saturated, a worker whose mean queue is under the fleet's counts the
-        prefix as an idle one does ("A worker outside the queue"). Measured, not
+        prefix as an idle one does ("A worker outside the queue"); ``lost``: an evicted token
+        is priced at the measured rate lost blocks are asked for again, not ``h`` ("Eviction's
+        price"). Measured, not
         adopted (off): ``lpm``, only the queued work the scheduler admits first (``Waiting``);
-        ``steps``, queued and own prefill by the engine steps they take; ``work_steps``, the
+        ``steps``, queued and own prefill by the engine steps they take; ``lost_stale``, the
+        stale copy priced at the lost-block rate too ("Eviction's price"); ``work_steps``, the
         headroom's work by steps ("Queue time in steps"); ``host_room``, demotions priced at
         their load-back only up to the host tier's room ("Host tiers")."""
         super().__init__(seed)
@@ -109,6 +115,8 @@ class PredictedTTFT(Policy):
         self.decode = decode
         self.spare = spare
         self.replicate = replicate
+        self.lost = lost
+        self.lost_stale = lost_stale
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -175,9 +183,9 @@ class PredictedTTFT(Policy):
         reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items()}
         longest = max(reusable.values(), default=0)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value
-        # Matches that save less than min_match of the prompt's prefill count as none: they are
-        # inside the cost model's error, and a header every prompt shares would otherwise draw
-        # each new long prompt to whichever worker cached that header first.
+        evicted = self._evicted_rate(request, found, index, live, reuse)
+        # Matches that save under min_match of the prompt's prefill count as none: inside the
+        # cost model's error; a header all prompts share would draw them to its first holder.
         floor = self.min_match * n
         c_best = longest if longest >= floor else 0
 
@@ -217,12 +225,12 @@ class PredictedTTFT(Policy):
             spill -= demoted
             shares = not (w.running or w.waiting) or w.worker_id in outside
             cc = max(c, c_shared) if shares else c
-            dup = (weight(w) + reuse * full) * (c_best - cc)
+            dup = (weight(w) + (evicted if self.lost_stale else reuse) * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
             t = w.prefill_s(queued, n - cc, steps=self.steps)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
-            t += (dup + reuse * spill) * w.token_s(self.steps) + w.load_time(c - d)
+            t += (dup + evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
             return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
 
         best, scores = self.lowest(live, cost)
@@ -241,6 +249,22 @@ class PredictedTTFT(Policy):
         self.capacity.observe(request.arrival_time, work * routers, len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
+
+    def _evicted_rate(self, request, found, index, live, reuse: float) -> float:
+        """The share of the tokens a placement evicts that a later request will need and find
+        nowhere (``LostBlocks``: measured over a horizon of the fleet's device pages; in a
+        fleet of routers each sees about 1 / routers of the returns and every loss); with
+        ``lost`` False, the reuse share."""
+        if not self.lost:
+            return reuse
+        lost = index.lost
+        pages = sum(w.total_pages for w in live)
+        if pages and pages != lost.capacity:
+            lost.resize(pages)
+        if request.block_hashes:
+            held = max((both for _, both in found.values()), default=0)
+            lost.returned(request.block_hashes[held:], weight=max(1, request.fleet[1]))
+        return lost.rate(reuse)
 
     def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:
         if self.waiting is not None:

@@ -136,3 +136,45 @@ def test_ttft_prices_what_a_full_host_tier_must_drop_as_lost():
     full = replace(ws(0), host_free_pages=0, host_total_pages=100, **host)
     d = _ttft(ewma_requests=2).choose(req(8), [full, plain], idx)
     assert d.worker_id == 0 and d.scores[0] == pytest.approx(96 / 500 + h * 96 / 10_000)
+
+
+def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
+    """Worker 0 is idle with a full cache: the 128-token prompt evicts 128 cached tokens there.
+    Worker 1 has room and 40 tokens queued, and holds the first 2 blocks (h = 0.125 after this
+    request). Priced at h, the eviction (16 tokens' recompute) outweighs the queue: worker 1.
+    Once the index has seen 10,000 blocks evicted and none asked for again, an evicted token is
+    worth ~1% of a recompute and the idle worker wins; when evicted blocks do come back within
+    the horizon (the fleet's 200 pages of lost blocks), the rate rises with them."""
+    full = replace(ws(0), free_pages=0)
+    queued = ws(1, queued=40)
+    h, stale = 0.5 * (32 / 128), 0.5 * 32  # f = 0.5 of the fleet's pages in use
+
+    def choose(idx, **kw):
+        policy = _ttft(ewma_requests=2, **kw)
+        return policy.choose(req(8), [full, queued], idx)
+
+    idx = index_with(w1=2)
+    d = choose(idx)  # nothing lost yet: the prior, h
+    assert d.worker_id == 1 and d.scores[0] == pytest.approx((128 + h * stale + h * 128) / 500)
+    assert d.scores[1] == pytest.approx((40 + 96) / 500)
+    assert idx.lost.capacity == 200  # the horizon: the fleet's device pages
+    cold = list(range(5000, 15_000))
+    idx.insert(2, cold)
+    idx.remove(2, cold)
+    assert idx.lost.total_losses == 10_000
+    d = choose(idx)
+    r = idx.lost.rate(h)
+    assert r < 0.01 and d.worker_id == 0
+    assert d.scores[0] == pytest.approx((128 + h * stale + r * 128) / 500)
+    assert choose(idx, lost=False).worker_id == 1  # the rule before: every token at h
+
+    def ask(first: int, last: int) -> None:
+        for start in range(first, last, 8):
+            make_policy("ttft").choose(req(8, base=start), [full, queued], idx)
+
+    ask(5000, 14_800)  # lost beyond the horizon: a cache that turned over would have lost them
+    assert idx.lost.total_returns == 0
+    ask(14_800, 15_000)
+    ask(14_800, 15_000)  # each block counts once
+    assert idx.lost.total_returns == 200 and idx.lost.rate(h) > 0.9
+    assert choose(idx).worker_id == 1
