@@ -372,7 +372,7 @@ class ApproxIndex:
             total += sys.getsizeof(owners) + len(owners) * 2 * int_size
             for lru in lrus.values():
                 total += sys.getsizeof(lru) + len(lru) * int_size
-        return total
+        return total + self.lost.memory_bytes()
 
     def stats(self) -> dict:
         return {

@@ -8,6 +8,7 @@ cached again leaves the list.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -52,6 +53,10 @@ class GhostList:
                 break
             n += 1
         return n
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held: the dict and a 64-bit int per entry (and its link)."""
+        return sys.getsizeof(self._hashes) + len(self._hashes) * 2 * sys.getsizeof(1 << 63)
 
     def clear(self) -> None:
         self._hashes.clear()

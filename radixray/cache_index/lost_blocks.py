@@ -28,7 +28,11 @@ from collections.abc import Sequence
 
 from .ghost import GhostList
 
-__all__ = ["LostBlocks"]
+__all__ = ["LostBlocks", "MAX_LOST_BLOCKS"]
+
+# The longest horizon ``resize`` sets (~100 MB of hashes): a fleet with more device pages than
+# this measures the rate over its most recent million lost blocks.
+MAX_LOST_BLOCKS = 1 << 20
 
 
 class LostBlocks:
@@ -51,10 +55,11 @@ class LostBlocks:
         return self.ghost.capacity
 
     def resize(self, capacity: int) -> None:
-        """A new horizon, in lost blocks (the oldest entries go at the next loss)."""
+        """A new horizon, in lost blocks, at most ``MAX_LOST_BLOCKS`` (the oldest entries go at
+        the next loss)."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 lost block, got {capacity}")
-        self.ghost.capacity = capacity
+        self.ghost.capacity = min(capacity, MAX_LOST_BLOCKS)
 
     def lost(self, hashes: Sequence[int]) -> None:
         """Blocks that left a worker altogether."""
@@ -85,6 +90,9 @@ class LostBlocks:
         """The share of lost blocks asked for again, ``prior`` before enough losses were seen."""
         k = self.prior_weight
         return min(1.0, (self.returns + prior * k) / (self.losses + k))
+
+    def memory_bytes(self) -> int:
+        return self.ghost.memory_bytes()
 
     def stats(self) -> dict:
         return {

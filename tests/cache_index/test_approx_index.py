@@ -112,9 +112,11 @@ def test_memory_bytes_grows_and_shrinks():
     two = idx.memory_bytes()
     assert empty < one < two
     assert one - empty >= 5000 * 8  # at least the hashes themselves
-    idx.remove("b", range(1 << 41, (1 << 41) + 5000))
-    idx.clear("a")
-    assert idx.memory_bytes() < one
+    idx.remove("b", range(1 << 41, (1 << 41) + 5000))  # evicted: remembered as lost
+    ghost = idx.lost.memory_bytes()
+    assert ghost >= 5000 * 8 and idx.memory_bytes() - ghost < two  # b's entries are gone
+    idx.clear("a")  # a restart: nothing lost
+    assert idx.memory_bytes() - ghost < one and idx.lost.memory_bytes() == ghost
     assert idx.stats()["entries"] == 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from radixray.cache_index import AllBlocksCleared, ApproxIndex, BlockRemoved, hash_blocks
-from radixray.cache_index.lost_blocks import LostBlocks
+from radixray.cache_index.lost_blocks import MAX_LOST_BLOCKS, LostBlocks
 
 from .helpers import make_cache, put
 from .test_host_tier import tiered
@@ -45,6 +45,8 @@ def test_the_ghost_horizon_and_the_memory_follow_the_capacity():
     before = lost.returns
     lost.lost([8])
     assert lost.returns == pytest.approx(before / 2)
+    lost.resize(10**9)  # a huge fleet: the horizon stops at a million lost blocks
+    assert lost.capacity == MAX_LOST_BLOCKS
     for bad in (0, -1):
         with pytest.raises(ValueError, match="capacity must be >= 1"):
             LostBlocks(capacity=bad)
