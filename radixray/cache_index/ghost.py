@@ -33,8 +33,10 @@ class GhostList:
             return
         d = self._hashes
         for h in hashes:
-            d[h] = None
-            d.move_to_end(h)
+            if h in d:
+                d.move_to_end(h)
+            else:
+                d[h] = None
         while len(d) > self.capacity:
             d.popitem(last=False)
 
