@@ -28,8 +28,8 @@ them). The router's own inserts count in the window group for the request's last
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
 are bounded by an LRU of ``max_blocks_per_worker``. Below that bound a lookup is exact for the
-view the index was given. Blocks a worker's events remove for good feed ``lost`` (LostBlocks).
-"""
+view the index was given. ``lost`` (LostBlocks) counts, from the events, blocks a worker removes
+for good and those computed again."""
 
 from __future__ import annotations
 
@@ -133,11 +133,10 @@ class ApproxIndex:
         self, worker: WorkerId, hashes: Sequence[int], tier: str = "device", window: bool = True
     ) -> None:
         """Record that ``worker`` holds these blocks in ``tier`` (and refresh them in its LRU).
-        On a windowed worker's device tier, ``window`` True (the router's own insert of a
-        request it sent there) gives the last window's blocks their window pages: the request
-        computes them, and drops the earlier ones as its queries pass them; ``window`` False (a
-        full-group store: the blocks are new in its tree) gives them none, the window-group
-        stores that follow it name those that have one."""
+        On a windowed worker's device tier, ``window`` True (the router's own insert of a request
+        it sent there: it computes the last window's blocks, and drops the earlier ones) gives
+        the last window's blocks their window pages; False (a full-group store: blocks new in
+        its tree) none, the window-group stores that follow it name those that have one."""
         if worker not in self._slot:
             self.add_worker(worker)
         held = self._held(worker, tier)
@@ -175,13 +174,13 @@ class ApproxIndex:
             return
         bit = 1 << self._slot[worker]
         held = self._held(worker, tier)
-        other = self._tier(TIERS[tier == "device"])[1][worker]  # its other tier
+        other = self._tier("host" if tier == "device" else "device")[1][worker]
         gone = []
         for h in hashes:
             if lru.pop(h, _MISSING) is not _MISSING:
                 _clear_bit(owners, h, bit)
-                if h not in other:  # not demoted, not loaded back: lost to this worker
-                    gone.append(h)
+            if h not in other:  # not demoted, not loaded back: lost (trimmed from here or not)
+                gone.append(h)
             if held is not None:
                 held.discard(h)
         self.lost.lost(gone)
@@ -211,7 +210,11 @@ class ApproxIndex:
                 if self.windows:
                     self._apply_window(worker, ev)
             elif isinstance(ev, BlockStored):
-                self.insert(worker, ev.block_hashes, _tier_of(ev.medium), window=False)
+                tier = _tier_of(ev.medium)
+                if tier == "device":  # a lost block computed again? (before it counts as held)
+                    slot = self._slot.get(worker)
+                    self.lost.stored(ev.block_hashes, self._owners, self._host_owners, slot)
+                self.insert(worker, ev.block_hashes, tier, window=False)
             elif isinstance(ev, BlockRemoved):
                 self.remove(worker, ev.block_hashes, _tier_of(ev.medium))
             elif isinstance(ev, AllBlocksCleared):
@@ -258,8 +261,7 @@ class ApproxIndex:
     def _cut_all(self, hashes: Sequence[int], result: dict[WorkerId, int]) -> dict:
         if not self._window:
             return result
-        cut = {w: self._cut(w, hashes, n) for w, n in result.items()}
-        return {w: n for w, n in cut.items() if n}
+        return {w: c for w, n in result.items() if (c := self._cut(w, hashes, n))}
 
     # ------------------------------------------------------------------ queries
 

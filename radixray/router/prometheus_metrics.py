@@ -23,9 +23,10 @@ _REUSE_ERROR_HELP = (
     "and under (the worker had more than the index knew)"
 )
 _LOST_HELP = (
-    "Blocks the workers evicted for good, as the router's index saw them (kind=lost), and those "
-    "of them later requests asked for while no worker held them (kind=returned, within a horizon "
-    "of the fleet's device pages): returned / lost is what ttft prices an evicted token at"
+    "Blocks the workers evicted for good, as the router's index saw their KV events (kind=lost), "
+    "and lost blocks a worker computed again while no other worker held them (kind=returned, "
+    "within a horizon of the fleet's pages): returned / lost over a window is the rate ttft "
+    "prices an evicted token at"
 )
 _HEADROOM_HELP = (
     "The fleet's spare prefill capacity as the routing policy estimates it: 1 - offered prefill "
@@ -65,7 +66,7 @@ _METRICS = (
     ("index_entries", Gauge, "radixray_index_entries",
      "(block, worker) entries in the router's index", ()),
     ("index_memory", Gauge, "radixray_index_memory_bytes", "Router index memory", ()),
-    ("index_lost", Gauge, "radixray_index_lost_blocks", _LOST_HELP, ("kind",)),
+    ("index_lost", Counter, "radixray_index_lost_blocks", _LOST_HELP, ("kind",)),
     ("herded", Gauge, "radixray_herding", _HERDING_HELP, ("worker",)),
     ("headroom", Gauge, "radixray_fleet_headroom", _HEADROOM_HELP, ("policy",)),
     ("queue_wait", Gauge, "radixray_fleet_queue_seconds", _QUEUE_HELP, ()),
@@ -86,6 +87,7 @@ class RouterMetrics:
             extra = {"buckets": _LATENCY_BUCKETS} if kind is Histogram else {}
             setattr(self, attr, kind(name, doc, list(labels), registry=r, **extra))
         self._refused_seen: dict[str, int] = {}  # admission refusals already counted
+        self._lost_seen: dict[str, int] = {}  # the index's lost / returned blocks, likewise
         # Labelled children are looked up once (a labels() call costs microseconds per request):
         # on_decision runs for every request.
         self._reuse = {
@@ -177,8 +179,11 @@ class RouterMetrics:
         st = pool.index.stats()
         self.index_entries.set(st["entries"])
         self.index_memory.set(st["memory_bytes"])
-        self.index_lost.labels("lost").set(st["lost_blocks"])
-        self.index_lost.labels("returned").set(st["returned_blocks"])
+        seen = self._lost_seen
+        for kind in ("lost", "returned"):
+            count = st[f"{kind}_blocks"]
+            self.index_lost.labels(kind).inc(max(0, count - seen.get(kind, 0)))
+            seen[kind] = count
 
     def refresh_headroom(self, policy) -> None:
         """The routing policy's current estimate of the fleet's headroom (policies without

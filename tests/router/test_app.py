@@ -141,7 +141,7 @@ def test_models_health_metrics_debug(live, client):
         'radixray_worker_pages{kind="free",worker="w0"}',
         "radixray_decisions_total",
         "radixray_index_entries",
-        'radixray_index_lost_blocks{kind="returned"}',
+        'radixray_index_lost_blocks_total{kind="returned"}',
         'radixray_worker_load{field="routed_prefill_tokens_per_s",worker="w0"}',
     ):
         assert name in m, name

@@ -183,7 +183,7 @@ class PredictedTTFT(Policy):
         reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items()}
         longest = max(reusable.values(), default=0)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value
-        evicted = self._evicted_rate(request, found, index, live, reuse)
+        evicted = self._evicted_rate(workers, index, reuse)
         # Matches that save under min_match of the prompt's prefill count as none: inside the
         # cost model's error; a header all prompts share would draw them to its first holder.
         floor = self.min_match * n
@@ -250,20 +250,16 @@ class PredictedTTFT(Policy):
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
 
-    def _evicted_rate(self, request, found, index, live, reuse: float) -> float:
+    def _evicted_rate(self, workers: Sequence[WorkerState], index, reuse: float) -> float:
         """The share of the tokens a placement evicts that a later request will need and find
-        nowhere (``LostBlocks``: measured over a horizon of the fleet's device pages; in a
-        fleet of routers each sees about 1 / routers of the returns and every loss); with
-        ``lost`` False, the reuse share."""
+        nowhere (``LostBlocks``: measured over a horizon of the fleet's pages, both tiers);
+        with ``lost`` False, the reuse share."""
         if not self.lost:
             return reuse
         lost = index.lost
-        pages = sum(w.total_pages for w in live)
-        if pages and pages != lost.capacity:
+        pages = sum(w.total_pages + w.host_total_pages for w in workers)
+        if pages:
             lost.resize(pages)
-        if request.block_hashes:
-            held = max((both for _, both in found.values()), default=0)
-            lost.returned(request.block_hashes[held:], weight=max(1, request.fleet[1]))
         return lost.rate(reuse)
 
     def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:

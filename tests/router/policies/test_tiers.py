@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from radixray.cache_index import BlockRemoved, BlockStored
 from radixray.router.policies import make_policy
 
 from .test_policies import P, index_with, req, ws
@@ -142,9 +143,9 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     """Worker 0 is idle with a full cache: the 128-token prompt evicts 128 cached tokens there.
     Worker 1 has room and 40 tokens queued, and holds the first 2 blocks (h = 0.125 after this
     request). Priced at h, the eviction (16 tokens' recompute) outweighs the queue: worker 1.
-    Once the index has seen 10,000 blocks evicted and none asked for again, an evicted token is
-    worth ~1% of a recompute and the idle worker wins; when evicted blocks do come back within
-    the horizon (the fleet's 200 pages of lost blocks), the rate rises with them."""
+    Once the index has seen 10,000 blocks evicted and none computed again, an evicted token is
+    worth ~1% of a recompute and the idle worker wins; when lost blocks within the horizon (the
+    fleet's 200 pages of losses) are computed again, the rate rises with them."""
     full = replace(ws(0), free_pages=0)
     queued = ws(1, queued=40)
     h, stale = 0.5 * (32 / 128), 0.5 * 32  # f = 0.5 of the fleet's pages in use
@@ -157,24 +158,17 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     d = choose(idx)  # nothing lost yet: the prior, h
     assert d.worker_id == 1 and d.scores[0] == pytest.approx((128 + h * stale + h * 128) / 500)
     assert d.scores[1] == pytest.approx((40 + 96) / 500)
-    assert idx.lost.capacity == 200  # the horizon: the fleet's device pages
+    assert idx.lost.capacity == 200  # the horizon: the fleet's pages
     cold = list(range(5000, 15_000))
-    idx.insert(2, cold)
-    idx.remove(2, cold)
+    idx.apply(2, [BlockStored(cold, None, [], P), BlockRemoved(cold)])
     assert idx.lost.total_losses == 10_000
     d = choose(idx)
     r = idx.lost.rate(h)
     assert r < 0.01 and d.worker_id == 0
     assert d.scores[0] == pytest.approx((128 + h * stale + r * 128) / 500)
     assert choose(idx, lost=False).worker_id == 1  # the rule before: every token at h
-
-    def ask(first: int, last: int) -> None:
-        for start in range(first, last, 8):
-            make_policy("ttft").choose(req(8, base=start), [full, queued], idx)
-
-    ask(5000, 14_800)  # lost beyond the horizon: a cache that turned over would have lost them
+    idx.apply(3, [BlockStored(cold[:9_800], None, [], P)])  # lost beyond the horizon
     assert idx.lost.total_returns == 0
-    ask(14_800, 15_000)
-    ask(14_800, 15_000)  # each block counts once
+    idx.apply(3, [BlockStored(cold[9_800:], None, [], P)])  # the last 200: computed again
     assert idx.lost.total_returns == 200 and idx.lost.rate(h) > 0.9
     assert choose(idx).worker_id == 1
