@@ -26,7 +26,8 @@ pages (``resize``, both tiers): a block that comes back only after its cache tur
 would have been evicted by then anyway, had this placement kept it. Known undercount: a host
 tier's drop of a block the index still shows on that worker's device because the router sent
 it a request that will load it back is not a loss (2.6% of the losses in a simulated tiered
-fleet).
+fleet); and an index bounded below a worker's pages can count as lost a demotion whose host entry
+it trimmed (the live router's bound, 2^20 blocks a worker, is far above any worker's pages).
 """
 
 from __future__ import annotations
