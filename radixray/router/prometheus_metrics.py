@@ -88,6 +88,8 @@ class RouterMetrics:
             setattr(self, attr, kind(name, doc, list(labels), registry=r, **extra))
         self._refused_seen: dict[str, int] = {}  # admission refusals already counted
         self._lost_seen: dict[str, int] = {}  # the index's lost / returned blocks, likewise
+        for kind in ("lost", "returned"):  # shown from the start, at 0
+            self.index_lost.labels(kind)
         # Labelled children are looked up once (a labels() call costs microseconds per request):
         # on_decision runs for every request.
         self._reuse = {
@@ -179,11 +181,8 @@ class RouterMetrics:
         st = pool.index.stats()
         self.index_entries.set(st["entries"])
         self.index_memory.set(st["memory_bytes"])
-        seen = self._lost_seen
-        for kind in ("lost", "returned"):
-            count = st[f"{kind}_blocks"]
-            self.index_lost.labels(kind).inc(max(0, count - seen.get(kind, 0)))
-            seen[kind] = count
+        lost = {"lost": st["lost_blocks"], "returned": st["returned_blocks"]}
+        _count_up(self.index_lost, self._lost_seen, lost)
 
     def refresh_headroom(self, policy) -> None:
         """The routing policy's current estimate of the fleet's headroom (policies without
@@ -195,13 +194,18 @@ class RouterMetrics:
     def refresh_admission(self, admission, queue_wait_s: float | None) -> None:
         """The admission's refusals since the last scrape, by limit, and the shortest queue
         a new request would join now (unset before the workers have measured a rate)."""
-        seen = self._refused_seen
-        for limit, count in admission.refused.items():
-            if count > seen.get(limit, 0):
-                self.refused.labels(limit).inc(count - seen.get(limit, 0))
-            seen[limit] = count
+        _count_up(self.refused, self._refused_seen, admission.refused)
         if queue_wait_s is not None:
             self.queue_wait.set(queue_wait_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _count_up(counter, seen: dict[str, int], counts: dict[str, int]) -> None:
+    """Bring a labelled counter up to running totals kept elsewhere, by label value (``seen``:
+    the totals already counted)."""
+    for key, count in counts.items():
+        if count > seen.get(key, 0):
+            counter.labels(key).inc(count - seen.get(key, 0))
+        seen[key] = count
