@@ -24,6 +24,7 @@ point, a whole window of window blocks (``window_pages.reusable_pages``; over bo
 host-only block counts its host window page). A full-group removal removes both groups; a
 full-group store resets the blocks' window pages (the window-group stores that follow name
 them). The router's own inserts count in the window group for the request's last window only.
+That bookkeeping is ``IndexWindows`` (index_windows.py).
 
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
@@ -39,8 +40,8 @@ from collections.abc import Hashable, Iterable, Sequence
 
 from .block_hash import check_page_size
 from .events import SLIDING_WINDOW, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from .index_windows import IndexWindows
 from .lost_blocks import LostBlocks
-from .window_pages import reusable_pages
 
 __all__ = ["ApproxIndex", "HOST_MEDIUM", "TIERS"]
 
@@ -70,11 +71,7 @@ class ApproxIndex:
         self._all_mask = 0
         self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
         self.lost = LostBlocks()  # blocks workers evicted, and how often they are asked again
-        # Workers with a sliding-window group: its window, and their blocks that have their
-        # window pages, on the device and on the host tier.
-        self._window: dict[WorkerId, int] = {}
-        self._window_held: dict[WorkerId, set[int]] = {}
-        self._host_window_held: dict[WorkerId, set[int]] = {}
+        self._windows = IndexWindows(self.page_size)  # workers with a sliding-window group
 
     # ------------------------------------------------------------------ workers
 
@@ -102,9 +99,7 @@ class ApproxIndex:
         del self._host_lru[worker]
         self._slot_worker[slot] = None
         self._all_mask &= ~(1 << slot)
-        self._window.pop(worker, None)
-        self._window_held.pop(worker, None)
-        self._host_window_held.pop(worker, None)
+        self._windows.forget(worker)
 
     def workers(self) -> list[WorkerId]:
         return list(self._slot)
@@ -139,13 +134,8 @@ class ApproxIndex:
         its tree) none, the window-group stores that follow it name those that have one."""
         if worker not in self._slot:
             self.add_worker(worker)
-        held = self._held(worker, tier)
-        if held is not None:
-            if not window:
-                held.difference_update(hashes)
-            elif tier == "device":
-                P = self.page_size
-                held.update(hashes[max(0, len(hashes) * P - self._window[worker] + 1) // P :])
+        self._windows.stored(worker, hashes, tier, window)
+        held = self._windows.held(worker, tier)
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -173,7 +163,7 @@ class ApproxIndex:
         if lru is None:
             return
         bit = 1 << self._slot[worker]
-        held = self._held(worker, tier)
+        held = self._windows.held(worker, tier)
         other = self._tier("host" if tier == "device" else "device")[1][worker]
         gone = []
         for h in hashes:
@@ -191,7 +181,7 @@ class ApproxIndex:
             return
         bit = 1 << self._slot[worker]
         for tier in TIERS:
-            held = self._held(worker, tier)
+            held = self._windows.held(worker, tier)
             if held is not None:
                 held.clear()
         for tier in TIERS:
@@ -223,51 +213,25 @@ class ApproxIndex:
                 raise TypeError(f"not a KV event: {ev!r}")
 
     def _apply_window(self, worker: WorkerId, ev: BlockStored | BlockRemoved) -> None:
-        """A sliding-window group's event: the worker is windowed from now on; its blocks gain
-        or lose their window pages (a block the full group does not hold cannot gain one)."""
+        """A sliding-window group's event (``IndexWindows.apply``)."""
         if worker not in self._slot:
             self.add_worker(worker)
-        self._window[worker] = ev.window
-        self._window_held.setdefault(worker, set())
-        self._host_window_held.setdefault(worker, set())
         tier = _tier_of(ev.medium)
-        held = self._held(worker, tier)
-        if isinstance(ev, BlockRemoved):
-            held.difference_update(ev.block_hashes)
-            return
-        lru = self._tier(tier)[1][worker]
-        held.update(h for h in ev.block_hashes if h in lru)
-
-    def _held(self, worker: WorkerId, tier: str) -> set[int] | None:
-        """A windowed worker's blocks in ``tier`` with window pages (None: not windowed)."""
-        return (self._window_held if tier == "device" else self._host_window_held).get(worker)
+        self._windows.apply(worker, ev, tier, self._tier(tier)[1][worker])
 
     def window_blocks(self, worker: WorkerId, tier: str = "device") -> set[int]:
         """The blocks of ``worker`` in ``tier`` that have their window pages."""
-        return set(self._held(worker, tier) or ())
+        return set(self._windows.held(worker, tier) or ())
 
     def window_of(self, worker: WorkerId) -> int | None:
         """The worker's sliding window, once its events named one (None: not windowed)."""
-        return self._window.get(worker)
-
-    def _cut(self, worker: WorkerId, hashes: Sequence[int], n: int) -> int:
-        """``n`` leading device blocks of ``worker`` cut to its reusable prefix."""
-        window = self._window.get(worker)
-        if window is None or not n:
-            return n
-        held = self._window_held[worker]
-        return reusable_pages(hashes[:n], held.__contains__, self.page_size, window)
-
-    def _cut_all(self, hashes: Sequence[int], result: dict[WorkerId, int]) -> dict:
-        if not self._window:
-            return result
-        return {w: c for w, n in result.items() if (c := self._cut(w, hashes, n))}
+        return self._windows.window.get(worker)
 
     # ------------------------------------------------------------------ queries
 
     def match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
         """Reusable leading blocks per worker, in one walk; workers with 0 are omitted."""
-        return self._cut_all(hashes, self._match(hashes))
+        return self._windows.cut_all(hashes, self._match(hashes))
 
     def _match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
         owners = self._owners
@@ -292,7 +256,8 @@ class ApproxIndex:
         ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
         its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
         raw = self._match(hashes)
-        device = self._cut_all(hashes, raw)
+        windows = self._windows
+        device = windows.cut_all(hashes, raw)
         if not self._host_owners:
             return {w: (n, n) for w, n in device.items()}
         owners, host = self._owners, self._host_owners
@@ -311,22 +276,14 @@ class ApproxIndex:
         else:
             if i:
                 self._credit(mask, i, both)
-        for w in self._window.keys() & both.keys():
-            both[w] = self._cut_tiers(w, hashes, raw.get(w, 0), both[w])
+        for w in windows.window.keys() & both.keys():
+            both[w] = windows.cut_tiers(w, hashes, raw.get(w, 0), both[w])
         return {w: (device.get(w, 0), n) for w, n in both.items() if n}
-
-    def _cut_tiers(self, worker: WorkerId, hashes: Sequence[int], d: int, n: int) -> int:
-        """``n`` leading blocks of a windowed ``worker`` over both tiers, the first ``d`` on its
-        device, cut to its reusable prefix: a device block counts its device window page, a
-        host-only block its host window page (as the worker's own match does)."""
-        dev, host = self._window_held[worker], self._host_window_held[worker]
-        has = lambda i: hashes[i] in (dev if i < d else host)  # noqa: E731
-        return reusable_pages(range(n), has, self.page_size, self._window[worker])
 
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,
         without building the per-worker answer unless a worker is windowed)."""
-        if self._window:
+        if self._windows.window:
             return max(self.match(hashes).values(), default=0)
         owners = self._owners
         mask = self._all_mask
@@ -348,7 +305,7 @@ class ApproxIndex:
             if h not in lru:
                 break
             i += 1
-        return self._cut(worker, hashes, i)
+        return self._windows.cut(worker, hashes, i)
 
     def _credit(self, bits: int, n: int, result: dict) -> None:
         slot_worker = self._slot_worker

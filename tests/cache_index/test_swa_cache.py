@@ -281,7 +281,7 @@ class SWAMachine(RuleBasedStateMachine):
         blocks = {h: p for n in nodes for h, p in zip(n.hashes, n.pages, strict=True)}
         assert self.index.blocks("w") == set(blocks)
         if self.index.window_of("w") is not None:
-            held = self.index._window_held["w"]
+            held = self.index.window_blocks("w")
             assert held == {h for h, p in blocks.items() if self.alloc.has_window(p)}
 
 
