@@ -69,6 +69,7 @@ CASES = {
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
     "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
+    "studies/sim_hit_moves.py": ([], "| ttft | 0.", (needs_trace,)),
     "studies/sim_light_load.py": (["--out", "{out}/light.json"], "| 0.1 | ttft |", (needs_trace,)),
     "studies/sim_live_regime.py": ([], "| ttft |", (needs_trace,)),
     "studies/sim_median_anatomy.py": ([], "| ttft | all |", (needs_trace,)),

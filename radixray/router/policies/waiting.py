@@ -7,9 +7,12 @@ behind all of it: the engine's scheduler admits waiting requests by longest cach
 on a worker goes ahead of the waiting ones that find less, and the cached part of a waiting
 prompt is never computed. Charged the whole queue, ttft's predicted wait behind a queue was
 about twice the wait measured on Mooncake. ``ttft:lpm=true`` uses this estimate instead; it is
-off by default: counting tokens alone, it misses what a worker's decode batch adds to every
-step, and on the hot-prefix workload it kept the hot prompt on 4 workers of 8 (TTFT p50 0.32 s
-against 0.22; docs/ttft_policy.md, "Copies of a prefix").
+off by default: on the hot-prefix workload it kept the hot prompt on 4 workers of 8 (TTFT p50
+0.32 s against 0.22; docs/ttft_policy.md, "Copies of a prefix"), and on Mooncake it takes a
+request just placed and already running for a waiting one, so short cached requests are sent
+behind a long prefill they cannot pass (p99 4.93 s against 4.47 at 1.5x). With the queue ahead
+taken exactly from the simulated scheduler, ttft places as it does with the whole queue
+(docs/ttft_policy.md, "Where the hit rate below the line goes").
 
 This router knows what it placed on each worker (tokens, predicted cached) and which of those
 finished. A worker reporting ``waiting`` requests is waiting on the last ``waiting`` that this
