@@ -221,4 +221,5 @@ def test_the_router_index_predicts_what_the_worker_delivers(loaded):
     snap = ApproxIndex(4)
     snap.apply("w", engine.snapshot_events())
     assert snap.blocks("w") == index.blocks("w")
+    assert snap.window_of("w") == index.window_of("w") is not None
     assert snap.window_blocks("w") == index.window_blocks("w")
