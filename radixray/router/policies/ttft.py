@@ -59,7 +59,7 @@ class PredictedTTFT(Policy):
         shared: bool = True,
         shared_share: float = 0.25,
         lpm: bool = False,
-        host_room: bool = False,
+        host_room: bool = True,
         steps: bool = False,
         work_steps: bool = False,
         decode: bool = True,
@@ -83,12 +83,12 @@ class PredictedTTFT(Policy):
         the fleet is saturated, a worker whose mean queue is under the fleet's counts the
         prefix as an idle one does ("A worker outside the queue"); ``lost``: an evicted token
         is priced at the measured rate lost blocks are asked for again, not ``h`` ("Eviction's
-        price"). Measured, not
-        adopted (off): ``lpm``, only the queued work the scheduler admits first (``Waiting``);
-        ``steps``, queued and own prefill by the engine steps they take; ``lost_stale``, the
-        stale copy priced at the lost-block rate too ("Eviction's price"); ``work_steps``, the
-        headroom's work by steps ("Queue time in steps"); ``host_room``, demotions priced at
-        their load-back only up to the host tier's room ("Host tiers")."""
+        price"); ``host_room``: demotions priced at their load-back only up to the host tier's
+        room, the rest as lost ("Host tiers"). Measured, not adopted (off): ``lpm``, only the
+        queued work the scheduler admits first (``Waiting``); ``steps``, queued and own prefill
+        by the engine steps they take; ``lost_stale``, the stale copy priced at the lost-block
+        rate too ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue
+        time in steps")."""
         super().__init__(seed)
         if reuse_weight is not None and reuse_weight < 0:
             raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")

@@ -116,8 +116,9 @@ def test_ttft_prices_what_a_full_host_tier_must_drop_as_lost():
     """As above, but worker 1 has 2 free pages (it pushes out 64 cached tokens, not 96). Worker
     0's 96 are demoted as far as its host tier has room (free pages, or host copies it drops
     losing nothing: what it reports as free); what does not fit pushes as many tokens out of
-    the host tier, lost (a recompute, weighted by h), with ``host_room`` on. With room it wins;
-    full, it loses; with ``host_room`` off (the default) every demotion is priced as fitting."""
+    the host tier, lost (a recompute, at the lost-block rate: h before any loss), with
+    ``host_room`` (the default). With room it wins; full, it loses; with ``host_room`` off (the
+    rule before) every demotion is priced as fitting."""
     idx = index_with(w0=2, w1=2)
     host = {"load_tokens_per_s": 10_000.0, "free_pages": 0, "total_pages": 100}
     plain = replace(ws(1), free_pages=2, total_pages=100)
@@ -133,9 +134,11 @@ def test_ttft_prices_what_a_full_host_tier_must_drop_as_lost():
     unsized = replace(ws(0), **host)
     d = _ttft(ewma_requests=2, host_room=True).choose(req(8), [unsized, plain], idx)
     assert d.worker_id == 0 and d.scores[0] == pytest.approx(96 / 500 + h * 96 / 10_000)
-    # host_room off (the default, docs/ttft_policy.md): a full host tier is priced as one with room
+    # the default prices the full host tier's drops; host_room off (the rule before,
+    # docs/ttft_policy.md) prices a full host tier as one with room
     full = replace(ws(0), host_free_pages=0, host_total_pages=100, **host)
-    d = _ttft(ewma_requests=2).choose(req(8), [full, plain], idx)
+    assert _ttft(ewma_requests=2).choose(req(8), [full, plain], idx).worker_id == 1
+    d = _ttft(ewma_requests=2, host_room=False).choose(req(8), [full, plain], idx)
     assert d.worker_id == 0 and d.scores[0] == pytest.approx(96 / 500 + h * 96 / 10_000)
 
 
