@@ -22,8 +22,8 @@ empty is outside it); ``h`` the measured reuse share, ``f`` the share of the fle
 (the copy a move leaves stale costs cache room once caches are full), ``spill_w`` the cached tokens
 the placement would evict, lost without a host tier, each worth a recompute with ``e`` the measured
 share of lost blocks requested again (``LostBlocks``; ``h`` until losses are seen), ``demoted_w``
-with one: worth their load-back, not their recompute; with ``host_room``, only as far as its host
-tier has room, the rest stay in ``spill_w``; ``A`` the tokens a sequence decodes and ``s_w`` the
+with one: worth their load-back, not their recompute, only as far as its host tier has room
+(``host_room``), the rest stay in ``spill_w``; ``A`` the tokens a sequence decodes and ``s_w`` the
 seconds one more decoding sequence adds to a step of ``w``'s, as the workers measure them: the steps
 this request's answer adds for those already there, plus, while ``w``'s steps are full of prefill,
 the budget tokens it takes from the requests waiting there, ``decode_cost``). Why each term is
