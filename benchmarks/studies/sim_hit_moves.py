@@ -36,16 +36,16 @@ def main() -> None:
     wl = load_mooncake(
         "mooncake", block_tokens=16, speedup=args.speedup, limit=args.limit, seed=args.seed
     )
+    cfg = SimConfig(
+        num_workers=args.workers,
+        num_pages=args.pages,
+        page_size=16,
+        timing=timing_preset(args.timing),
+        seed=args.seed,
+    )
     print("| policy | hit rate | available | taken | moved off holder | moves | p50 s | p99 s |")
     print("|---|---|---|---|---|---|---|---|")
     for spec in args.policies.split(","):
-        cfg = SimConfig(
-            num_workers=args.workers,
-            num_pages=args.pages,
-            page_size=16,
-            timing=timing_preset(args.timing),
-            seed=args.seed,
-        )
         run = simulate(wl, spec, cfg)
         s = run.summary()
         available, taken = s["reuse_available"], s["reuse_captured"]

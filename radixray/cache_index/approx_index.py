@@ -180,10 +180,7 @@ class ApproxIndex:
         if worker not in self._slot:
             return
         bit = 1 << self._slot[worker]
-        for tier in TIERS:
-            held = self._windows.held(worker, tier)
-            if held is not None:
-                held.clear()
+        self._windows.clear(worker)
         for tier in TIERS:
             owners, lrus = self._tier(tier)
             lru = lrus[worker]

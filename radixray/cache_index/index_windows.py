@@ -33,6 +33,12 @@ class IndexWindows:
         """A windowed worker's blocks in ``tier`` with window pages (None: not windowed)."""
         return (self._device if tier == "device" else self._host).get(worker)
 
+    def clear(self, worker: WorkerId) -> None:
+        """None of ``worker``'s blocks has its window pages any more (it stays windowed)."""
+        for held in (self._device.get(worker), self._host.get(worker)):
+            if held is not None:
+                held.clear()
+
     def forget(self, worker: WorkerId) -> None:
         self.window.pop(worker, None)
         self._device.pop(worker, None)
