@@ -39,6 +39,7 @@ from radixray.numbers import Ewma
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 from .headroom import Headroom
+from .tail import IdealTail
 from .waiting import Waiting
 
 __all__ = ["PredictedTTFT"]
@@ -67,6 +68,8 @@ class PredictedTTFT(Policy):
         replicate: bool = True,
         lost: bool = True,
         lost_stale: bool = False,
+        tail: bool = False,
+        margin: float = 0.0,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -88,18 +91,12 @@ class PredictedTTFT(Policy):
         queued work the scheduler admits first (``Waiting``); ``steps``, queued and own prefill
         by the engine steps they take; ``lost_stale``, the stale copy priced at the lost-block
         rate too ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue
-        time in steps")."""
+        time in steps"); ``tail``, a request not left over the TTFT tail its workload sets by
+        itself where a worker would keep it under (``IdealTail``), and ``margin``, a move off
+        a prefix's holder only when it saves more than that share of the holder's cost ("The
+        tail guard")."""
         super().__init__(seed)
-        if reuse_weight is not None and reuse_weight < 0:
-            raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
-        if ewma_requests < 2:
-            raise ValueError(f"ewma_requests must be >= 2, got {ewma_requests}")
-        if not 0 < rho_max < 1:
-            raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
-        if not 0 <= min_match < 1:
-            raise ValueError(f"min_match must be in [0, 1), got {min_match}")
-        if not 0 < shared_share < 1:
-            raise ValueError(f"shared_share must be in (0, 1), got {shared_share}")
+        _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin)
         self.reuse_weight = reuse_weight
         self.rho_max = rho_max
         self.min_match = min_match
@@ -117,6 +114,8 @@ class PredictedTTFT(Policy):
         self.replicate = replicate
         self.lost = lost
         self.lost_stale = lost_stale
+        self.tail = IdealTail() if tail else None
+        self.margin = margin
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -211,6 +210,8 @@ class PredictedTTFT(Policy):
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
+        own: dict = {}  # each worker's predicted TTFT for this request: its queue and the prompt
+
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
             # Cached tokens this placement would evict (its new pages beyond the free ones,
@@ -228,7 +229,7 @@ class PredictedTTFT(Policy):
             dup = (weight(w) + (evicted if self.lost_stale else reuse) * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
-            t = w.prefill_s(queued, n - cc, steps=self.steps)
+            t = own[w.worker_id] = w.prefill_s(queued, n - cc, steps=self.steps)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
             return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
@@ -238,17 +239,51 @@ class PredictedTTFT(Policy):
             most = max(cached(w)[0] for w in best)
             best = [w for w in best if cached(w)[0] == most]
         pick = self.pick_tied(best, request.fleet)
+        pick = self._keep(pick, live, cached, c_best, scores)
+        pick, guarded = self._guard(pick, live, n - longest, own, scores)
         c = reusable.get(pick.worker_id, 0)
-        # The prefill work this placement brings the fleet, by the fit it was priced with (what
-        # it loads back from a host tier is not prefill): one step's fixed cost and the tokens at
-        # the fit's rate, or with work_steps its share of full steps (each step's fixed cost over
-        # the prefill tokens a step holds). In a fleet of routers sharing the workers this one
-        # sees about 1 / routers of the arrivals.
-        work = pick.prefill_s(0, n - held(pick)[0], whole=False, steps=self.work_steps)
-        routers = max(1, request.fleet[1])
-        self.capacity.observe(request.arrival_time, work * routers, len(live))
+        self._observe_work(request, pick, n - held(pick)[0], len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
+        reason = "ttft: tail guard" if guarded else reason
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
+
+    def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
+        """The prefill work this placement brings the fleet (``Headroom``), by the fit it was
+        priced with (what it loads back from a host tier is not prefill): one step's fixed cost
+        and the ``uncached`` tokens at the fit's rate, or with work_steps their share of full
+        steps (each step's fixed cost over the prefill tokens a step holds). In a fleet of
+        routers sharing the workers this one sees about 1 / routers of the arrivals."""
+        work = pick.prefill_s(0, uncached, whole=False, steps=self.work_steps)
+        routers = max(1, request.fleet[1])
+        self.capacity.observe(request.arrival_time, work * routers, workers)
+
+    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict) -> WorkerState:
+        """With ``margin``: ``pick`` if it holds the longest prefix or its cost is under ``1 -
+        margin`` of the cheapest holder's, else that holder (a move off a prefix's holder must
+        save more than the cost model's error)."""
+        if not self.margin or not c_best or cached(pick)[0] >= c_best:
+            return pick
+        holder = min((w for w in live if cached(w)[0] >= c_best), key=lambda w: scores[w.worker_id])
+        return (
+            holder
+            if scores[pick.worker_id] > (1 - self.margin) * scores[holder.worker_id]
+            else pick
+        )
+
+    def _guard(self, pick: WorkerState, live, ideal_tokens: int, own: dict, scores: dict):
+        """``(worker, guarded)``: ``pick``, unless its predicted TTFT is over the workload's own
+        tail (``IdealTail``, fed this request's ideal: ``ideal_tokens`` prefilled on the fastest
+        idle worker) and some worker's is not: then the cheapest of those."""
+        if self.tail is None:
+            return pick, False
+        self.tail.observe(min(w.prefill_s(0, ideal_tokens, steps=False) for w in live))
+        limit = self.tail.value
+        if limit is None or own[pick.worker_id] <= limit:
+            return pick, False
+        under = [w for w in live if own[w.worker_id] <= limit]
+        if not under:
+            return pick, False
+        return min(under, key=lambda w: scores[w.worker_id]), True
 
     def _evicted_rate(self, workers: Sequence[WorkerState], index, reuse: float) -> float:
         """The share of the tokens a placement evicts that a later request will need and find
@@ -277,6 +312,22 @@ class PredictedTTFT(Policy):
             f"headroom={self.headroom:.3f}, "
             f"min_match={self.min_match})"
         )
+
+
+def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin) -> None:
+    """ValueError naming the first setting out of its range."""
+    if reuse_weight is not None and reuse_weight < 0:
+        raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
+    if ewma_requests < 2:
+        raise ValueError(f"ewma_requests must be >= 2, got {ewma_requests}")
+    if not 0 < rho_max < 1:
+        raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
+    if not 0 <= min_match < 1:
+        raise ValueError(f"min_match must be in [0, 1), got {min_match}")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    if not 0 < shared_share < 1:
+        raise ValueError(f"shared_share must be in (0, 1), got {shared_share}")
 
 
 def _pages_in_use(live: Sequence[WorkerState]) -> float:
