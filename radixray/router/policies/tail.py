@@ -7,11 +7,11 @@ it, before choosing). The tail of that time over recent arrivals, ``quantile`` o
 which take that long wherever they go. A placement that leaves a short request waiting on a
 busy holder until its TTFT passes that tail adds a request to the tail that need not be there.
 
-ttft's guard (docs/ttft_policy.md, "The tail guard"): when the cheapest worker would give the
-request a predicted TTFT (its queue and its own prefill) above this tail and some worker would
-keep it at or under, the cheapest of those is taken instead. Its cost model weighs seconds alike
-whoever waits them, which is right for the mean; the guard keeps that trade from building the
-tail out of requests that could have been fast.
+With ``ttft:tail`` (docs/ttft_policy.md, "The tail guard, and a margin for moves"; off by
+default, measured) a worker's predicted TTFT for the request (its queue and the request's own
+prefill) counts the seconds past this tail ``1 + tail`` times: the cost model weighs a second
+alike whoever waits it, which is right for the mean and lets the trade build the tail out of
+requests that could have been fast.
 
 Exact over a window: a sorted list beside the arrival order (``bisect``: a few microseconds a
 request at the default 1,024). ``value`` is None until ``min_samples`` arrivals: with fewer the

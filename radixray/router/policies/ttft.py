@@ -68,7 +68,7 @@ class PredictedTTFT(Policy):
         replicate: bool = True,
         lost: bool = True,
         lost_stale: bool = False,
-        tail: bool = False,
+        tail: float = 0.0,
         margin: float = 0.0,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
@@ -91,12 +91,12 @@ class PredictedTTFT(Policy):
         queued work the scheduler admits first (``Waiting``); ``steps``, queued and own prefill
         by the engine steps they take; ``lost_stale``, the stale copy priced at the lost-block
         rate too ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue
-        time in steps"); ``tail``, a request not left over the TTFT tail its workload sets by
-        itself where a worker would keep it under (``IdealTail``), and ``margin``, a move off
-        a prefix's holder only when it saves more than that share of the holder's cost ("The
-        tail guard")."""
+        time in steps"); ``margin``, a move off a prefix's holder only when it saves more than
+        that share of the holder's cost ("The tail guard"). ``tail`` (0: off): a request's
+        predicted seconds to first token past the TTFT tail its workload sets by itself
+        (``IdealTail``) count ``1 + tail`` times ("The tail guard")."""
         super().__init__(seed)
-        _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin)
+        _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail)
         self.reuse_weight = reuse_weight
         self.rho_max = rho_max
         self.min_match = min_match
@@ -114,7 +114,8 @@ class PredictedTTFT(Policy):
         self.replicate = replicate
         self.lost = lost
         self.lost_stale = lost_stale
-        self.tail = IdealTail() if tail else None
+        self.tail = tail
+        self.ideal = IdealTail() if tail else None
         self.margin = margin
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
@@ -210,7 +211,7 @@ class PredictedTTFT(Policy):
         depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
 
-        own: dict = {}  # each worker's predicted TTFT for this request: its queue and the prompt
+        limit = self._tail_limit(live, n - longest)
 
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
@@ -229,7 +230,9 @@ class PredictedTTFT(Policy):
             dup = (weight(w) + (evicted if self.lost_stale else reuse) * full) * (c_best - cc)
             queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
             # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
-            t = own[w.worker_id] = w.prefill_s(queued, n - cc, steps=self.steps)
+            t = w.prefill_s(queued, n - cc, steps=self.steps)
+            if limit is not None:  # its seconds past the workload's own tail, once more each
+                t += self.tail * max(0.0, t - limit)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
             return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
@@ -240,11 +243,9 @@ class PredictedTTFT(Policy):
             best = [w for w in best if cached(w)[0] == most]
         pick = self.pick_tied(best, request.fleet)
         pick = self._keep(pick, live, cached, c_best, scores)
-        pick, guarded = self._guard(pick, live, n - longest, own, scores)
         c = reusable.get(pick.worker_id, 0)
         self._observe_work(request, pick, n - held(pick)[0], len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
-        reason = "ttft: tail guard" if guarded else reason
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
 
     def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
@@ -270,20 +271,14 @@ class PredictedTTFT(Policy):
             else pick
         )
 
-    def _guard(self, pick: WorkerState, live, ideal_tokens: int, own: dict, scores: dict):
-        """``(worker, guarded)``: ``pick``, unless its predicted TTFT is over the workload's own
-        tail (``IdealTail``, fed this request's ideal: ``ideal_tokens`` prefilled on the fastest
-        idle worker) and some worker's is not: then the cheapest of those."""
-        if self.tail is None:
-            return pick, False
-        self.tail.observe(min(w.prefill_s(0, ideal_tokens, steps=False) for w in live))
-        limit = self.tail.value
-        if limit is None or own[pick.worker_id] <= limit:
-            return pick, False
-        under = [w for w in live if own[w.worker_id] <= limit]
-        if not under:
-            return pick, False
-        return min(under, key=lambda w: scores[w.worker_id]), True
+    def _tail_limit(self, live, ideal_tokens: int) -> float | None:
+        """With ``tail``: the TTFT tail the workload sets by itself (``IdealTail``), fed this
+        request's ideal TTFT first, ``ideal_tokens`` prefilled on the fastest idle worker; None
+        with ``tail`` off or before the tail is known."""
+        if self.ideal is None:
+            return None
+        self.ideal.observe(min(w.prefill_s(0, ideal_tokens, steps=False) for w in live))
+        return self.ideal.value
 
     def _evicted_rate(self, workers: Sequence[WorkerState], index, reuse: float) -> float:
         """The share of the tokens a placement evicts that a later request will need and find
@@ -314,7 +309,7 @@ class PredictedTTFT(Policy):
         )
 
 
-def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin) -> None:
+def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail) -> None:
     """ValueError naming the first setting out of its range."""
     if reuse_weight is not None and reuse_weight < 0:
         raise ValueError(f"reuse_weight must be >= 0 or None, got {reuse_weight}")
@@ -324,6 +319,8 @@ def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin
         raise ValueError(f"rho_max must be in (0, 1), got {rho_max}")
     if not 0 <= min_match < 1:
         raise ValueError(f"min_match must be in [0, 1), got {min_match}")
+    if tail < 0:
+        raise ValueError(f"tail must be >= 0, got {tail}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     if not 0 < shared_share < 1:

@@ -1,5 +1,6 @@
-"""ttft's tail guard (docs/ttft_policy.md, "The tail guard"): a request is not left waiting on a
-holder past the TTFT tail its workload sets by itself where another worker keeps it under."""
+"""ttft's tail weight and margin (docs/ttft_policy.md, "The tail guard"): a request's predicted
+seconds past the TTFT tail its workload sets by itself count once more; a move off a holder must
+save more than the margin."""
 
 from __future__ import annotations
 
@@ -73,47 +74,43 @@ def _choose(policy, holder_queue: int):
     return policy.choose(request, _fleet(holder_queue), index_with(w1=8))
 
 
-def test_a_request_past_the_tail_on_its_holder_goes_where_it_stays_under():
-    """The holder's queue is 3 s; recomputing the 128-token prompt on an idle worker takes 1.28
-    s, priced at 11x with a reuse weight of 10, so the cost model keeps it on the holder. With a
-    tail of 2 s (the workload's ideal TTFTs) the guard sends it to an idle worker; with a tail
-    of 5 s, or the guard off, or before the tail is known, it stays."""
+def _with_tail(tail_s: float | None, **kwargs):
+    p = make_policy("ttft", seed=0, **({"tail": 1.0, "reuse_weight": 1.0} | kwargs))
+    if tail_s is not None:
+        for _ in range(300):
+            p.ideal.observe(tail_s)
+    return p
 
-    def policy(tail_s: float | None, **kwargs):
-        p = make_policy("ttft", seed=0, reuse_weight=10.0, **({"tail": True} | kwargs))
-        if tail_s is not None:
-            for _ in range(300):
-                p.tail.observe(tail_s)
-        return p
 
-    d = _choose(policy(2.0), holder_queue=300)
+def test_seconds_past_the_tail_count_once_more():
+    """The holder's queue is 2.40 s (2.41 with the prompt's last token); recomputing the
+    128-token prompt on an idle worker takes 1.28 s, twice that with a reuse weight of 1: 2.56,
+    so the cost model keeps it on the holder. With a tail of 1.5 s (the workload's ideal TTFTs)
+    the holder's 0.91 s past it count once more (3.32) and it goes to an idle worker, which
+    stays under; with a tail of 3 s, the weight off, or before the tail is known, it stays."""
+    d = _choose(_with_tail(1.5), holder_queue=240)
     assert d.worker_id in (0, 2, 3)
-    assert d.reason == "ttft: tail guard"
-    assert d.predicted_cached_tokens == 0
-    assert _choose(policy(5.0), holder_queue=300).worker_id == 1
-    assert _choose(policy(None, tail=False), holder_queue=300).worker_id == 1
-    assert make_policy("ttft").tail is None  # measured, not adopted: off by default
-    assert _choose(policy(None), holder_queue=300).worker_id == 1  # no tail yet: no guard
-    # a short queue keeps it under the tail on its holder: no guard
-    d = _choose(policy(2.0), holder_queue=50)
-    assert (d.worker_id, d.reason) == (1, "ttft: best match")
+    assert d.scores[1] == pytest.approx(2.41 + 1.0 * (2.41 - 1.5))
+    assert _choose(_with_tail(3.0), holder_queue=240).worker_id == 1
+    assert _choose(_with_tail(None, tail=0.0), holder_queue=240).worker_id == 1
+    assert _choose(_with_tail(None), holder_queue=240).worker_id == 1  # no tail yet
+    assert make_policy("ttft").ideal is None  # measured, not adopted: off by default
 
 
-def test_no_worker_under_the_tail_leaves_the_cost_models_choice():
-    """Every worker's predicted TTFT is over a 0.5 s tail (the idle ones recompute 1.28 s): the
-    guard has nowhere better to send it."""
-    p = make_policy("ttft", seed=0, reuse_weight=10.0, tail=True)
-    for _ in range(300):
-        p.tail.observe(0.5)
-    assert _choose(p, holder_queue=300).worker_id == 1
+def test_the_tail_is_weighed_against_the_reuse_weight():
+    """With a reuse weight of 10 the recompute costs 14.08 s: 0.91 s past the tail, even counted
+    three times more, does not pay for it."""
+    assert _choose(_with_tail(1.5, tail=3.0, reuse_weight=10.0), holder_queue=240).worker_id == 1
 
 
 def test_each_routed_request_feeds_its_ideal_ttft():
     """The ideal is the prompt less the longest held prefix, on the fastest idle worker: 1 token
     here (the last is always computed) at 100 tokens/s."""
-    p = make_policy("ttft", seed=0, tail=True)
+    p = make_policy("ttft", seed=0, tail=1.0)
     _choose(p, holder_queue=0)
-    assert len(p.tail) == 1 and p.tail._sorted == [pytest.approx(0.01)]
+    assert len(p.ideal) == 1 and p.ideal._sorted == [pytest.approx(0.01)]
+    with pytest.raises(ValueError, match="tail"):
+        make_policy("ttft", tail=-1.0)
 
 
 def test_a_move_off_the_holder_must_save_more_than_the_margin():
