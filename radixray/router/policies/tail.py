@@ -1,10 +1,12 @@
 """``IdealTail``: the TTFT tail a workload sets by itself, for ttft's tail guard.
 
 Every request has an ideal time to first token: its prompt less the longest prefix any worker
-holds, prefilled on an idle worker (what the router's index and the workers' fits already give
-it, before choosing). The tail of that time over recent arrivals, ``quantile`` of the last
-``window`` of them, is the tail no placement can beat: it is the long prompts with nothing cached,
-which take that long wherever they go. A placement that leaves a short request waiting on a
+holds, prefilled on the worker that would compute it soonest if nothing were queued (an idle
+one when there is one; a decoding worker's one-step rule adds its decode step: the workers'
+``prefill_s``), what the router's index and the workers' fits already give it before choosing.
+The tail of that time over recent arrivals, ``quantile`` of the last ``window`` of them, is the
+tail no placement can beat: it is the long prompts with nothing cached, which take that long
+wherever they go. A placement that leaves a short request waiting on a
 busy holder until its TTFT passes that tail adds a request to the tail that need not be there.
 
 With ``ttft:tail`` (docs/ttft_policy.md, "The tail guard, and a margin for moves"; off by

@@ -273,8 +273,9 @@ class PredictedTTFT(Policy):
 
     def _tail_limit(self, live, ideal_tokens: int) -> float | None:
         """With ``tail``: the TTFT tail the workload sets by itself (``IdealTail``), fed this
-        request's ideal TTFT first, ``ideal_tokens`` prefilled on the fastest idle worker; None
-        with ``tail`` off or before the tail is known."""
+        request's ideal TTFT first, ``ideal_tokens`` prefilled with nothing queued on the worker
+        that would compute them soonest (an idle one if any: a decoding one adds its decode
+        step); None with ``tail`` off or before the tail is known."""
         if self.ideal is None:
             return None
         self.ideal.observe(min(w.prefill_s(0, ideal_tokens, steps=False) for w in live))
