@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from radixray.numbers import Ewma
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
+from .demand import PrefixDemand
 from .headroom import Headroom
 from .tail import IdealTail
 from .waiting import Waiting
@@ -70,6 +71,7 @@ class PredictedTTFT(Policy):
         lost_stale: bool = False,
         tail: float = 0.0,
         margin: float = 0.0,
+        demand: bool = True,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -92,9 +94,10 @@ class PredictedTTFT(Policy):
         by the engine steps they take; ``lost_stale``, the stale copy priced at the lost-block
         rate too ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue
         time in steps"); ``margin``, a move off a prefix's holder only when it saves more than
-        that share of the holder's cost ("The tail guard"). ``tail`` (0: off): a request's
-        predicted seconds to first token past the TTFT tail its workload sets by itself
-        (``IdealTail``) count ``1 + tail`` times ("The tail guard")."""
+        that share of the holder's cost, and with ``demand`` only for a prefix asked for no more
+        often than its holders serve (``PrefixDemand``; "The tail guard"). ``tail`` (0: off): a
+        request's predicted seconds to first token past the TTFT tail its workload sets by
+        itself (``IdealTail``) count ``1 + tail`` times ("The tail guard")."""
         super().__init__(seed)
         _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail)
         self.reuse_weight = reuse_weight
@@ -117,6 +120,7 @@ class PredictedTTFT(Policy):
         self.tail = tail
         self.ideal = IdealTail() if tail else None
         self.margin = margin
+        self.demand = PrefixDemand() if margin and demand else None
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -182,6 +186,7 @@ class PredictedTTFT(Policy):
         # (d_w of it on the device); a worker without a host tier has d_w = c_w.
         reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items()}
         longest = max(reusable.values(), default=0)
+        key = self._observe_demand(request, tiers)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value
         evicted = self._evicted_rate(workers, index, reuse)
         # Matches that save under min_match of the prompt's prefill count as none: inside the
@@ -242,7 +247,7 @@ class PredictedTTFT(Policy):
             most = max(cached(w)[0] for w in best)
             best = [w for w in best if cached(w)[0] == most]
         pick = self.pick_tied(best, request.fleet)
-        pick = self._keep(pick, live, cached, c_best, scores)
+        pick = self._keep(pick, live, cached, c_best, scores, key)
         c = reusable.get(pick.worker_id, 0)
         self._observe_work(request, pick, n - held(pick)[0], len(live))
         reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
@@ -258,18 +263,33 @@ class PredictedTTFT(Policy):
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, workers)
 
-    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict) -> WorkerState:
+    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict, key) -> WorkerState:
         """With ``margin``: ``pick`` if it holds the longest prefix or its cost is under ``1 -
         margin`` of the cheapest holder's, else that holder (a move off a prefix's holder must
-        save more than the cost model's error)."""
+        save more than the cost model's error); with ``demand``, ``pick`` too while the prefix
+        (``key``, its deepest block) is asked for more often than its holders serve: a copy pays."""
         if not self.margin or not c_best or cached(pick)[0] >= c_best:
             return pick
-        holder = min((w for w in live if cached(w)[0] >= c_best), key=lambda w: scores[w.worker_id])
+        holders = [w for w in live if cached(w)[0] >= c_best]
+        if self.demand is not None and self.demand.under_replicated(key, len(holders), len(live)):
+            return pick
+        holder = min(holders, key=lambda w: scores[w.worker_id])
         return (
             holder
             if scores[pick.worker_id] > (1 - self.margin) * scores[holder.worker_id]
             else pick
         )
+
+    def _observe_demand(self, request: RoutingRequest, tiers: dict):
+        """With the margin's ``demand``: the prefix a move would copy, keyed by the deepest block
+        of the prompt any worker holds (either tier), fed to ``PrefixDemand``; None with it off
+        or nothing held."""
+        if self.demand is None:
+            return None
+        deepest = max((both for _, both in tiers.values()), default=0)
+        key = request.block_hashes[deepest - 1] if deepest else None
+        self.demand.observe(key)
+        return key
 
     def _tail_limit(self, live, ideal_tokens: int) -> float | None:
         """With ``tail``: the TTFT tail the workload sets by itself (``IdealTail``), fed this

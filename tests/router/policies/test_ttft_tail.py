@@ -116,10 +116,11 @@ def test_each_routed_request_feeds_its_ideal_ttft():
 def test_a_move_off_the_holder_must_save_more_than_the_margin():
     """Myopic costs (reuse weight 0): the holder's is its queue and one token, an idle worker's
     the 128-token recompute, 1.28 s. Behind 1.40 s of queue the move saves 9% of the holder's
-    cost: taken with no margin, not with a 20% one; behind 3 s it saves 57%: taken with both."""
+    cost: taken with no margin, not with a 20% one; behind 3 s it saves 57%: taken with both.
+    (The plain margin: test_ttft_demand has the one that knows a copy's return.)"""
 
     def pick(margin: float, holder_queue: int) -> int:
-        p = make_policy("ttft", seed=0, reuse_weight=0.0, margin=margin)
+        p = make_policy("ttft", seed=0, reuse_weight=0.0, margin=margin, demand=False)
         return _choose(p, holder_queue).worker_id
 
     assert pick(0.0, 140) != 1

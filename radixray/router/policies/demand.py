@@ -1,0 +1,69 @@
+"""``PrefixDemand``: how often recent arrivals asked for a prefix, for ttft's margin.
+
+ttft's margin (``ttft:margin=D``, docs/ttft_policy.md, "The tail guard, and a margin for moves")
+keeps a request on its prefix's holder unless a move saves more than ``D`` of the holder's cost:
+the cost model's error is of that order, and a move inside it recomputes a prefix for nothing.
+But a move is also how a prefix gets a second copy, and a copy of a prefix asked for more often
+than its holders can serve pays for itself on every later request. The margin must hold only
+where no copy is wanted.
+
+This window answers which. Each arrival is keyed by the deepest block any worker holds of its
+prompt (its longest cached prefix, the one a move would recompute); ``share(key)`` is the share of
+the last ``window`` arrivals with that key, the current one included. Against the prefix's holders
+the rule is ``share * workers <= holders``: a prefix asked for no more often than its holders'
+share of the workers is served by them (a conversation's own history, asked for once a turn);
+one asked for more (a system prompt every request shares, held by one worker) is
+under-replicated, and a copy of it pays.
+
+A request that extends a prefix deeper than another's counts under its own deepest block, not
+the shorter one: what a move would copy is the deepest, and a request that finds its own
+history cached goes where that history is, whichever copies of the shorter prefix exist.
+
+``deque`` + ``Counter``: constant time an arrival. Not thread-safe (one router's event loop
+calls it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Hashable
+
+__all__ = ["PrefixDemand"]
+
+
+class PrefixDemand:
+    """The share of the last ``window`` arrivals that asked for each deepest held prefix."""
+
+    def __init__(self, window: int = 1024):
+        if window < 1:
+            raise ValueError(f"window must be >= 1 arrival, got {window}")
+        self.window = window
+        self._order: deque[Hashable | None] = deque()
+        self._counts: Counter = Counter()
+
+    def observe(self, key: Hashable | None) -> None:
+        """One arrival, keyed by the deepest block any worker holds of its prompt (None: no
+        worker holds any of it; it counts in the window, under no prefix)."""
+        if len(self._order) == self.window:
+            old = self._order.popleft()
+            if old is not None:
+                self._counts[old] -= 1
+                if not self._counts[old]:
+                    del self._counts[old]
+        self._order.append(key)
+        if key is not None:
+            self._counts[key] += 1
+
+    def share(self, key: Hashable | None) -> float:
+        """The share of the window's arrivals keyed ``key`` (0.0 for None or an empty window)."""
+        if key is None or not self._order:
+            return 0.0
+        return self._counts[key] / len(self._order)
+
+    def under_replicated(self, key: Hashable | None, holders: int, workers: int) -> bool:
+        """Whether the prefix ``key`` is asked for more often than its ``holders`` of ``workers``
+        serve: its share of the arrivals over their share of the workers."""
+        return self.share(key) * workers > holders
+
+    def __len__(self) -> int:
+        return len(self._order)
