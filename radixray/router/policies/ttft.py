@@ -28,7 +28,9 @@ seconds one more decoding sequence adds to a step of ``w``'s, as the workers mea
 this request's answer adds for those already there, plus, while ``w``'s steps are full of prefill,
 the budget tokens it takes from the requests waiting there, ``decode_cost``). Why each term is
 there, and what was tried instead: docs/ttft_policy.md. Lowest cost wins; ties: seeded random, or by
-rank in a fleet of routers.
+rank in a fleet of routers. A win off the longest prefix's holders stands only if it saves more
+than ``margin`` of the cheapest holder's cost, unless the prefix is asked for more often than its
+holders serve (``PrefixDemand``: then a copy pays).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class PredictedTTFT(Policy):
         lost: bool = True,
         lost_stale: bool = False,
         tail: float = 0.0,
-        margin: float = 0.0,
+        margin: float = 0.2,
         demand: bool = True,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
@@ -89,15 +91,16 @@ class PredictedTTFT(Policy):
         prefix as an idle one does ("A worker outside the queue"); ``lost``: an evicted token
         is priced at the measured rate lost blocks are asked for again, not ``h`` ("Eviction's
         price"); ``host_room``: demotions priced at their load-back only up to the host tier's
-        room, the rest as lost ("Host tiers"). Measured, not adopted (off): ``lpm``, only the
-        queued work the scheduler admits first (``Waiting``); ``steps``, queued and own prefill
-        by the engine steps they take; ``lost_stale``, the stale copy priced at the lost-block
-        rate too ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue
-        time in steps"); ``margin``, a move off a prefix's holder only when it saves more than
-        that share of the holder's cost, and with ``demand`` only for a prefix asked for no more
-        often than its holders serve (``PrefixDemand``; "The tail guard"). ``tail`` (0: off): a
-        request's predicted seconds to first token past the TTFT tail its workload sets by
-        itself (``IdealTail``) count ``1 + tail`` times ("The tail guard")."""
+        room, the rest as lost ("Host tiers"); ``margin`` (0: off), a move off a prefix's holder
+        only when it saves more than that share of the holder's cost, with ``demand`` only for
+        a prefix asked for no more often than its holders serve (``PrefixDemand``; "A margin
+        that knows a copy's return"). Measured, not adopted (off): ``lpm``, only the queued work
+        the scheduler admits first (``Waiting``); ``steps``, queued and own prefill by the
+        engine steps they take; ``lost_stale``, the stale copy priced at the lost-block rate too
+        ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue time in
+        steps"); ``tail`` (0: off), a request's predicted seconds to first token past the TTFT
+        tail its workload sets by itself (``IdealTail``) counted ``1 + tail`` times ("The tail
+        guard")."""
         super().__init__(seed)
         _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail)
         self.reuse_weight = reuse_weight

@@ -106,9 +106,10 @@ def test_a_prefix_asked_for_more_than_its_holders_serve_gets_a_copy():
     assert _pick({1, 2}, history[1::2] * 2, shared=False) in (0, 3)  # all of them: 4 > 2
 
 
-def test_demand_is_counted_only_with_a_margin():
-    assert make_policy("ttft").demand is None  # measured, not adopted: the margin is off
-    p = make_policy("ttft", seed=0, margin=0.2)
+def test_demand_is_counted_with_the_default_margin_only():
+    assert make_policy("ttft", margin=0.0).demand is None
+    p = make_policy("ttft", seed=0)  # the default: a 20% margin that counts demand
+    assert p.margin == 0.2
     request = RoutingRequest(0, 8 * P, list(range(1000, 1008)), None)
     p.choose(request, _fleet({1}, 0), index_with(w1=8))
     p.choose(RoutingRequest(1, 8 * P, list(range(2000, 2008)), None), _fleet({1}, 0), index_with())
