@@ -250,10 +250,10 @@ class PredictedTTFT(Policy):
             most = max(cached(w)[0] for w in best)
             best = [w for w in best if cached(w)[0] == most]
         pick = self.pick_tied(best, request.fleet)
-        pick = self._keep(pick, live, cached, c_best, scores, key)
+        pick, reason = self._keep(pick, live, cached, c_best, scores, key)
         c = reusable.get(pick.worker_id, 0)
         self._observe_work(request, pick, n - held(pick)[0], len(live))
-        reason = "ttft: best match" if c_best and c == c_best else "ttft: lowest cost"
+        reason = reason or ("ttft: best match" if c_best and c == c_best else "ttft: lowest cost")
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
 
     def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
@@ -266,22 +266,21 @@ class PredictedTTFT(Policy):
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, workers)
 
-    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict, key) -> WorkerState:
-        """With ``margin``: ``pick`` if it holds the longest prefix or its cost is under ``1 -
-        margin`` of the cheapest holder's, else that holder (a move off a prefix's holder must
-        save more than the cost model's error); with ``demand``, ``pick`` too while the prefix
-        (``key``, its deepest block) is asked for more often than its holders serve: a copy pays."""
+    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict, key):
+        """``(worker, reason)``: with ``margin``, the cheapest holder of the longest prefix and
+        the margin's reason if ``pick`` holds less and saves no more than ``margin`` of that
+        holder's cost (a move off a prefix's holder must save more than the cost model's
+        error), else ``pick`` and None; with ``demand``, ``pick`` too while the prefix (``key``,
+        its deepest block) is asked for more often than its holders serve: a copy pays."""
         if not self.margin or not c_best or cached(pick)[0] >= c_best:
-            return pick
+            return pick, None
         holders = [w for w in live if cached(w)[0] >= c_best]
         if self.demand is not None and self.demand.under_replicated(key, len(holders), len(live)):
-            return pick
+            return pick, None
         holder = min(holders, key=lambda w: scores[w.worker_id])
-        return (
-            holder
-            if scores[pick.worker_id] > (1 - self.margin) * scores[holder.worker_id]
-            else pick
-        )
+        if scores[pick.worker_id] > (1 - self.margin) * scores[holder.worker_id]:
+            return holder, "ttft: within the margin"
+        return pick, None
 
     def _observe_demand(self, request: RoutingRequest, tiers: dict):
         """With the margin's ``demand``: the prefix a move would copy, keyed by the deepest block
