@@ -1,11 +1,11 @@
 """``PrefixDemand``: how often recent arrivals asked for a prefix, for ttft's margin.
 
-ttft's margin (``ttft:margin=D``, docs/ttft_policy.md, "The tail guard, and a margin for moves")
-keeps a request on its prefix's holder unless a move saves more than ``D`` of the holder's cost:
-the cost model's error is of that order, and a move inside it recomputes a prefix for nothing.
-But a move is also how a prefix gets a second copy, and a copy of a prefix asked for more often
-than its holders can serve pays for itself on every later request. The margin must hold only
-where no copy is wanted.
+ttft's margin (``ttft:margin=D``, 0.2 by default; docs/ttft_policy.md, "A margin that knows a
+copy's return") keeps a request on its prefix's holder unless a move saves more than ``D`` of the
+holder's cost: the cost model's error is of that order, and a move inside it recomputes a prefix
+for nothing. But a move is also how a prefix gets a second copy, and a copy of a prefix asked for
+more often than its holders can serve pays for itself on every later request. The margin must
+hold only where no copy is wanted.
 
 This window answers which. Each arrival is keyed by the deepest block any worker holds of its
 prompt (its longest cached prefix, the one a move would recompute); ``share(key)`` is the share of
