@@ -160,3 +160,27 @@ def test_the_gpu_path_imports_only_the_image_and_the_kit(tmp_path):
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert "exactness vs CPU: EQUAL" in proc.stdout, tail
+
+
+def test_profile_step_quick_splits_the_step_and_profiles_it(tmp_path):
+    """profile_step.py on the CPU: the step's parts add up, and both profiles name the forward."""
+    proc = subprocess.run(
+        [sys.executable, str(KIT / "profile_step.py"), "--quick", "--batch", "2"]
+        + ["--max-tokens", "5", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = (tmp_path / "split.txt").read_text()
+    steps = int(re.match(r"steps (\d+),", split).group(1))
+    assert steps == 5  # one prefill step (both prompts) and four decode steps
+    total = float(re.search(r"total ([\d.]+)", split).group(1))
+    parts = [float(x) for x in re.findall(r": ([\d.]+) ms/step", split)]
+    assert len(parts) == 3 and sum(parts) == pytest.approx(total, abs=0.05)
+    assert "model_runner.py" in (tmp_path / "cprofile.txt").read_text()
+    ops = (tmp_path / "torch_ops.txt").read_text()
+    assert ops.startswith("# 5 steps\n## by self CPU time")
+    per_step = dict(reversed(line.split()) for line in ops.split("per step")[1].splitlines()[1:])
+    assert float(per_step["aten::item"]) == 1.0  # one host sync a step: the sampled tokens

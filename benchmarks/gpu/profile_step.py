@@ -1,0 +1,160 @@
+"""Where an engine step's time goes on a GPU: Python (cProfile) and CUDA (torch.profiler).
+
+    python benchmarks/gpu/profile_step.py --out DIR            # CUDA, SmolLM2's shapes, bf16
+    python benchmarks/gpu/profile_step.py --quick --out DIR    # CPU, tiny model: a dry run
+
+The engine of engine_check.py (SmolLM2-135M's architecture, random weights), decode at
+--batch: one warm-up run, then the same decode run under cProfile (``cprofile.txt``: the top
+functions by own time and by cumulative time) and under torch.profiler (``torch_ops.txt``:
+operators by self CPU time, kernels by device time, and the count of each runtime call, the
+synchronising ones among them). ``split.txt`` times a decode step's parts with a device sync
+around each: the runner's inputs and forward, sampling, the rest (scheduler, bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_check import engine, greedy, load, model_config, prompts  # noqa: E402
+
+
+def decode(e, ps, max_tokens: int) -> int:
+    for p in ps:
+        e.add_request(p, greedy(max_tokens))
+    steps = 0
+    while e.has_work():
+        e.step()
+        steps += 1
+    return steps
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def split_step(e, device: str, ps, max_tokens: int) -> str:
+    """Wall time of the runner's forward and the sampler inside each step, a sync at each
+    boundary (the syncs themselves add a little)."""
+    runner, spent = e.runner, {"forward": 0.0, "sample": 0.0}
+    run0 = runner.run
+
+    def timed_run(batch):
+        sync(device)
+        t0 = time.perf_counter()
+        out = run0(batch)
+        sync(device)
+        spent["forward"] += time.perf_counter() - t0
+        return out
+
+    runner.run = timed_run
+    sampler = getattr(e, "sampler", None)
+    sample0 = getattr(sampler, "sample", None)
+    if sample0 is not None:
+
+        def timed_sample(*a, **kw):
+            sync(device)
+            t0 = time.perf_counter()
+            out = sample0(*a, **kw)
+            sync(device)
+            spent["sample"] += time.perf_counter() - t0
+            return out
+
+        sampler.sample = timed_sample
+    sync(device)
+    t0 = time.perf_counter()
+    steps = decode(e, ps, max_tokens)
+    sync(device)
+    total = time.perf_counter() - t0
+    rest = total - spent["forward"] - spent["sample"]
+    lines = [f"steps {steps}, ms per step: total {1000 * total / steps:.2f}"]
+    for k, v in (*spent.items(), ("rest", rest)):
+        lines.append(f"  {k}: {1000 * v / steps:.2f} ms/step ({100 * v / total:.0f}%)")
+    return "\n".join(lines) + "\n"
+
+
+def torch_profile(e, device: str, ps, max_tokens: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        steps = decode(e, ps, max_tokens)
+        sync(device)
+    ka = prof.key_averages()
+    out = [f"# {steps} steps\n## by self CPU time"]
+    out.append(ka.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
+    if device.startswith("cuda"):
+        out.append("## by device time")
+        out.append(
+            ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60)
+        )
+    out.append("## runtime calls per step (cuda*, aten::item, aten::_local_scalar_dense, to/copy)")
+    for ev in sorted(ka, key=lambda ev: -ev.count):
+        name = ev.key
+        if name.startswith(
+            ("cuda", "aten::item", "aten::_local_scalar", "aten::to", "aten::copy_")
+        ):
+            out.append(f"{ev.count / steps:10.1f}  {name}")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CPU, tiny model")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    device = args.device or ("cpu" if args.quick else "cuda")
+    dtype = "float32" if device == "cpu" else args.dtype
+    args.out.mkdir(parents=True, exist_ok=True)
+    mcfg = model_config(args.quick)
+    loaded = load(mcfg, device, dtype)
+    pages = args.batch * (-(-(args.prompt_len + args.max_tokens) // 16) + 1) + 16
+    kw = {"num_pages": pages, "max_running": args.batch, "max_batch_tokens": 4096}
+
+    def fresh(seed: int):
+        return engine(loaded, device, dtype, **kw), prompts(mcfg, args.batch, args.prompt_len, seed)
+
+    e, ps = fresh(0)
+    decode(e, ps, args.max_tokens)  # warm-up: kernels compile, the allocator grows
+    e, ps = fresh(1)
+    text = split_step(e, device, ps, args.max_tokens)
+    (args.out / "split.txt").write_text(text)
+    print(text, flush=True)
+
+    e, ps = fresh(2)
+    pr = cProfile.Profile()
+    pr.enable()
+    decode(e, ps, args.max_tokens)
+    sync(device)
+    pr.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(pr, stream=buf)
+    st.sort_stats("tottime").print_stats(45)
+    st.sort_stats("cumulative").print_stats(45)
+    (args.out / "cprofile.txt").write_text(buf.getvalue())
+    print(buf.getvalue()[:6000], flush=True)
+
+    e, ps = fresh(3)
+    text = torch_profile(e, device, ps, args.max_tokens)
+    (args.out / "torch_ops.txt").write_text(text)
+    print(text[-5000:], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
