@@ -116,6 +116,7 @@ def check_exactness(mcfg, device: str, n: int, max_tokens: int) -> dict:
         "equal": all(d is None for d in diff),
         "first_difference": diff,
         "attention": dev.runner.attention.name,
+        "cuda_graphs": dev.runner.graphs is not None,
     }
 
 
@@ -137,28 +138,45 @@ def decode_run(e: Engine, ps: list[list[int]], max_tokens: int) -> dict:
 
 
 def measure_decode(mcfg, device, dtypes, batches, prompt_len, max_tokens, runs) -> list[dict]:
+    """Each (dtype, batch) with CUDA graphs (the engine's default; captured when the engine
+    starts, outside the window) and, on CUDA, without them (``cuda_graph_max_batch=0``)."""
     rows = []
     for dtype in dtypes:
         loaded = load(mcfg, device, dtype)
         for batch in batches:
-            pages = batch * (-(-(prompt_len + max_tokens) // PAGE) + 1) + 16
-            kw = {"num_pages": pages, "max_running": batch, "max_batch_tokens": 4096}
-            each = []
-            for r in range(runs + 1):  # run 0 warms up (kernels compile, allocator grows)
-                ps = prompts(mcfg, batch, prompt_len, seed=1000 * r + batch)
-                res = decode_run(engine(loaded, device, dtype, **kw), ps, max_tokens)
-                if r:
-                    each.append(res)
-            row = {"dtype": dtype, "batch": batch, "runs": each}
-            for key in ("tokens_per_s", "ms_per_step"):
-                row[key] = statistics.median(x[key] for x in each)
-            rows.append(row)
-            print(
-                f"| {dtype} | {batch} | {row['tokens_per_s']:.0f} | {row['ms_per_step']:.2f} |",
-                flush=True,
-            )
+            for graph_batch in (256, 0) if device.startswith("cuda") else (0,):
+                rows.append(
+                    decode_row(
+                        loaded, device, dtype, batch, graph_batch, prompt_len, max_tokens, runs
+                    )
+                )
+                row = rows[-1]
+                print(
+                    f"| {dtype} | {batch} | {'yes' if row['cuda_graphs'] else 'no'} | "
+                    f"{row['tokens_per_s']:.0f} | {row['ms_per_step']:.2f} |",
+                    flush=True,
+                )
         del loaded
     return rows
+
+
+def decode_row(loaded, device, dtype, batch, graph_batch, prompt_len, max_tokens, runs) -> dict:
+    mcfg = loaded[1]
+    pages = batch * (-(-(prompt_len + max_tokens) // PAGE) + 1) + 16
+    kw = {"num_pages": pages, "max_running": batch, "max_batch_tokens": 4096}
+    kw["cuda_graph_max_batch"] = graph_batch
+    each, graphs = [], False
+    for r in range(runs + 1):  # run 0 warms up (kernels compile, allocator grows)
+        ps = prompts(mcfg, batch, prompt_len, seed=1000 * r + batch)
+        e = engine(loaded, device, dtype, **kw)
+        graphs = e.runner.graphs is not None
+        res = decode_run(e, ps, max_tokens)
+        if r:
+            each.append(res)
+    row = {"dtype": dtype, "batch": batch, "cuda_graphs": graphs, "runs": each}
+    for key in ("tokens_per_s", "ms_per_step"):
+        row[key] = statistics.median(x[key] for x in each)
+    return row
 
 
 def measure_host(mcfg, device: str, prompt_len: int, reps: int) -> dict:
@@ -263,7 +281,8 @@ def main() -> int:
     out["exactness"] = check_exactness(mcfg, args.device, args.exact_prompts, args.exact_tokens)
     ex = out["exactness"]
     print(f"exactness vs CPU: {'EQUAL' if ex['equal'] else 'DIFFERENT'} {ex['first_difference']}")
-    print("| dtype | batch | decode tokens/s | ms/step |\n|---|---:|---:|---:|", flush=True)
+    print("| dtype | batch | CUDA graphs | decode tokens/s | ms/step |", flush=True)
+    print("|---|---:|---|---:|---:|", flush=True)
     out["decode"] = measure_decode(
         mcfg,
         args.device,

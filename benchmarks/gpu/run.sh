@@ -110,6 +110,13 @@ else
         --json "$OUT/engine_check.json"
 fi
 
+# (f) where a decode step's time goes now (its split and profiles to the log; files stay there)
+if [ "$DRY" = 1 ]; then
+    step profile_step 60 "$PY" benchmarks/gpu/profile_step.py --quick --out "$(mktemp -d)"
+else
+    step profile_step 90 "$PY" benchmarks/gpu/profile_step.py --batch 8 --out /tmp/profile
+fi
+
 echo
 echo "=== summary ($((SECONDS - T0))s) ==="
 cat "$SUMMARY"

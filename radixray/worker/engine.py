@@ -96,6 +96,8 @@ class Engine:
             ),
         )
         self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)
+        graph_batch = min(config.cuda_graph_max_batch, config.max_running)
+        self.runner.use_graphs(graph_batch, self.max_model_len)  # CUDA: decode replays graphs
         # the tokenizer's, else what the checkpoint declares (every eos_token_id)
         stop_ids = frozenset(tokenizer.stop_token_ids if tokenizer else mcfg.stop_token_ids)
         self.sampler = Sampler(config.seed, stop_ids)

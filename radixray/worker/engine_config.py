@@ -84,6 +84,11 @@ class EngineConfig:
         "flash_attn, triton, cpu or torch (None: RADIXRAY_ATTENTION_BACKEND, else the best this "
         "device runs); a backend that cannot run stops the worker at start-up",
     )
+    # SGLang's --cuda-graph-max-bs, vLLM's max capture size: decode steps of up to this many
+    # requests replay a CUDA graph (worker/cuda_graph.py); their launches bound a small model.
+    cuda_graph_max_batch: int = setting(
+        256, "decode batches up to this size replay CUDA graphs, captured at start (0: off; CUDA)"
+    )
     # Workers sharing a machine should split the cores: oversubscribed threads made a decode step
     # 10x slower on 2 shared cores.
     cpu_threads: int | None = setting(
@@ -137,5 +142,8 @@ class EngineConfig:
             not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
         ):
             raise ValueError(f"cpu_threads must be None or an int >= 1, got {self.cpu_threads!r}")
+        cg = self.cuda_graph_max_batch
+        if isinstance(cg, bool) or not isinstance(cg, int) or cg < 0:
+            raise ValueError(f"--cuda-graph-max-batch must be an int >= 0 (0: off), got {cg!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be None or >= 2, got {self.max_model_len!r}")

@@ -152,6 +152,10 @@ class HostCopies:
             end.record()
         self._timing = (start, end)
 
+    def staged(self) -> bool:
+        """Copies wait for the next forward's ``before_layer`` calls."""
+        return any(t is not None for t in self._todo)
+
     def before_layer(self, i: int) -> None:
         """Layer ``i`` is about to read and write its KV: its copies must be done."""
         if self._todo and self._todo[i] is not None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from radixray.kernels import make_backend
 
+from .cuda_graph import DecodeGraphs, graph_unsupported
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
 from .scheduler import Batch
@@ -13,6 +16,8 @@ from .scheduler import Batch
 __all__ = ["ModelRunner", "load_for_engine", "resolve_device"]
 
 from .memory_pool import DTYPES as _DTYPES
+
+log = logging.getLogger(__name__)
 
 
 def load_for_engine(config, device: torch.device):
@@ -36,11 +41,39 @@ class ModelRunner:
             backend, device, pool.k_cache.dtype, pool.page_size, pool.k_cache.shape[-1]
         )
         model.set_attention_backend(self.attention)
+        self.graphs: DecodeGraphs | None = None  # use_graphs: decode steps replay CUDA graphs
+        self.graphs_off: str | None = None  # why decode steps run eagerly, when they do
+
+    def use_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> None:
+        """Decode steps of up to ``max_batch`` requests replay CUDA graphs, captured now (on CUDA
+        with the Triton backend; elsewhere they stay eager and ``graphs_off`` says why).
+        ``capture=False``: the graphs' padded static-buffer forward, run eagerly (any device)."""
+        why = graph_unsupported(self.model, self.pool)
+        if max_batch < 1:
+            why = "off (cuda_graph_max_batch 0)"
+        elif capture and self.device.type != "cuda":
+            why = f"no CUDA ({self.device.type})"
+        elif capture and self.attention.name != "triton":
+            why = f"the {self.attention.name} backend is not checked under capture"
+        self.graphs_off = why
+        if why is not None:
+            self.graphs = None
+            return
+        self.graphs = DecodeGraphs(self.model, self.pool, max_batch, max_model_len, capture)
+        try:
+            self.graphs.capture()
+        except Exception as e:  # serve eagerly rather than not at all; the log says why
+            log.warning("decode CUDA graphs off: capture failed: %s: %s", type(e).__name__, e)
+            self.graphs, self.graphs_off = None, f"capture failed: {type(e).__name__}: {e}"
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
         """Forward one flat batch; return logits [num sampled items, vocab] (float32), rows in
         the order of the items whose ``sample`` is set."""
+        graphs = self.graphs
+        if graphs is not None and graphs.fits(batch) and not self.pool.copies_staged():
+            self.prompt_logits = []
+            return graphs.run(batch)
         P = self.pool.page_size
         items = batch.items
         tables, cached, new = [], [], []

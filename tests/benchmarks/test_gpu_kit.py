@@ -72,6 +72,7 @@ def test_engine_check_quick_json(tmp_path, monkeypatch):
         ("float32", 3),
     ]
     assert all(r["tokens_per_s"] > 0 and len(r["runs"]) == 1 for r in got["decode"])
+    assert not ex["cuda_graphs"] and not any(r["cuda_graphs"] for r in got["decode"])  # CPU
     host = got["host"]
     assert host["same_outputs"]
     for mode in ("layered", "before_forward"):
