@@ -68,17 +68,19 @@ def test_padding_rows_store_nothing():
         assert changed.tolist() == want
 
 
-def test_prefill_and_staged_host_copies_run_eagerly():
-    """Steps with prefill chunks, and steps whose host-tier copies run layer by layer, take the
-    plain forward; greedy output under demotions and load-backs still equals reuse off."""
+def test_staged_host_copies_complete_before_a_replay():
+    """Prefill steps run eagerly with their copies layer by layer; a decode step with copies
+    staged (demotions for its new pages, a prompt loaded back but for its last token) runs all
+    of them first, then the padded forward. Greedy output equals reuse off, exactly."""
     prompts = shared_prefix_prompts(seed=4, n=10)
     want = tokens(engine(cache="chunk").generate_batch(prompts, GREEDY))
     e = padded(num_pages=32, host_pages=400, max_batch_tokens=32)
     assert tokens(e.generate_batch(prompts, GREEDY)) == want
     assert tokens(e.generate_batch(prompts, GREEDY)) == want  # loads back from the host
     s = e.stats()
-    assert s["loaded_pages"] > 0 and e.pool.copier.forward_layers > 0
-    assert 0 < e.runner.graphs.replays < e.meter.steps
+    assert s["loaded_pages"] > 0 and s["demoted_pages"] > 0
+    assert 0 < e.runner.replays_after_copies < e.runner.graphs.replays < e.meter.steps
+    assert e.pool.copier.forward_layers > 0 and not e.pool.copies_staged()
     assert_no_leak(e)
 
 

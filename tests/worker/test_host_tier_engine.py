@@ -73,6 +73,8 @@ def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
 def test_greedy_after_demote_and_load_back_equals_reuse_off_cuda(P):
     e = _demote_and_load_back(P, "cuda")
     assert e.pool.host.k.is_pinned() and e.pool.copier.stream is not None
+    # decode steps replayed CUDA graphs, some of them after waiting for staged copies
+    assert 0 < e.runner.replays_after_copies < e.runner.graphs.replays
 
 
 @pytest.mark.gpu
@@ -96,7 +98,9 @@ def test_cuda_forward_waits_for_each_layers_copies_just_before_that_layer(monkey
 
     monkeypatch.setattr(HostCopies, "stage", staged)
     monkeypatch.setattr(torch.cuda.Stream, "wait_event", waited)
-    e = engine(page_size=4, num_pages=32, host_pages=400, max_batch_tokens=32, device="cuda")
+    # eager steps only: a replayed decode step waits for all its copies first (test_cuda_graph)
+    kw = {"num_pages": 32, "host_pages": 400, "max_batch_tokens": 32, "cuda_graph_max_batch": 0}
+    e = engine(page_size=4, device="cuda", **kw)
     for i, layer in enumerate(e.runner.model.layers):
         layer.register_forward_pre_hook(lambda m, a, i=i: log.append(("layer", i)))
     e.generate_batch(shared_prefix_prompts(seed=4, n=10), GREEDY)
