@@ -122,6 +122,38 @@ def run_gpu(reps: int, check: bool) -> None:
             f"| {b} | {c} | {ms:.3f} | {gbs:.0f} | {100 * frac:.0f}% | {fa_ms:.3f} | "
             f"{ratio:.2f} | {err:.1e} |"
         )
+    print()
+    try:  # after the main table: a failure here loses nothing above
+        split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs)
+    except Exception as e:
+        print(f"split sweep failed: {type(e).__name__}: {e}")
+
+
+SPLIT_SHAPES = ((1, 4096), (1, 32768), (4, 32768), (16, 32768))
+SPLIT_COUNTS = (8, 16, 32, 64)
+
+
+def split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs) -> None:
+    """The decode kernel's time by split count where few sequences leave SMs idle: the choice
+    (``choose_num_splits``) against fixed counts, % of a device copy's bandwidth."""
+    from radixray.kernels.triton_decode import choose_num_splits, paged_decode_attention
+
+    print("| batch | context | chosen splits | " + " | ".join(f"{n} splits" for n in SPLIT_COUNTS))
+    print("|---:|---:|---:|" + "---:|" * len(SPLIT_COUNTS))
+    for batch, ctx in SPLIT_SHAPES:
+        perm = torch.randperm(num_pages, generator=gen, device=k_cache.device)
+        block_table = perm[: batch * (ctx // GPU_P)].view(batch, -1).to(torch.int32)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=k_cache.device)
+        q = torch.randn(batch, GPU_HQ, GPU_D, dtype=torch.bfloat16, device=k_cache.device)
+        kv_bytes = 2 * batch * ctx * GPU_HKV * GPU_D * k_cache.element_size()
+        args, cells = (q, k_cache, v_cache, block_table, seq_lens, scale), []
+        for n in (None, *SPLIT_COUNTS):
+            ms = _cuda_time_ms(
+                lambda n=n, a=args: paged_decode_attention(*a, num_splits=n), reps, flush
+            )
+            cells.append(f"{ms:.3f} ms, {100 * kv_bytes / ms / 1e6 / copy_gbs:.0f}%")
+        chosen = choose_num_splits(batch, GPU_HKV, ctx, 64, k_cache.device)
+        print(f"| {batch} | {ctx} | {chosen}: {cells[0]} | " + " | ".join(cells[1:]) + " |")
 
 
 # ---------------------------------------------------------------------------------------------
