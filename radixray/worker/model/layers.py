@@ -64,16 +64,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, 1, D/2]`` (float32) for ``positions [T]`` (must be < max_positions)."""
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        """``(c, s)`` ``[T, 1, D]`` (float32) for ``positions [T]`` (< max_positions), in the
+        form :func:`apply_rope` takes: ``c = [cos, cos]``, ``s = [-sin, sin]`` over the two
+        halves (built once per step; the tables keep one half each)."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        return torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [T, H, D]``: pairs are (i, i + D/2), computed in float32."""
+    """Rotate-half RoPE on ``x [T, H, D]``: pairs are (i, i + D/2), computed in float32, with
+    ``cos``, ``sin`` as :class:`RotaryEmbedding` gives them (``[cos, cos]``, ``[-sin, sin]``).
+
+    ``x * c + rotate(x) * s`` with ``rotate(x) = [x2, x1]``: ``x1 cos - x2 sin`` and ``x2 cos +
+    x1 sin``, each rounded exactly as written out (``a + b * -s`` is ``a - b * s`` in IEEE
+    arithmetic), in six kernels on a GPU where the written-out form takes nine."""
     half = x.shape[-1] // 2
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    rotated = torch.cat((xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 class MLP(nn.Module):

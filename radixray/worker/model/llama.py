@@ -82,15 +82,18 @@ class Attention(nn.Module):
     def forward(
         self, h: torch.Tensor, step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        T = h.shape[0]
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        T, Hq, Hkv, D = h.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(h)
         cos, sin = step.rope[self.rope]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # q and k rotated together: one set of kernels, not two
+            qk = qkv[:, : self.q_size + self.kv_size].view(T, Hq + Hkv, D)
+            qk = apply_rope(qk, cos, sin)
+            q, k = qk[:, :Hq], qk[:, Hq:]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(T, Hq, D))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         step.backend.store(step.plan, k, v, k_cache, v_cache)
         if self.softcap is None:  # every backend takes the layer's window (None: full)
             out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale, self.window)
