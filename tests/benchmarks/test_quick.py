@@ -65,6 +65,7 @@ CASES = {
         (integration, needs_trace),
     ),
     "gpu/engine_check.py": (["--json", "{out}/engine_check.json"], "exactness vs CPU: EQUAL", ()),
+    "gpu/profile_step.py": (["--out", "{out}"], "forward:", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
