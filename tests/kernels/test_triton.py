@@ -27,7 +27,8 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    "group", ["decode", "extend", "store_kv", "non_contiguous or public_api", "sliding_window"]
+    "group",
+    ["decode", "extend", "store_kv", "non_contiguous or public_api", "sliding_window", "rms_norm"],
 )
 def test_triton_kernels(group):
     env = {k: v for k, v in os.environ.items() if k != "RADIXRAY_ATTENTION_BACKEND"}

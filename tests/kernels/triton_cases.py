@@ -259,3 +259,42 @@ def test_sliding_window_backend_object():
             got = backend.attend(plans[0], q, kv.k_cache, kv.v_cache, 0.25, window)
             want = ref.attend(plans[1], q, kv.k_cache, kv.v_cache, 0.25, window)
             assert_close(got, want, F32)
+
+
+# --- RMSNorm (triton_norm.py) against the model's PyTorch RMSNorm ----------------------------
+
+
+def _torch_rms_norm(x, weight, eps):
+    """layers.RMSNorm's 16-bit path: normalise in float32, cast, scale in the model dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("T,H", [(1, 16), (5, 64), (33, 576), (3, 1000)])
+def test_rms_norm(dtype, T, H):
+    from radixray.kernels.triton_norm import rms_norm
+
+    gen = _gen(T + H)
+    x = (torch.randn(T, H, generator=gen) * 4).to(DEVICE, dtype)
+    w = (1 + torch.randn(H, generator=gen) / 4).to(DEVICE, dtype)
+    got, want = rms_norm(x, w, 1e-5), _torch_rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype and got.shape == x.shape
+    # within two units in the last place: another reduction order, an rsqrt's last bit, and
+    # under the interpreter a truncating float32 -> bfloat16 cast
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-6)
+
+
+def test_rms_norm_rows_of_a_strided_view():
+    """q's heads sliced from a fused qkv projection: each head a row (Qwen 3's q_norm)."""
+    from radixray.kernels.triton_norm import rms_norm
+
+    gen = _gen(7)
+    qkv = torch.randn(6, 3 * 32 + 2 * 32, generator=gen).to(DEVICE, F16)
+    q = qkv[:, : 3 * 32].view(6, 3, 32)  # rows of 32 at two strides: copied to one
+    w = torch.randn(32, generator=gen).to(DEVICE, F16)
+    got = rms_norm(q, w, 1e-6)
+    torch.testing.assert_close(got.float(), _torch_rms_norm(q, w, 1e-6).float(), rtol=2**-6, atol=0)
+    with pytest.raises(ValueError, match=r"weight must be \[32\] torch.float16"):
+        rms_norm(q, w.float(), 1e-6)
