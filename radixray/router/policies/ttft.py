@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from radixray.numbers import Ewma
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
+from .costs_to_others import answer_tokens, decode_cost, packing_delay, pages_in_use
 from .demand import PrefixDemand
 from .headroom import Headroom
 from .tail import IdealTail
@@ -74,6 +75,7 @@ class PredictedTTFT(Policy):
         tail: float = 0.0,
         margin: float = 0.2,
         demand: bool = True,
+        packing: bool = False,
     ):
         """Each option names a rule; False (or the value named) restores the rule before it,
         for comparison, and docs/ttft_policy.md says why each is there. ``reuse_weight`` fixes
@@ -94,7 +96,9 @@ class PredictedTTFT(Policy):
         room, the rest as lost ("Host tiers"); ``margin`` (0: off), a move off a prefix's holder
         only when it saves more than that share of the holder's cost, with ``demand`` only for
         a prefix asked for no more often than its holders serve (``PrefixDemand``; "A margin
-        that knows a copy's return"). Measured, not adopted (off): ``lpm``, only the queued work
+        that knows a copy's return"); ``packing``: the wait its first chunk adds to the request
+        whose prefill ends in the same step (``packing_delay``; "A chunk packed into another's
+        last step"). Measured, not adopted (off): ``lpm``, only the queued work
         the scheduler admits first (``Waiting``); ``steps``, queued and own prefill by the
         engine steps they take; ``lost_stale``, the stale copy priced at the lost-block rate too
         ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue time in
@@ -103,27 +107,17 @@ class PredictedTTFT(Policy):
         guard")."""
         super().__init__(seed)
         _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail)
-        self.reuse_weight = reuse_weight
-        self.rho_max = rho_max
-        self.min_match = min_match
-        self.use_headroom = headroom
-        self.tiers = tiers
-        self.stale = stale
-        self.shared = shared
-        self.shared_share = shared_share
+        self.reuse_weight, self.rho_max, self.min_match = reuse_weight, rho_max, min_match
+        self.use_headroom, self.tiers, self.stale = headroom, tiers, stale
+        self.shared, self.shared_share = shared, shared_share
         self.waiting = Waiting() if lpm else None
-        self.host_room = host_room
-        self.steps = steps
-        self.work_steps = work_steps
-        self.decode = decode
-        self.spare = spare
-        self.replicate = replicate
-        self.lost = lost
-        self.lost_stale = lost_stale
-        self.tail = tail
+        self.host_room, self.steps, self.work_steps = host_room, steps, work_steps
+        self.decode, self.spare, self.replicate = decode, spare, replicate
+        self.lost, self.lost_stale, self.tail = lost, lost_stale, tail
         self.ideal = IdealTail() if tail else None
         self.margin = margin
         self.demand = PrefixDemand() if margin and demand else None
+        self.packing = packing
         # Averages over ~ewma_requests arrivals: the busy fraction of the workers an arrival
         # sees, the fleet's offered prefill work against its capacity, the share of a prompt
         # found cached on some worker.
@@ -211,8 +205,8 @@ class PredictedTTFT(Policy):
             return held(w) if reusable.get(w.worker_id, 0) >= max(floor, 1) else (0, 0)
 
         # What this request's answer adds to the steps of those already on w (decode_cost).
-        answer = _answer_tokens(live) if self.decode else 0.0
-        full = _pages_in_use(live) if self.stale else 0.0
+        answer = answer_tokens(live) if self.decode else 0.0
+        full = pages_in_use(live) if self.stale else 0.0
 
         # A prefix a share of the workers hold (at least two) counts as held on an idle worker or
         # one outside a saturated fleet's queue: it computes it once and holds it from then on.
@@ -223,11 +217,10 @@ class PredictedTTFT(Policy):
 
         def cost(w: WorkerState) -> float:
             c, d = cached(w)
-            # Cached tokens this placement would evict (its new pages beyond the free ones,
-            # the loaded-back ones included), each worth a recompute with the probability that
-            # a cached token is reused; on a worker with a host tier they are demoted, not lost,
-            # and worth what loading them back costs (with host_room, only as far as its host
-            # tier has room: the rest push as many out of a full host tier, lost).
+            # Cached tokens this placement would evict (its new pages beyond the free ones, the
+            # loaded-back ones included), each worth a recompute with the probability that a
+            # cached token is reused; with a host tier demoted, worth their load-back (with
+            # host_room only as far as it has room: the rest push as many out of it, lost).
             spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
             demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
             if demoted and self.host_room and w.host_total_pages:
@@ -243,7 +236,8 @@ class PredictedTTFT(Policy):
                 t += self.tail * max(0.0, t - limit)
             # and what it recomputes for others (or evicts) at a prefill token's cost there
             t += (dup + evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
-            return t + reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
+            t += reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
+            return t + (packing_delay(w, queued, n - cc) if self.packing else 0.0)
 
         best, scores = self.lowest(live, cost)
         if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
@@ -348,39 +342,3 @@ def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     if not 0 < shared_share < 1:
         raise ValueError(f"shared_share must be in (0, 1), got {shared_share}")
-
-
-def _pages_in_use(live: Sequence[WorkerState]) -> float:
-    """The share of the fleet's pages in use (of the workers that report their pages)."""
-    sized = [w for w in live if w.total_pages]
-    total = sum(w.total_pages for w in sized)
-    return 1.0 - sum(w.free_pages for w in sized) / total if total else 0.0
-
-
-def _answer_tokens(live: Sequence[WorkerState]) -> float:
-    """The tokens a request is expected to decode: the mean of what the workers report (the
-    workload's, not the worker's: it does not depend on where the request goes); 0 before any
-    worker has seen a sequence end."""
-    known = [w.answer_tokens for w in live if w.answer_tokens > 0]
-    return sum(known) / len(known) if known else 0.0
-
-
-def decode_cost(w: WorkerState, answer: float, steps: bool = True) -> float:
-    """Seconds a placement's answer of ``answer`` tokens adds, on ``w``, to the requests already
-    there (docs/ttft_policy.md, "Decode cost"). Each of its decode steps is ``decode_seq_s``
-    longer for everyone sharing it: a waiting request waits through all of it, a running one
-    overlaps about half. And while ``w``'s steps are full of queued prefill (its queue at least
-    a step's budget less its decodes), each answer token takes a budget token from that prefill:
-    every request still waiting for its first token (at least the one in prefill) waits a
-    prefill token's time more. That token is priced as ttft prices a recompute, by ``steps``
-    (with its share of a full step, most of the step on small budgets) or at the fit's rate
-    alone: the two sides of the trade in one unit (by steps against recomputes at the rate, on a
-    4-token budget it would outweigh every cached prefix). The answer's own steps cost the same
-    on any worker; what differs is who waits."""
-    if not answer:
-        return 0.0
-    per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
-    spare = w.max_batch_tokens - w.running
-    if w.max_batch_tokens and w.queued_prefill_tokens >= spare:
-        per_token += max(w.waiting, 1) * w.token_s(steps)
-    return answer * per_token

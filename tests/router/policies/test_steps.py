@@ -98,11 +98,11 @@ def test_ttft_prefers_fewer_decodes_at_equal_queues_on_a_small_budget():
     room = {"free_pages": 100, "total_pages": 100}
     workers = [state(0, running=28, **common, **room), state(1, running=4, **common, **room)]
     request = RoutingRequest("r", 4 * P, list(range(100, 104)), None, 0.0)
-    by_steps = make_policy("ttft", seed=1, steps=True).choose(request, workers, idx)
+    by_steps = make_policy("ttft", seed=1, steps=True, packing=False).choose(request, workers, idx)
     assert by_steps.worker_id == 1
     s = by_steps.scores
     assert s[0] - s[1] == pytest.approx((116 - 17) * 0.05)  # ceil(464/4) - ceil(464/28) steps
-    one_step = make_policy("ttft", seed=1, steps=False).choose(request, workers, idx)
+    one_step = make_policy("ttft", seed=1, steps=False, packing=False).choose(request, workers, idx)
     assert one_step.scores[0] == pytest.approx(one_step.scores[1])  # a tie: no preference
 
 
