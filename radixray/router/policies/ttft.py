@@ -96,15 +96,14 @@ class PredictedTTFT(Policy):
         room, the rest as lost ("Host tiers"); ``margin`` (0: off), a move off a prefix's holder
         only when it saves more than that share of the holder's cost, with ``demand`` only for
         a prefix asked for no more often than its holders serve (``PrefixDemand``; "A margin
-        that knows a copy's return"); ``packing``: the wait its first chunk adds to the request
-        whose prefill ends in the same step (``packing_delay``; "A chunk packed into another's
-        last step"). Measured, not adopted (off): ``lpm``, only the queued work
+        that knows a copy's return"). Measured, not adopted (off): ``lpm``, only the queued work
         the scheduler admits first (``Waiting``); ``steps``, queued and own prefill by the
         engine steps they take; ``lost_stale``, the stale copy priced at the lost-block rate too
         ("Eviction's price"); ``work_steps``, the headroom's work by steps ("Queue time in
         steps"); ``tail`` (0: off), a request's predicted seconds to first token past the TTFT
         tail its workload sets by itself (``IdealTail``) counted ``1 + tail`` times ("The tail
-        guard")."""
+        guard"); ``packing``, the wait its first chunk adds to the request whose prefill ends in
+        the same step (``packing_delay``; "A chunk packed into another's last step")."""
         super().__init__(seed)
         _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail)
         self.reuse_weight, self.rho_max, self.min_match = reuse_weight, rho_max, min_match
