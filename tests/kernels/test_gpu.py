@@ -107,6 +107,21 @@ def test_triton_store_kv_realistic():
     assert torch.equal(kv.k_cache, k_exp) and torch.equal(kv.v_cache, v_exp)
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("T,H", [(1, 576), (64, 4096), (4096, 576), (300, 8192)])
+def test_triton_rms_norm_realistic(dtype, T, H):
+    """The fused RMSNorm (kernels/triton_norm.py) against the model's eight-op PyTorch form,
+    within two units in the last place, compiled for this GPU."""
+    from radixray.kernels.triton_norm import rms_norm
+
+    gen = torch.Generator().manual_seed(T + H)
+    x = (torch.randn(T, H, generator=gen) * 4).to("cuda", dtype)
+    w = (1 + torch.randn(H, generator=gen) / 4).to("cuda", dtype)
+    xf = x.float()
+    want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5).float(), want.float(), rtol=2**-6, atol=1e-6)
+
+
 def test_auto_backend_on_cuda_is_fast():
     gen = torch.Generator().manual_seed(3)
     kv = make_paged_kv([100, 7], 16, 2, 64, BF16, "cuda", gen)
