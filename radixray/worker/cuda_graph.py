@@ -57,7 +57,7 @@ def graph_unsupported(model, pool) -> str | None:
 
 class DecodeGraphs:
     """CUDA graphs of ``model``'s decode forward on ``pool``, one per size of :func:`batch_sizes`,
-    captured by :meth:`capture` (all at start-up, the engine's way) or on first use."""
+    all captured by :meth:`capture` before the first step (the model runner's start-up)."""
 
     def __init__(self, model, pool, max_batch: int, max_model_len: int, capture: bool = True):
         self.model, self.pool, self.capture_graphs = model, pool, capture
@@ -92,17 +92,15 @@ class DecodeGraphs:
         self.replays += 1
         if not self.capture_graphs:
             return self._forward(size)[:n]
-        if size not in self.graphs:
-            self.capture([size])
         graph, logits = self.graphs[size]
         graph.replay()
         # the next replay (of any size: they share one memory pool) overwrites the output
         return logits[:n].clone()
 
-    def capture(self, sizes=None) -> float:
-        """Capture the graphs of ``sizes`` (default: all) not captured yet; the seconds it took.
-        The buffers' rows are padding meanwhile (they store nothing)."""
-        todo = [s for s in (sizes or self.sizes) if s not in self.graphs]
+    def capture(self) -> float:
+        """Capture every size's graph not captured yet; the seconds it took. Before the first
+        step the buffers' rows are all padding: the warm-up forwards store nothing."""
+        todo = [s for s in self.sizes if s not in self.graphs]
         if not todo or not self.capture_graphs:
             return 0.0
         t0 = time.perf_counter()
@@ -131,8 +129,7 @@ class DecodeGraphs:
         rows, width = [], 1
         for i, it in enumerate(items):
             req, p = it.req, it.start
-            n = req.num_prompt
-            ids[i] = req.prompt_ids[p] if p < n else req.output_ids[p - n]
+            ids[i] = req.token_ids(p, p + 1)[0]
             pages = req.pages[: p // P + 1]
             pos[i], slots[i], lens[i] = p, pages[-1] * P + p % P, p + 1
             rows.append(pages)

@@ -95,7 +95,7 @@ class ModelRunner:
         window = self._window_kv(tables, cached, new)
         ids: list[int] = []
         for it in items:
-            ids += _token_slice(it.req, it.start, it.start + it.num_tokens)
+            ids += it.req.token_ids(it.start, it.start + it.num_tokens)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         rows = [i for i, it in enumerate(items) if it.sample]
         logits_indices = meta.last_token_indices()[rows]
@@ -172,17 +172,6 @@ def fuse_norms(model, device: torch.device) -> str | None:
     for m in norms:
         m.fused = rms_norm
     return None
-
-
-def _token_slice(req, start: int, end: int) -> list[int]:
-    """``req.all_ids[start:end]`` without building ``all_ids`` (a copy of the whole context per
-    request per step: at decode only the last token is needed)."""
-    prompt, n = req.prompt_ids, len(req.prompt_ids)
-    if end <= n:
-        return prompt[start:end]
-    if start >= n:
-        return req.output_ids[start - n : end - n]
-    return prompt[start:] + req.output_ids[: end - n]
 
 
 def resolve_device(device: str) -> torch.device:

@@ -134,6 +134,16 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids`` (a copy of the whole context per
+        request per step: at decode only the last token is needed)."""
+        prompt, n = self.prompt_ids, len(self.prompt_ids)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return prompt[start:] + self.output_ids[: end - n]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
