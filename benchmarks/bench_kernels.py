@@ -136,7 +136,13 @@ SPLIT_COUNTS = (8, 16, 32, 64)
 def split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs) -> None:
     """The decode kernel's time by split count where few sequences leave SMs idle: the choice
     (``choose_num_splits``) against fixed counts, % of a device copy's bandwidth."""
-    from radixray.kernels.triton_decode import choose_num_splits, paged_decode_attention
+    from radixray.kernels.triton_decode import (
+        _launch_config,
+        choose_num_splits,
+        paged_decode_attention,
+    )
+
+    block_n = _launch_config(GPU_D, GPU_HQ // GPU_HKV, torch.bfloat16)[1]
 
     print("| batch | context | chosen splits | " + " | ".join(f"{n} splits" for n in SPLIT_COUNTS))
     print("|---:|---:|---:|" + "---:|" * len(SPLIT_COUNTS))
@@ -152,7 +158,7 @@ def split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs) 
                 lambda n=n, a=args: paged_decode_attention(*a, num_splits=n), reps, flush
             )
             cells.append(f"{ms:.3f} ms, {100 * kv_bytes / ms / 1e6 / copy_gbs:.0f}%")
-        chosen = choose_num_splits(batch, GPU_HKV, ctx, 64, k_cache.device)
+        chosen = choose_num_splits(batch, GPU_HKV, ctx, block_n, k_cache.device)
         print(f"| {batch} | {ctx} | {chosen}: {cells[0]} | " + " | ".join(cells[1:]) + " |")
 
 

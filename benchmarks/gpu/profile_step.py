@@ -46,31 +46,21 @@ def sync(device: str) -> None:
 def split_step(e, device: str, ps, max_tokens: int) -> str:
     """Wall time of the runner's forward and the sampler inside each step, a sync at each
     boundary (the syncs themselves add a little)."""
-    runner, spent = e.runner, {"forward": 0.0, "sample": 0.0}
-    run0 = runner.run
+    spent = {"forward": 0.0, "sample": 0.0}
 
-    def timed_run(batch):
-        sync(device)
-        t0 = time.perf_counter()
-        out = run0(batch)
-        sync(device)
-        spent["forward"] += time.perf_counter() - t0
-        return out
-
-    runner.run = timed_run
-    sampler = getattr(e, "sampler", None)
-    sample0 = getattr(sampler, "sample", None)
-    if sample0 is not None:
-
-        def timed_sample(*a, **kw):
+    def timed(fn, key: str):
+        def wrapper(*a, **kw):
             sync(device)
             t0 = time.perf_counter()
-            out = sample0(*a, **kw)
+            out = fn(*a, **kw)
             sync(device)
-            spent["sample"] += time.perf_counter() - t0
+            spent[key] += time.perf_counter() - t0
             return out
 
-        sampler.sample = timed_sample
+        return wrapper
+
+    e.runner.run = timed(e.runner.run, "forward")
+    e.sampler.sample = timed(e.sampler.sample, "sample")
     sync(device)
     t0 = time.perf_counter()
     steps = decode(e, ps, max_tokens)
