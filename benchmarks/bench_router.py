@@ -294,11 +294,18 @@ def summarize(res: dict) -> str:
         for s, ms in shapes.items()
     }
     for s in SHAPES:
-        if ("sglang", s) in med and ("http", s) in med:
-            ratios.append(f"{s}: HTTP / SGLang = {med['http', s] / med['sglang', s]:.2f}x")
-        if ("http", s) in med and ("ray", s) in med:
-            ratios.append(f"{s}: Ray / HTTP = {med['ray', s] / med['http', s]:.2f}x")
+        for num, den, label in (("http", "sglang", "HTTP / SGLang"), ("ray", "http", "Ray / HTTP")):
+            if (num, s) in med and (den, s) in med:
+                ratios.append(f"{s}: {label} = {_ratio(med[num, s], med[den, s])}")
     return "\n".join(lines + [""] + [f"- {r}" for r in ratios])
+
+
+def _ratio(num: float, den: float) -> str:
+    """``num / den`` as ``1.23x``; a run shorter than one CPU clock tick reads 0 ms: no ratio."""
+    if den <= 0:
+        tick_ms = 1000 / _TICKS
+        return f"n/a (the denominator ran under one {tick_ms:.0f} ms clock tick: add --requests)"
+    return f"{num / den:.2f}x"
 
 
 def plot(res: dict, path: Path) -> None:
