@@ -13,11 +13,11 @@ A graph fixes its tensors' addresses and shapes, so a decode step runs on static
 - the block table is as wide as the longest context (``max_model_len``): the decode kernel's
   split count, chosen from that width, is the same on every replay.
 
-Only pure decode steps replay (every item one token that samples); a step with host-tier copies
-staged waits for all of them before the replay (model_runner.py). Prefill chunks, models whose
-forward reads device values on the host (a sparse MoE's routing counts, soft-capped attention)
-and sliding-window pools run eagerly. ``capture=False`` runs the padded forward eagerly: the
-CPU tests' way to check the padding, which a graph then replays unchanged.
+Only pure decode steps replay (every item one token that samples); the host tier's copies for a
+step that replays run before it, not by layer (``ModelRunner.replays``). Prefill chunks, models
+whose forward reads device values on the host (a sparse MoE's routing counts, soft-capped
+attention) and sliding-window pools run eagerly. ``capture=False`` runs the padded forward
+eagerly: the CPU tests' way to check the padding, which a graph then replays unchanged.
 """
 
 from __future__ import annotations

@@ -289,10 +289,6 @@ class KVPool:
                 done, held = done + more, held + more_held
         return done, held
 
-    def copies_staged(self) -> bool:
-        """The next forward must run copies layer by layer (``before_layer``)."""
-        return self.copier is not None and self.copier.staged()
-
     def before_layer(self, i: int) -> None:
         """The forward's hook: model layer ``i`` is about to use its KV (None-safe alias)."""
         if self.copier is not None:

@@ -44,7 +44,6 @@ class ModelRunner:
         self.fused_norms = fuse_norms(model, device)  # why not, or None: fused on this device
         self.graphs: DecodeGraphs | None = None  # use_graphs: decode steps replay CUDA graphs
         self.graphs_off: str | None = None  # why decode steps run eagerly, when they do
-        self.replays_after_copies = 0  # graph steps that first waited for staged host copies
 
     def use_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> None:
         """Decode steps of up to ``max_batch`` requests replay CUDA graphs, captured now (on CUDA
@@ -68,21 +67,18 @@ class ModelRunner:
             log.warning("decode CUDA graphs off: capture failed: %s: %s", type(e).__name__, e)
             self.graphs, self.graphs_off = None, f"capture failed: {type(e).__name__}: {e}"
 
+    def replays(self, batch: Batch) -> bool:
+        """``batch`` will replay a decode graph: one launch, no layer boundaries, so the host
+        tier's copies for it must be done before it starts, not staged by layer."""
+        return self.graphs is not None and self.graphs.fits(batch)
+
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
         """Forward one flat batch; return logits [num sampled items, vocab] (float32), rows in
         the order of the items whose ``sample`` is set."""
-        graphs = self.graphs
-        if graphs is not None and graphs.fits(batch):
-            if self.pool.copies_staged():
-                # A replay is one launch, a few ms: the host tier's staged copies cannot hide
-                # behind its layers, so every layer's wait comes first (CUDA: event waits on
-                # the compute stream, no host sync). The eager forward was ~10x slower.
-                for i in range(self.model.config.num_layers):
-                    self.pool.before_layer(i)
-                self.replays_after_copies += 1
+        if self.replays(batch):
             self.prompt_logits = []
-            return graphs.run(batch)
+            return self.graphs.run(batch)
         P = self.pool.page_size
         items = batch.items
         tables, cached, new = [], [], []

@@ -68,19 +68,41 @@ def test_padding_rows_store_nothing():
         assert changed.tolist() == want
 
 
-def test_staged_host_copies_complete_before_a_replay():
+def test_host_copies_complete_before_a_replay(monkeypatch):
     """Prefill steps run eagerly with their copies layer by layer; a decode step with copies
-    staged (demotions for its new pages, a prompt loaded back but for its last token) runs all
-    of them first, then the padded forward. Greedy output equals reuse off, exactly."""
+    (demotions for its new pages, a prompt loaded back but for its last token) runs all of them
+    first, then the padded forward: none is left staged for layers a replay has none of.
+    Greedy output equals reuse off, exactly."""
+    from radixray.worker.cuda_graph import DecodeGraphs
+    from radixray.worker.memory_pool import KVPool
+
     prompts = shared_prefix_prompts(seed=4, n=10)
     want = tokens(engine(cache="chunk").generate_batch(prompts, GREEDY))
     e = padded(num_pages=32, host_pages=400, max_batch_tokens=32)
+    replays, run, host_copies = [], DecodeGraphs.run, KVPool.host_copies
+    handed = [None]  # the last hand-over: (any copies, layered); the step's, at its forward
+
+    def copies_spy(self, copies, layered=False, wait=False):
+        handed[0] = (bool(copies), layered)
+        return host_copies(self, copies, layered, wait)
+
+    def replay_spy(self, batch):
+        done = e.pool.copier.forward_layers  # layers whose copies a forward ran so far
+        replays.append((e.pool.copier.staged(), handed[0]))
+        out = run(self, batch)
+        assert e.pool.copier.forward_layers == done
+        return out
+
+    monkeypatch.setattr(KVPool, "host_copies", copies_spy)
+    monkeypatch.setattr(DecodeGraphs, "run", replay_spy)
     assert tokens(e.generate_batch(prompts, GREEDY)) == want
     assert tokens(e.generate_batch(prompts, GREEDY)) == want  # loads back from the host
     s = e.stats()
     assert s["loaded_pages"] > 0 and s["demoted_pages"] > 0
-    assert 0 < e.runner.replays_after_copies < e.runner.graphs.replays < e.meter.steps
-    assert e.pool.copier.forward_layers > 0 and not e.pool.copies_staged()
+    assert 0 < len(replays) == e.runner.graphs.replays < e.meter.steps
+    assert not any(staged or layered for staged, (_, layered) in replays)
+    assert any(copied for _, (copied, _) in replays)  # some replays came right after copies
+    assert e.pool.copier.forward_layers > 0  # and prefill steps ran theirs by layer
     assert_no_leak(e)
 
 
