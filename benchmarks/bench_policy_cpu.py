@@ -6,10 +6,11 @@ router does around it for every request.
     .venv/bin/python benchmarks/bench_policy_cpu.py --quick              # a smoke run (seconds)
 
 ``bench_router.py`` measures the whole router process against SGLang's; this isolates the part a
-policy change moves. Two figures per policy spec and fleet size, each microseconds per request,
+policy change moves. Three figures per policy spec and fleet size, each microseconds per request,
 the median of ``--repeats`` runs of ``--requests`` requests (the runs interleaved policy by policy,
 as the machine is shared and noisy):
 
+- choose: ``policy.choose`` alone (its index match included);
 - choose + insert: ``policy.choose``, the index entry of the request's blocks on the chosen worker
   and ``policy.on_dispatch`` / ``on_complete`` (what benchmarks/README.md's "Remeasured
   2026-12-04" timed for ttft: 23 us there, 5 us ~450 commits earlier);
@@ -149,8 +150,8 @@ class Worker:
             index.insert(self.wid, demoted[::-1], tier="host")
 
 
-def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tuple[float, str]:
-    """One run: (us per request, a digest of the workers chosen)."""
+def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tuple:
+    """One run: (us per request in ``choose``, in all, a digest of the workers chosen)."""
     policy = make_policy(spec, seed=seed)
     index = ApproxIndex(P, max_blocks_per_worker=HOST_PAGES)
     dispatch = Dispatcher(policy, index, herd_window=64)
@@ -159,9 +160,9 @@ def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tup
         index.add_worker(wid)
     mean_work = statistics.fmean(PREFILL_OVERHEAD + 0.2 * n / PREFILL_RATE for n, _, _ in requests)
     rng = random.Random(seed)
-    now, spent, chosen = 0.0, 0, []
+    now, spent, choosing, chosen = 0.0, 0, 0, []
     finishing: list[tuple[float, str, str, int]] = []
-    clock = time.perf_counter_ns
+    clock = time.thread_time_ns  # CPU time: the machine may be shared
     gc.collect()
     for k, (n, hashes, answer) in enumerate(requests):
         now += rng.expovariate(LOAD * workers / mean_work)
@@ -175,7 +176,9 @@ def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tup
         if decide:
             decision, _ = dispatch.decide(request, states)
         else:
+            t1 = clock()
             decision = policy.choose(request, states, index)
+            choosing += clock() - t1
             index.insert(decision.worker_id, hashes)
             policy.on_dispatch(decision, request)
         spent += clock() - t0
@@ -185,7 +188,7 @@ def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tup
         finishing.append((done, request.request_id, wid, cached))
         fleet[wid].store(index, hashes)
     digest = hashlib.sha256(",".join(chosen).encode()).hexdigest()[:10]
-    return spent / 1000 / len(requests), digest
+    return choosing / 1000 / len(requests), spent / 1000 / len(requests), digest
 
 
 def main() -> None:
@@ -209,29 +212,34 @@ def main() -> None:
         f"Python {platform.python_version()}, {platform.machine()}"
     )
     cases = [(spec, w, decide) for w in sizes for spec in specs for decide in (False, True)]
-    times: dict[tuple, list[float]] = {c: [] for c in cases}
+    times: dict[tuple, list[tuple[float, float]]] = {c: [] for c in cases}
     digests: dict[tuple, set[str]] = {c: set() for c in cases}
     with tqdm(total=len(cases) * args.repeats, desc="runs", file=sys.stderr) as bar:
         for _ in range(args.repeats):
             for case in cases:
-                us, digest = run(*case[:2], requests, case[2], args.seed)
-                times[case].append(us)
+                choose_us, all_us, digest = run(*case[:2], requests, case[2], args.seed)
+                times[case].append((choose_us, all_us))
                 digests[case].add(digest)
                 bar.update()
     print(
-        "\n| policy | workers | choose + insert (us/request) | runs | decide (us/request) | runs "
-        "| workers chosen (digest) |"
+        "\n| policy | workers | choose (us/request) | choose + insert (us/request) | runs "
+        "| decide (us/request) | runs | workers chosen (digest) |"
     )
-    print("|---|---:|---:|---|---:|---|---|")
+    print("|---|---:|---:|---:|---|---:|---|---|")
     for w in sizes:
         for spec in specs:
-            bare, full = times[(spec, w, False)], times[(spec, w, True)]
+            bare = [t for _, t in times[(spec, w, False)]]
+            alone = statistics.median(c for c, _ in times[(spec, w, False)])
+            full = [t for _, t in times[(spec, w, True)]]
             seen = digests[(spec, w, False)] | digests[(spec, w, True)]
             print(
-                f"| {spec} | {w} | {statistics.median(bare):.1f} | "
-                f"{', '.join(f'{t:.1f}' for t in bare)} | {statistics.median(full):.1f} | "
-                f"{', '.join(f'{t:.1f}' for t in full)} | {', '.join(sorted(seen))} |"
+                f"| {spec} | {w} | {alone:.1f} | {statistics.median(bare):.1f} | {_runs(bare)} | "
+                f"{statistics.median(full):.1f} | {_runs(full)} | {', '.join(sorted(seen))} |"
             )
+
+
+def _runs(times: list[float]) -> str:
+    return ", ".join(f"{t:.1f}" for t in times)
 
 
 if __name__ == "__main__":
