@@ -17,20 +17,24 @@ as the machine is shared and noisy):
 - decide: the same through the router's ``Dispatcher.decide``, which adds the decision record and
   the herding alarm (the live router's default window of 64).
 
-The workload: prompts sharing prefixes as chat traffic does. ``--systems`` system prompts of
+Two prompt shapes (``--prompts``), page size 16, the block hashes computed before the timed loop
+(the router hashes a prompt once, on arrival, outside the policy):
+
+- chat: prompts sharing prefixes as chat traffic does. ``--systems`` system prompts of
 512-2,048 tokens, picked with Zipf(1.1) popularity, open conversations; each later request
 continues one of the open conversations (its whole history, the last answer and a new user turn
-of 32-512 tokens) or, with probability 0.3 or past 8,192 tokens, starts a new one. Page size 16;
-the block hashes are computed before the timed loop (the router hashes a prompt once, on
-arrival, outside the policy).
+of 32-512 tokens) or, with probability 0.3 or past 8,192 tokens, starts a new one (~2,600 tokens
+on average: the index's walk of the prompt is much of a decision). The workers have host tiers.
+- router: ``bench_router.py``'s, 8 shared 256-token prefixes and a unique 24-token suffix each,
+  answers of 1-64 tokens, no host tiers: where the policy's own arithmetic is most of it.
 
 The workers, outside the timed region: each serves its requests first come first served, its
 prefill at 20,000 tokens/s plus 10 ms a request, then 16-128 answer tokens at 10 ms a step (at
 most 32 at once); arrivals come at about 70% of the fleet's prefill capacity (with 80% of each
 prompt cached), so queues form and drain. They report what the live router's worker pool passes
 on (running, waiting, queued prefill, free pages of 4,096, a host tier of 16,384 pages with its
-load-back rate, the step budget, the decode costs), and the index learns demotions: blocks past
-a worker's device pages move to its host tier.
+load-back rate, the step budget, the decode costs), and with host tiers the index learns
+demotions: blocks past a worker's device pages move to its host tier.
 
 Printed per case: a digest of the workers chosen (equal digests: the same decisions, e.g. before
 and after a change to a policy's code that must not change what it decides).
@@ -64,10 +68,14 @@ MAX_BATCH_TOKENS, MAX_RUNNING = 2048, 32
 LOAD = 0.7  # offered prefill work over the fleet's capacity, at 80% of each prompt cached
 
 
-def workload(n: int, systems: int, seed: int) -> list[tuple[int, list[int], int]]:
-    """``n`` requests: (prompt tokens, block hashes, answer tokens), as the docstring says."""
+def workload(kind: str, n: int, systems: int, seed: int) -> list[tuple[int, list[int], int]]:
+    """``n`` requests of the shape ``kind``: (prompt tokens, block hashes, answer tokens)."""
     rng = random.Random(seed)
     vocab = 32_000
+    if kind == "router":
+        prefixes = [[rng.randrange(vocab) for _ in range(256)] for _ in range(8)]
+        prompts = [prefixes[i % 8] + [rng.randrange(vocab) for _ in range(24)] for i in range(n)]
+        return [(len(t), hash_blocks(t, P), rng.randint(1, 64)) for t in prompts]
     sys_prompts = [
         [rng.randrange(vocab) for _ in range(rng.randint(512, 2048))] for _ in range(systems)
     ]
@@ -94,8 +102,9 @@ def workload(n: int, systems: int, seed: int) -> list[tuple[int, list[int], int]
 class Worker:
     """One worker's FIFO queue in seconds, and its device pages as an LRU of block hashes."""
 
-    def __init__(self, wid: str):
+    def __init__(self, wid: str, host: bool):
         self.wid = wid
+        self.host = host
         self.busy_until = 0.0  # when its prefill queue empties
         self.inflight: deque[tuple[float, float, int]] = deque()  # (prefill start, end, tokens)
         self.done: list[tuple[float, str]] = []  # (finish time, request id)
@@ -109,6 +118,12 @@ class Worker:
         queued = 0.0
         for start, end, tokens in self.inflight:
             queued += tokens if start > now else tokens * (end - now) / (end - start)
+        host = {
+            "load_tokens_per_s": 4 * PREFILL_RATE,
+            "load_overhead_s": 0.002,
+            "host_free_pages": HOST_PAGES // 4,
+            "host_total_pages": HOST_PAGES,
+        }
         return WorkerState(
             worker_id=self.wid,
             running=min(MAX_RUNNING, len(self.done) - waiting),
@@ -119,13 +134,10 @@ class Worker:
             prefill_tokens_per_s=PREFILL_RATE,
             prefill_overhead_s=PREFILL_OVERHEAD,
             decode_step_s=STEP_S,
-            load_tokens_per_s=4 * PREFILL_RATE,
-            load_overhead_s=0.002,
             max_batch_tokens=MAX_BATCH_TOKENS,
-            host_free_pages=HOST_PAGES // 4,
-            host_total_pages=HOST_PAGES,
             decode_seq_s=0.0002,
             answer_tokens=72.0,
+            **(host if self.host else {}),
         )
 
     def serve(self, rid: str, now: float, uncached: int, answer: int) -> float:
@@ -138,7 +150,8 @@ class Worker:
         return end + answer * STEP_S
 
     def store(self, index: ApproxIndex, hashes: list[int]) -> None:
-        """The blocks a request leaves on the device; those past its pages go to the host."""
+        """The blocks a request leaves on the device; those past its pages go to its host tier
+        (or are lost without one)."""
         for h in reversed(hashes):
             self.device[h] = None
             self.device.move_to_end(h)
@@ -147,15 +160,16 @@ class Worker:
             demoted.append(self.device.popitem(last=False)[0])
         if demoted:
             index.remove(self.wid, demoted)
+        if demoted and self.host:
             index.insert(self.wid, demoted[::-1], tier="host")
 
 
-def run(spec: str, workers: int, requests: list, decide: bool, seed: int) -> tuple:
+def run(spec: str, workers: int, requests: list, host: bool, decide: bool, seed: int) -> tuple:
     """One run: (us per request in ``choose``, in all, a digest of the workers chosen)."""
     policy = make_policy(spec, seed=seed)
     index = ApproxIndex(P, max_blocks_per_worker=HOST_PAGES)
     dispatch = Dispatcher(policy, index, herd_window=64)
-    fleet = {f"w{k}": Worker(f"w{k}") for k in range(workers)}
+    fleet = {f"w{k}": Worker(f"w{k}", host) for k in range(workers)}
     for wid in fleet:
         index.add_worker(wid)
     mean_work = statistics.fmean(PREFILL_OVERHEAD + 0.2 * n / PREFILL_RATE for n, _, _ in requests)
@@ -195,9 +209,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="ttft,cache_aware", help="comma-separated policy specs")
     ap.add_argument("--workers", default="2,8", help="comma-separated fleet sizes")
+    ap.add_argument("--prompts", default="chat,router", help="prompt shapes: chat, router")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--systems", type=int, default=16, help="distinct system prompts")
+    ap.add_argument("--systems", type=int, default=16, help="distinct system prompts (chat)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 200 requests, 2 repeats")
     args = ap.parse_args()
@@ -205,37 +220,42 @@ def main() -> None:
         args.requests, args.repeats = 200, 2
     specs = [s for s in args.policies.split(",") if s]
     sizes = [int(s) for s in args.workers.split(",") if s]
-    requests = workload(args.requests, args.systems, args.seed)
-    mean_n = statistics.fmean(n for n, _, _ in requests)
+    shapes = [s for s in args.prompts.split(",") if s]
+    if set(shapes) - {"chat", "router"}:
+        ap.error(f"--prompts: chat or router, got {args.prompts!r}")
+    requests = {k: workload(k, args.requests, args.systems, args.seed) for k in shapes}
+    mean_n = {k: statistics.fmean(n for n, _, _ in reqs) for k, reqs in requests.items()}
     print(
-        f"{args.requests} requests (mean prompt {mean_n:.0f} tokens), {args.repeats} repeats; "
-        f"Python {platform.python_version()}, {platform.machine()}"
+        f"{args.requests} requests a run, {args.repeats} runs; mean prompt "
+        + ", ".join(f"{k} {mean_n[k]:.0f} tokens" for k in shapes)
+        + f"; Python {platform.python_version()}, {platform.machine()}"
     )
-    cases = [(spec, w, decide) for w in sizes for spec in specs for decide in (False, True)]
+    cases = [(k, s, w, d) for k in shapes for w in sizes for s in specs for d in (False, True)]
     times: dict[tuple, list[tuple[float, float]]] = {c: [] for c in cases}
     digests: dict[tuple, set[str]] = {c: set() for c in cases}
     with tqdm(total=len(cases) * args.repeats, desc="runs", file=sys.stderr) as bar:
         for _ in range(args.repeats):
             for case in cases:
-                choose_us, all_us, digest = run(*case[:2], requests, case[2], args.seed)
-                times[case].append((choose_us, all_us))
-                digests[case].add(digest)
+                kind, spec, w, decide = case
+                out = run(spec, w, requests[kind], kind == "chat", decide, args.seed)
+                times[case].append(out[:2])
+                digests[case].add(out[2])
                 bar.update()
     print(
-        "\n| policy | workers | choose (us/request) | choose + insert (us/request) | runs "
-        "| decide (us/request) | runs | workers chosen (digest) |"
+        "\n| prompts | policy | workers | choose (us/request) | choose + insert (us/request) "
+        "| runs | decide (us/request) | runs | workers chosen (digest) |"
     )
-    print("|---|---:|---:|---:|---|---:|---|---|")
-    for w in sizes:
-        for spec in specs:
-            bare = [t for _, t in times[(spec, w, False)]]
-            alone = statistics.median(c for c, _ in times[(spec, w, False)])
-            full = [t for _, t in times[(spec, w, True)]]
-            seen = digests[(spec, w, False)] | digests[(spec, w, True)]
-            print(
-                f"| {spec} | {w} | {alone:.1f} | {statistics.median(bare):.1f} | {_runs(bare)} | "
-                f"{statistics.median(full):.1f} | {_runs(full)} | {', '.join(sorted(seen))} |"
-            )
+    print("|---|---|---:|---:|---:|---|---:|---|---|")
+    for kind, spec, w, _ in cases[::2]:
+        bare = [t for _, t in times[(kind, spec, w, False)]]
+        alone = statistics.median(c for c, _ in times[(kind, spec, w, False)])
+        full = [t for _, t in times[(kind, spec, w, True)]]
+        seen = digests[(kind, spec, w, False)] | digests[(kind, spec, w, True)]
+        print(
+            f"| {kind} | {spec} | {w} | {alone:.1f} | {statistics.median(bare):.1f} | "
+            f"{_runs(bare)} | {statistics.median(full):.1f} | {_runs(full)} | "
+            f"{', '.join(sorted(seen))} |"
+        )
 
 
 def _runs(times: list[float]) -> str:
