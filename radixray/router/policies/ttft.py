@@ -179,7 +179,7 @@ class PredictedTTFT(Policy):
             return [fleet] * n, none
         # each worker's mean queue, and the fleet's
         capacity = self.capacity
-        own = {w.worker_id: capacity.waiting(w.worker_id, w.waiting, n) for w in live}
+        own = capacity.waiting_all([(w.worker_id, w.waiting) for w in live], n)
         capacity.forget(own.keys())
         mean = sum(own.values()) / n
         outside = none
@@ -236,8 +236,7 @@ class PredictedTTFT(Policy):
             limit=self._tail_limit(live, n - longest),
         )
         costs = [
-            self._cost(w, *cached[w.worker_id], L, price)
-            for w, L in zip(live, weights, strict=True)
+            self._cost(w, cached[w.worker_id], L, price) for w, L in zip(live, weights, strict=True)
         ]
         best, scores = self.lowest(live, costs)
         if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
@@ -250,10 +249,11 @@ class PredictedTTFT(Policy):
         reason = reason or ("ttft: best match" if c_best and c == c_best else "ttft: lowest cost")
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
 
-    def _cost(self, w: WorkerState, c: int, d: int, weight: float, p: _Price) -> float:
-        """``cost_w`` (the module's docstring) of a worker that reuses ``c`` tokens, ``d`` of
-        them on its device, at reuse weight ``weight``, with the request's terms ``p``."""
-        n, P = p.n, p.page_size
+    def _cost(self, w: WorkerState, held: tuple[int, int], weight: float, p: _Price) -> float:
+        """``cost_w`` (the module's docstring) of a worker that reuses ``held`` = ``(c, d)``
+        tokens, ``d`` of them on its device, at reuse weight ``weight``, with the request's
+        terms ``p``."""
+        (c, d), n, P = held, p.n, p.page_size
         # Cached tokens this placement would evict (its new pages beyond the free ones, the
         # loaded-back ones included), each worth a recompute with the probability that a
         # cached token is reused; with a host tier demoted, worth their load-back (with
