@@ -252,30 +252,43 @@ class ApproxIndex:
         """Per worker holding a prefix in either tier: ``(device, reusable)`` leading blocks,
         ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
         its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
-        raw = self._match(hashes)
         windows = self._windows
-        device = windows.cut_all(hashes, raw)
         if not self._host_owners:
+            device = windows.cut_all(hashes, self._match(hashes))
             return {w: (n, n) for w, n in device.items()}
+        raw, both = self._match_both(hashes)
+        device = windows.cut_all(hashes, raw)
+        for w in windows.window.keys() & both.keys():
+            both[w] = windows.cut_tiers(w, hashes, raw.get(w, 0), both[w])
+        return {w: (device.get(w, 0), n) for w, n in both.items() if n}
+
+    def _match_both(self, hashes: Sequence[int]) -> tuple[dict, dict]:
+        """``_match``'s answer and the same over both tiers (a block on either counts), in one
+        walk: the workers still matching on their device are among those matching on both."""
         owners, host = self._owners, self._host_owners
-        mask = self._all_mask
+        device = mask = self._all_mask
+        raw: dict[WorkerId, int] = {}
         both: dict[WorkerId, int] = {}
         i = 0
         for h in hashes:
-            m = (owners.get(h, 0) | host.get(h, 0)) & mask
+            on_device = owners.get(h, 0)
+            m = on_device & device
+            if m != device:
+                if i:
+                    self._credit(device & ~m, i, raw)
+                device = m
+            m = (on_device | host.get(h, 0)) & mask
             if m != mask:
                 if i:
                     self._credit(mask & ~m, i, both)
                 mask = m
                 if not mask:
-                    break
+                    return raw, both
             i += 1
-        else:
-            if i:
-                self._credit(mask, i, both)
-        for w in windows.window.keys() & both.keys():
-            both[w] = windows.cut_tiers(w, hashes, raw.get(w, 0), both[w])
-        return {w: (device.get(w, 0), n) for w, n in both.items() if n}
+        if i:
+            self._credit(device, i, raw)
+            self._credit(mask, i, both)
+        return raw, both
 
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,

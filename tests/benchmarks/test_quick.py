@@ -41,6 +41,7 @@ needs_trace = pytest.mark.skipif(
 CASES = {
     "bench_cache_index.py": ([], "ApproxIndex", ()),
     "bench_protocol.py": ([], "poll result (4 KB events)", ()),
+    "bench_policy_cpu.py": ([], "| router | ttft | 2 |", ()),
     "bench_kernels.py": ([], "speed-up", ()),
     "bench_sim.py": (["--out", "{out}/bench_sim.json"], "hot_prefix", (needs_trace,)),
     "bench_sim_load.py": (["--out", "{out}/load.json"], "sustainable rate", (needs_trace,)),

@@ -220,13 +220,15 @@ class Policy(ABC):
         return ordered[(rank + self._ties - 1) % len(ordered)]
 
     @staticmethod
-    def lowest(live: Sequence[WorkerState], cost) -> tuple[list[WorkerState], dict]:
-        """The workers of lowest ``cost(w)`` (all of them on a tie) and every worker's cost."""
+    def lowest(
+        live: Sequence[WorkerState], costs: Sequence[float]
+    ) -> tuple[list[WorkerState], dict]:
+        """The workers of lowest cost (all of them on a tie) and every worker's cost, from
+        ``costs``, one per worker of ``live`` in its order."""
         scores = {}
         best_cost = None
         best: list[WorkerState] = []
-        for w in live:
-            c = cost(w)
+        for w, c in zip(live, costs, strict=True):
             scores[w.worker_id] = c
             if best_cost is None or c < best_cost:
                 best_cost, best = c, [w]

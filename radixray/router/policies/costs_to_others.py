@@ -14,17 +14,24 @@ __all__ = ["answer_tokens", "decode_cost", "packing_delay", "pages_in_use"]
 
 def pages_in_use(live: Sequence[WorkerState]) -> float:
     """The share of the fleet's pages in use (of the workers that report their pages)."""
-    sized = [w for w in live if w.total_pages]
-    total = sum(w.total_pages for w in sized)
-    return 1.0 - sum(w.free_pages for w in sized) / total if total else 0.0
+    total = free = 0
+    for w in live:
+        if w.total_pages:
+            total += w.total_pages
+            free += w.free_pages
+    return 1.0 - free / total if total else 0.0
 
 
 def answer_tokens(live: Sequence[WorkerState]) -> float:
     """The tokens a request is expected to decode: the mean of what the workers report (the
     workload's, not the worker's: it does not depend on where the request goes); 0 before any
     worker has seen a sequence end."""
-    known = [w.answer_tokens for w in live if w.answer_tokens > 0]
-    return sum(known) / len(known) if known else 0.0
+    total, known = 0.0, 0
+    for w in live:
+        if w.answer_tokens > 0:
+            total += w.answer_tokens
+            known += 1
+    return total / known if known else 0.0
 
 
 def packing_delay(w: WorkerState, queued: float, own: float) -> float:

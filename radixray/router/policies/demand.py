@@ -19,13 +19,13 @@ A request that extends a prefix deeper than another's counts under its own deepe
 the shorter one: what a move would copy is the deepest, and a request that finds its own
 history cached goes where that history is, whichever copies of the shorter prefix exist.
 
-``deque`` + ``Counter``: constant time an arrival. Not thread-safe (one router's event loop
-calls it).
+A ``deque`` and a dict of counts: constant time an arrival. Not thread-safe (one router's event
+loop calls it).
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Hashable
 
 __all__ = ["PrefixDemand"]
@@ -39,26 +39,29 @@ class PrefixDemand:
             raise ValueError(f"window must be >= 1 arrival, got {window}")
         self.window = window
         self._order: deque[Hashable | None] = deque()
-        self._counts: Counter = Counter()
+        self._counts: dict[Hashable, int] = {}
 
     def observe(self, key: Hashable | None) -> None:
         """One arrival, keyed by the deepest block any worker holds of its prompt (None: no
         worker holds any of it; it counts in the window, under no prefix)."""
-        if len(self._order) == self.window:
-            old = self._order.popleft()
+        order, counts = self._order, self._counts
+        if len(order) == self.window:
+            old = order.popleft()
             if old is not None:
-                self._counts[old] -= 1
-                if not self._counts[old]:
-                    del self._counts[old]
-        self._order.append(key)
+                left = counts[old] - 1
+                if left:
+                    counts[old] = left
+                else:
+                    del counts[old]
+        order.append(key)
         if key is not None:
-            self._counts[key] += 1
+            counts[key] = counts.get(key, 0) + 1
 
     def share(self, key: Hashable | None) -> float:
         """The share of the window's arrivals keyed ``key`` (0.0 for None or an empty window)."""
         if key is None or not self._order:
             return 0.0
-        return self._counts[key] / len(self._order)
+        return self._counts.get(key, 0) / len(self._order)
 
     def under_replicated(self, key: Hashable | None, holders: int, workers: int) -> bool:
         """Whether the prefix ``key`` is asked for more often than its ``holders`` of ``workers``

@@ -44,7 +44,7 @@ scales the headroom's weight on a worker by its mean queue over the fleet's (doc
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
+from collections.abc import Collection, Hashable, Iterable
 
 from radixray.numbers import Ewma
 
@@ -80,11 +80,21 @@ class Headroom:
     def waiting(self, worker: Hashable, waiting: int, workers: int) -> float:
         """Take the requests waiting on ``worker`` at an arrival to a fleet of ``workers``;
         return their moving average over about ``memory`` arrivals per worker."""
+        return self.waiting_all([(worker, waiting)], workers)[worker]
+
+    def waiting_all(
+        self, waiting: Iterable[tuple[Hashable, int]], workers: int
+    ) -> dict[Hashable, float]:
+        """``waiting`` for each ``(worker, requests waiting on it)`` of one arrival, in one call:
+        worker -> its moving average."""
         keep = 1.0 - 1.0 / (self.memory * max(1, workers))
-        total, count = self._waiting.get(worker, (0.0, 0.0))
-        total, count = keep * total + waiting, keep * count + 1.0
-        self._waiting[worker] = (total, count)
-        return total / count
+        sums, means = self._waiting, {}
+        for worker, now in waiting:
+            total, count = sums.get(worker, (0.0, 0.0))
+            total, count = keep * total + now, keep * count + 1.0
+            sums[worker] = (total, count)
+            means[worker] = total / count
+        return means
 
     def forget(self, live: Collection[Hashable]) -> None:
         """Drop the per-worker averages of workers gone from the fleet (not in ``live``), once

@@ -63,7 +63,7 @@ class KvCost(Policy):
             active = (w.active_decode_tokens + w.queued_prefill_tokens) / P
             return wgt * prefill + active + req_blocks
 
-        best, scores = self.lowest(live, cost)
+        best, scores = self.lowest(live, [cost(w) for w in live])
         pick = self.pick_tied(best, request.fleet)
         cached = matched.get(pick.worker_id, 0) * P
         return Decision(pick.worker_id, "kv_cost: lowest cost", cached, scores, tiers=tiers)

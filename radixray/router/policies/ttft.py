@@ -36,6 +36,7 @@ holders serve (``PrefixDemand``: then a copy pays).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from radixray.numbers import Ewma
 
@@ -47,6 +48,25 @@ from .tail import IdealTail
 from .waiting import Waiting
 
 __all__ = ["PredictedTTFT"]
+
+
+@dataclass(slots=True)
+class _Price:
+    """The terms of ``cost_w`` one request sets for every worker (the module's docstring):
+    ``stale``, what a token of the copy a move leaves stale costs beside ``L_w`` (the reuse
+    share times the share of the fleet's pages in use; 0 without ``stale``); ``answer``, the
+    tokens its answer decodes (0 without ``decode``); ``limit``, the TTFT tail (``tail``)."""
+
+    n: int
+    page_size: int
+    c_best: int
+    c_shared: int
+    reuse: float
+    evicted: float
+    stale: float
+    outside: frozenset
+    answer: float
+    limit: float | None
 
 
 @register_policy("ttft")
@@ -139,39 +159,39 @@ class PredictedTTFT(Policy):
     def reuse(self) -> float:
         return self._reuse.value
 
-    def _weights(self, live: Sequence[WorkerState]):
-        """``(L_w, outside)`` from the utilisation measured before this arrival: ``L_w``, the
-        reuse weight on each worker, the larger of the capped busy-worker rule and the uncapped
-        offered-work rule, the latter (with ``spare``) scaled by the worker's share of the fleet's
-        mean queue; ``outside`` (with ``replicate``), the workers whose mean queue is under the
-        fleet's while the fleet is saturated."""
+    def _weights(self, live: Sequence[WorkerState]) -> tuple[list[float], frozenset]:
+        """``(L, outside)`` from the utilisation measured before this arrival: ``L``, the reuse
+        weight on each worker of ``live`` (in its order), the larger of the capped busy-worker
+        rule and the uncapped offered-work rule, the latter (with ``spare``) scaled by the
+        worker's share of the fleet's mean queue; ``outside`` (with ``replicate``), the workers
+        whose mean queue is under the fleet's while the fleet is saturated."""
+        n = len(live)
         busy = sum(1 for w in live if w.running or w.waiting)
-        rho = min(self._rho.update(busy / len(live)), self.rho_max)
+        rho = min(self._rho.update(busy / n), self.rho_max)
         none: frozenset = frozenset()
         if self.reuse_weight is not None:
-            fixed = self.reuse_weight
-            return (lambda w: fixed), none
+            return [self.reuse_weight] * n, none
         weight = rho / (1.0 - rho)
         if not self.use_headroom:
-            return (lambda w: weight), none
+            return [weight] * n, none
         fleet = max(weight, self.capacity.reuse_weight)
         if not (self.spare or self.replicate):
-            return (lambda w: fleet), none
+            return [fleet] * n, none
         # each worker's mean queue, and the fleet's
-        n, capacity = len(live), self.capacity
-        own = {w.worker_id: capacity.waiting(w.worker_id, w.waiting, n) for w in live}
+        capacity = self.capacity
+        own = capacity.waiting_all([(w.worker_id, w.waiting) for w in live], n)
         capacity.forget(own.keys())
         mean = sum(own.values()) / n
         outside = none
         if self.replicate and capacity.saturated:
             outside = frozenset(k for k, v in own.items() if v < mean)
         if not self.spare or mean <= 0:
-            return (lambda w: fleet), outside
-        return (lambda w: max(weight, fleet * min(1.0, own[w.worker_id] / mean))), outside
+            return [fleet] * n, outside
+        return [max(weight, fleet * min(1.0, own[w.worker_id] / mean)) for w in live], outside
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weight, outside = self._weights(live)
+        weights, outside = self._weights(live)
         P = index.page_size
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.tiers:  # tier-blind: what index.match sees
@@ -189,65 +209,72 @@ class PredictedTTFT(Policy):
         # cost model's error; a header all prompts share would draw them to its first holder.
         floor = self.min_match * n
         c_best = longest if longest >= floor else 0
-
-        def held(w: WorkerState) -> tuple[int, int]:
-            """(c_w, d_w): the tokens w reuses and those of them on its device; a worker
-            without a measured host tier recomputes what only its host holds."""
-            c = reusable.get(w.worker_id, 0)
-            if not c:
-                return 0, 0
-            d = min(tiers[w.worker_id][0] * P, c)
-            return (c, d) if w.load_tokens_per_s > 0 else (d, d)
-
-        def cached(w: WorkerState) -> tuple[int, int]:
-            """``held``, none when its prefix (both tiers) is under the floor."""
-            return held(w) if reusable.get(w.worker_id, 0) >= max(floor, 1) else (0, 0)
-
-        # What this request's answer adds to the steps of those already on w (decode_cost).
-        answer = answer_tokens(live) if self.decode else 0.0
-        full = pages_in_use(live) if self.stale else 0.0
-
+        # (c_w, d_w) of each live worker, none when its prefix (both tiers) is under the floor
+        least = max(floor, 1)
+        cached = {
+            w.worker_id: _held(w, reusable, tiers, P)
+            if reusable.get(w.worker_id, 0) >= least
+            else (0, 0)
+            for w in live
+        }
         # A prefix a share of the workers hold (at least two) counts as held on an idle worker or
         # one outside a saturated fleet's queue: it computes it once and holds it from then on.
-        depths = sorted((cached(w)[0] for w in live), reverse=True) if self.shared else [0]
+        depths = sorted((c for c, _ in cached.values()), reverse=True) if self.shared else [0]
         c_shared = depths[max(1, int(len(depths) * self.shared_share))] if len(depths) > 1 else 0
-
-        limit = self._tail_limit(live, n - longest)
-
-        def cost(w: WorkerState) -> float:
-            c, d = cached(w)
-            # Cached tokens this placement would evict (its new pages beyond the free ones, the
-            # loaded-back ones included), each worth a recompute with the probability that a
-            # cached token is reused; with a host tier demoted, worth their load-back (with
-            # host_room only as far as it has room: the rest push as many out of it, lost).
-            spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
-            demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
-            if demoted and self.host_room and w.host_total_pages:
-                demoted = min(demoted, w.host_free_pages * P)
-            spill -= demoted
-            shares = not (w.running or w.waiting) or w.worker_id in outside
-            cc = max(c, c_shared) if shares else c
-            dup = (weight(w) + (evicted if self.lost_stale else reuse) * full) * (c_best - cc)
-            queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
-            # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
-            t = w.prefill_s(queued, n - cc, steps=self.steps)
-            if limit is not None:  # its seconds past the workload's own tail, once more each
-                t += self.tail * max(0.0, t - limit)
-            # and what it recomputes for others (or evicts) at a prefill token's cost there
-            t += (dup + evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
-            t += reuse * w.load_time(demoted) + decode_cost(w, answer, self.steps)
-            return t + (packing_delay(w, queued, n - cc) if self.packing else 0.0)
-
-        best, scores = self.lowest(live, cost)
+        full = pages_in_use(live) if self.stale else 0.0
+        price = _Price(
+            n=n,
+            page_size=P,
+            c_best=c_best,
+            c_shared=c_shared,
+            reuse=reuse,
+            evicted=evicted,
+            stale=(evicted if self.lost_stale else reuse) * full,
+            outside=outside,
+            # what this request's answer adds to the steps of those already on w (decode_cost)
+            answer=answer_tokens(live) if self.decode else 0.0,
+            limit=self._tail_limit(live, n - longest),
+        )
+        costs = [
+            self._cost(w, cached[w.worker_id], L, price) for w, L in zip(live, weights, strict=True)
+        ]
+        best, scores = self.lowest(live, costs)
         if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
-            most = max(cached(w)[0] for w in best)
-            best = [w for w in best if cached(w)[0] == most]
+            most = max(cached[w.worker_id][0] for w in best)
+            best = [w for w in best if cached[w.worker_id][0] == most]
         pick = self.pick_tied(best, request.fleet)
         pick, reason = self._keep(pick, live, cached, c_best, scores, key)
         c = reusable.get(pick.worker_id, 0)
-        self._observe_work(request, pick, n - held(pick)[0], len(live))
+        self._observe_work(request, pick, n - _held(pick, reusable, tiers, P)[0], len(live))
         reason = reason or ("ttft: best match" if c_best and c == c_best else "ttft: lowest cost")
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found)
+
+    def _cost(self, w: WorkerState, held: tuple[int, int], weight: float, p: _Price) -> float:
+        """``cost_w`` (the module's docstring) of a worker that reuses ``held`` = ``(c, d)``
+        tokens, ``d`` of them on its device, at reuse weight ``weight``, with the request's
+        terms ``p``."""
+        (c, d), n, P = held, p.n, p.page_size
+        # Cached tokens this placement would evict (its new pages beyond the free ones, the
+        # loaded-back ones included), each worth a recompute with the probability that a
+        # cached token is reused; with a host tier demoted, worth their load-back (with
+        # host_room only as far as it has room: the rest push as many out of it, lost).
+        spill = max(0, n - d - w.free_pages * P) if w.total_pages else 0
+        demoted = spill if self.tiers and w.load_tokens_per_s > 0 else 0
+        if demoted and self.host_room and w.host_total_pages:
+            demoted = min(demoted, w.host_free_pages * P)
+        spill -= demoted
+        shares = not (w.running or w.waiting) or w.worker_id in p.outside
+        cc = max(c, p.c_shared) if shares else c
+        dup = (weight + p.stale) * (p.c_best - cc)
+        queued = self.waiting.ahead(w, c) if self.waiting else w.queued_prefill_tokens
+        # the queue and this prompt by the worker's steps (step_cost.prefill_seconds)
+        t = w.prefill_s(queued, n - cc, steps=self.steps)
+        if p.limit is not None:  # its seconds past the workload's own tail, once more each
+            t += self.tail * max(0.0, t - p.limit)
+        # and what it recomputes for others (or evicts) at a prefill token's cost there
+        t += (dup + p.evicted * spill) * w.token_s(self.steps) + w.load_time(c - d)
+        t += p.reuse * w.load_time(demoted) + decode_cost(w, p.answer, self.steps)
+        return t + (packing_delay(w, queued, n - cc) if self.packing else 0.0)
 
     def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
         """The prefill work this placement brings the fleet (``Headroom``), by the fit it was
@@ -259,15 +286,15 @@ class PredictedTTFT(Policy):
         routers = max(1, request.fleet[1])
         self.capacity.observe(request.arrival_time, work * routers, workers)
 
-    def _keep(self, pick: WorkerState, live, cached, c_best: int, scores: dict, key):
+    def _keep(self, pick: WorkerState, live, cached: dict, c_best: int, scores: dict, key):
         """``(worker, reason)``: with ``margin``, the cheapest holder of the longest prefix and
         the margin's reason if ``pick`` holds less and saves no more than ``margin`` of that
         holder's cost (a move off a prefix's holder must save more than the cost model's
         error), else ``pick`` and None; with ``demand``, ``pick`` too while the prefix (``key``,
         its deepest block) is asked for more often than its holders serve: a copy pays."""
-        if not self.margin or not c_best or cached(pick)[0] >= c_best:
+        if not self.margin or not c_best or cached[pick.worker_id][0] >= c_best:
             return pick, None
-        holders = [w for w in live if cached(w)[0] >= c_best]
+        holders = [w for w in live if cached[w.worker_id][0] >= c_best]
         if self.demand is not None and self.demand.under_replicated(key, len(holders), len(live)):
             return pick, None
         holder = min(holders, key=lambda w: scores[w.worker_id])
@@ -323,6 +350,17 @@ class PredictedTTFT(Policy):
             f"headroom={self.headroom:.3f}, "
             f"min_match={self.min_match})"
         )
+
+
+def _held(w: WorkerState, reusable: dict, tiers: dict, page_size: int) -> tuple[int, int]:
+    """(c_w, d_w): the tokens ``w`` reuses (``reusable``) and those of them on its device
+    (``tiers``, ``match_tiers``' answer); a worker without a measured host tier recomputes what
+    only its host holds."""
+    c = reusable.get(w.worker_id, 0)
+    if not c:
+        return 0, 0
+    d = min(tiers[w.worker_id][0] * page_size, c)
+    return (c, d) if w.load_tokens_per_s > 0 else (d, d)
 
 
 def _check(reuse_weight, ewma_requests, rho_max, min_match, shared_share, margin, tail) -> None:
