@@ -23,8 +23,9 @@ Two prompt shapes (``--prompts``), page size 16, the block hashes computed befor
 - chat: prompts sharing prefixes as chat traffic does. ``--systems`` system prompts of
 512-2,048 tokens, picked with Zipf(1.1) popularity, open conversations; each later request
 continues one of the open conversations (its whole history, the last answer and a new user turn
-of 32-512 tokens) or, with probability 0.3 or past 8,192 tokens, starts a new one (~2,600 tokens
-on average: the index's walk of the prompt is much of a decision). The workers have host tiers.
+of 32-512 tokens) or, with probability 0.3, starts a new one; a prompt past 8,192 tokens is cut
+there, sent, and its conversation closed (~2,300 tokens on average: the index's walk of the
+prompt is much of a decision). The workers have host tiers.
 - router: ``bench_router.py``'s, 8 shared 256-token prefixes and a unique 24-token suffix each,
   answers of 1-64 tokens, no host tiers: where the policy's own arithmetic is most of it.
 

@@ -77,16 +77,12 @@ class Headroom:
             self.seen += 1
         self._last = now if self._last is None else max(self._last, now)
 
-    def waiting(self, worker: Hashable, waiting: int, workers: int) -> float:
-        """Take the requests waiting on ``worker`` at an arrival to a fleet of ``workers``;
-        return their moving average over about ``memory`` arrivals per worker."""
-        return self.waiting_all([(worker, waiting)], workers)[worker]
-
     def waiting_all(
         self, waiting: Iterable[tuple[Hashable, int]], workers: int
     ) -> dict[Hashable, float]:
-        """``waiting`` for each ``(worker, requests waiting on it)`` of one arrival, in one call:
-        worker -> its moving average."""
+        """Take the requests waiting on each worker at an arrival to a fleet of ``workers``
+        (``(worker, requests waiting on it)`` pairs); return each one's moving average over
+        about ``memory`` arrivals per worker: worker -> its mean queue."""
         keep = 1.0 - 1.0 / (self.memory * max(1, workers))
         sums, means = self._waiting, {}
         for worker, now in waiting:

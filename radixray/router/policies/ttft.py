@@ -54,8 +54,9 @@ __all__ = ["PredictedTTFT"]
 class _Price:
     """The terms of ``cost_w`` one request sets for every worker (the module's docstring):
     ``stale``, what a token of the copy a move leaves stale costs beside ``L_w`` (the reuse
-    share times the share of the fleet's pages in use; 0 without ``stale``); ``answer``, the
-    tokens its answer decodes (0 without ``decode``); ``limit``, the TTFT tail (``tail``)."""
+    share, or with ``lost_stale`` the evicted rate, times the share of the fleet's pages in use;
+    0 without ``stale``); ``answer``, the tokens its answer decodes (0 without ``decode``);
+    ``limit``, the TTFT tail (``tail``)."""
 
     n: int
     page_size: int
@@ -108,8 +109,8 @@ class PredictedTTFT(Policy):
         worker counts the prefix more than ``shared_share`` of the workers (at least two) hold
         as held ("Copies of a prefix"); ``decode``: the steps this request's answer adds for
         those already on a worker ("Decode cost"); ``spare``: the headroom's weight on a worker
-        scaled by its share of the fleet's mean queue (``Headroom.waiting``); ``replicate``: while
-        the fleet is saturated, a worker whose mean queue is under the fleet's counts the
+        scaled by its share of the fleet's mean queue (``Headroom.waiting_all``); ``replicate``:
+        while the fleet is saturated, a worker whose mean queue is under the fleet's counts the
         prefix as an idle one does ("A worker outside the queue"); ``lost``: an evicted token
         is priced at the measured rate lost blocks are asked for again, not ``h`` ("Eviction's
         price"); ``host_room``: demotions priced at their load-back only up to the host tier's
@@ -199,8 +200,10 @@ class PredictedTTFT(Policy):
         n = request.num_tokens
         cap = max(n - 1, 0)
         # c_w: the prefix w can reuse, on its device pool or loaded back from its host tier
-        # (d_w of it on the device); a worker without a host tier has d_w = c_w.
-        reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items()}
+        # (d_w of it on the device); a worker without a host tier has d_w = c_w. What only an
+        # unhealthy worker (or one the index still lists) holds is no one's to reuse.
+        ids = {w.worker_id for w in live}
+        reusable = {w: min(both * P, cap) for w, (_, both) in tiers.items() if w in ids}
         longest = max(reusable.values(), default=0)
         key = self._observe_demand(request, tiers)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value

@@ -50,17 +50,19 @@ def test_headroom_per_worker_mean_queue():
     constant count reads as itself from the first arrival (no start at 0), and a change is
     followed at ``1 / (memory * workers)`` an arrival."""
     h = Headroom(memory=8)
-    assert h.waiting("a", 3, 4) == 3.0
+    assert h.waiting_all([("a", 3)], 4)["a"] == 3.0
     for _ in range(200):
-        mean = h.waiting("a", 3, 4)
-    assert mean == pytest.approx(3.0) and h.waiting("b", 0, 4) == 0.0
+        mean = h.waiting_all([("a", 3)], 4)["a"]
+    assert mean == pytest.approx(3.0) and h.waiting_all([("b", 0)], 4)["b"] == 0.0
     for _ in range(32):  # a's queue empties: after memory * workers arrivals, e^-1 of it left
-        mean = h.waiting("a", 0, 4)
+        mean = h.waiting_all([("a", 0)], 4)["a"]
     assert mean == pytest.approx(3.0 * (1 - 1 / 32) ** 32, rel=0.01)
     for w in range(2, 6):  # workers that come and go: the gone ones are dropped, in time
-        h.waiting(w, 1, 4)
+        h.waiting_all([(w, 1)], 4)
     h.forget({"a", 5})  # six tracked, two live
-    assert h.waiting("a", 0, 4) < mean and h.waiting(2, 0, 4) == 0.0  # 2 forgotten, a kept
+    assert (
+        h.waiting_all([("a", 0)], 4)["a"] < mean and h.waiting_all([(2, 0)], 4)[2] == 0.0
+    )  # 2 forgotten, a kept
 
 
 def _cold_fleet_workload(rate: float, n: int = 400, tokens: int = 256) -> Workload:
@@ -237,3 +239,13 @@ def test_headroom_on_the_decision_record_and_in_metrics():
     quiet = RouterMetrics()
     quiet.refresh_headroom(make_policy("cache_aware"))
     assert "radixray_fleet_headroom{" not in quiet.render().decode()
+
+
+def test_one_arrival_takes_every_workers_queue_in_one_call():
+    """``waiting_all`` over several workers equals one call per worker, for each worker."""
+    both, apart = Headroom(memory=4), Headroom(memory=4)
+    for k in range(50):
+        queues = [("a", k % 3), ("b", 5), ("c", 0 if k < 25 else 2)]
+        together = both.waiting_all(queues, 3)
+        assert together == {w: apart.waiting_all([(w, q)], 3)[w] for w, q in queues}
+    assert together["b"] == pytest.approx(5.0) and 0 < together["c"] < 2.0

@@ -119,3 +119,17 @@ def test_demand_is_counted_with_the_default_margin_only():
     p.choose(request, _fleet({1}, 0), index_with(w1=8))
     p.choose(RoutingRequest(1, 8 * P, list(range(2000, 2008)), None), _fleet({1}, 0), index_with())
     assert len(p.demand) == 2 and p.demand.share(KEY) == 0.5  # the cold one counts under None
+
+
+@pytest.mark.parametrize("spec", ["ttft", "ttft:demand=false", "ttft:margin=0"])
+def test_a_prefix_only_an_unhealthy_worker_holds_is_no_ones(spec):
+    """The index still lists the prompt on worker 1, which is unhealthy: no live worker holds
+    it, so nothing is reused, the margin has no holder to keep the request on (it raised on an
+    empty list with ``demand`` off), and the decision is the idle fleet's."""
+    fleet = _fleet(set(), 0)
+    fleet[1] = WorkerState(1, free_pages=1000, total_pages=1000, healthy=False)
+    request = RoutingRequest(0, 8 * P, list(range(1000, 1008)), None)
+    d = make_policy(spec, seed=0).choose(request, fleet, index_with(w1=8))
+    assert d.worker_id in (0, 2, 3) and d.predicted_cached_tokens == 0
+    assert d.reason == "ttft: lowest cost" and set(d.scores) == {0, 2, 3}
+    assert len(set(d.scores.values())) == 1  # all idle, nothing held: one cost
