@@ -68,40 +68,50 @@ def test_padding_rows_store_nothing():
         assert changed.tolist() == want
 
 
-def test_host_copies_complete_before_a_replay(monkeypatch):
-    """Prefill steps run eagerly with their copies layer by layer; a decode step with copies
-    (demotions for its new pages, a prompt loaded back but for its last token) runs all of them
-    first, then the padded forward: none is left staged for layers a replay has none of.
-    Greedy output equals reuse off, exactly."""
+def record_replays(monkeypatch) -> list[tuple[bool, tuple[bool, bool] | None, bool]]:
+    """Spy on every graph replay (``DecodeGraphs.run``): a list of ``(copies still staged, the
+    last hand-over of copies before it: (any copies, layered), whether the replay ran layers'
+    copies itself)``; the step's own hand-over is the last one before its forward."""
     from radixray.worker.cuda_graph import DecodeGraphs
     from radixray.worker.memory_pool import KVPool
 
-    prompts = shared_prefix_prompts(seed=4, n=10)
-    want = tokens(engine(cache="chunk").generate_batch(prompts, GREEDY))
-    e = padded(num_pages=32, host_pages=400, max_batch_tokens=32)
     replays, run, host_copies = [], DecodeGraphs.run, KVPool.host_copies
-    handed = [None]  # the last hand-over: (any copies, layered); the step's, at its forward
+    handed = [None]
 
     def copies_spy(self, copies, layered=False, wait=False):
         handed[0] = (bool(copies), layered)
         return host_copies(self, copies, layered, wait)
 
     def replay_spy(self, batch):
-        done = e.pool.copier.forward_layers  # layers whose copies a forward ran so far
-        replays.append((e.pool.copier.staged(), handed[0]))
+        copier = self.pool.copier
+        done = copier.forward_layers  # layers whose copies a forward ran so far
+        staged = copier.staged()
         out = run(self, batch)
-        assert e.pool.copier.forward_layers == done
+        replays.append((staged, handed[0], copier.forward_layers != done))
         return out
 
     monkeypatch.setattr(KVPool, "host_copies", copies_spy)
     monkeypatch.setattr(DecodeGraphs, "run", replay_spy)
+    return replays
+
+
+def test_host_copies_complete_before_a_replay(monkeypatch):
+    """Prefill steps run eagerly with their copies layer by layer; a decode step with copies
+    (demotions for its new pages, a prompt loaded back but for its last token) runs all of them
+    first, then the padded forward: none is left staged for layers a replay has none of.
+    Greedy output equals reuse off, exactly."""
+    prompts = shared_prefix_prompts(seed=4, n=10)
+    want = tokens(engine(cache="chunk").generate_batch(prompts, GREEDY))
+    e = padded(num_pages=32, host_pages=400, max_batch_tokens=32)
+    replays = record_replays(monkeypatch)
     assert tokens(e.generate_batch(prompts, GREEDY)) == want
     assert tokens(e.generate_batch(prompts, GREEDY)) == want  # loads back from the host
     s = e.stats()
     assert s["loaded_pages"] > 0 and s["demoted_pages"] > 0
     assert 0 < len(replays) == e.runner.graphs.replays < e.meter.steps
-    assert not any(staged or layered for staged, (_, layered) in replays)
-    assert any(copied for _, (copied, _) in replays)  # some replays came right after copies
+    assert not any(ran for *_, ran in replays)  # a replay runs no layer's copies itself
+    assert not any(staged or layered for staged, (_, layered), _ in replays)
+    assert any(copied for _, (copied, _), _ in replays)  # some replays came right after copies
     assert e.pool.copier.forward_layers > 0  # and prefill steps ran theirs by layer
     assert_no_leak(e)
 

@@ -71,23 +71,11 @@ def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_greedy_after_demote_and_load_back_equals_reuse_off_cuda(P, monkeypatch):
-    from radixray.worker.cuda_graph import DecodeGraphs
-    from radixray.worker.memory_pool import KVPool
+    from .test_cuda_graph import record_replays
 
-    handed, replays = [None], []  # the last hand-over of copies: (any, layered)
-    host_copies, run = KVPool.host_copies, DecodeGraphs.run
-
-    def copies_spy(self, copies, layered=False, wait=False):
-        handed[0] = (bool(copies), layered)
-        return host_copies(self, copies, layered, wait)
-
-    def replay_spy(self, batch):
-        replays.append(handed[0])
-        return run(self, batch)
-
-    monkeypatch.setattr(KVPool, "host_copies", copies_spy)
-    monkeypatch.setattr(DecodeGraphs, "run", replay_spy)
+    record = record_replays(monkeypatch)
     e = _demote_and_load_back(P, "cuda")
+    replays = [handed for _, handed, _ in record]  # the last hand-over of copies before each
     assert e.pool.host.k.is_pinned() and e.pool.copier.stream is not None
     # decode steps replayed CUDA graphs, some right after copies handed over whole (the
     # compute stream waits for them); prefill steps ran theirs layer by layer
