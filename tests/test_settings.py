@@ -82,7 +82,7 @@ def test_every_engine_field_has_one_default_written_in_the_dataclass():
     for f in dataclasses.fields(EngineConfig):
         assert f.default is not dataclasses.MISSING, f.name
         assert f.metadata.get("help"), f"EngineConfig.{f.name} has no help text"
-    # The scheduler's four settings take the scheduler's defaults: written once, over there.
+    # The scheduler's settings take the scheduler's defaults: written once, over there.
     tree = ast.parse(inspect.getsource(EngineConfig))
     literal = {
         node.target.id
@@ -92,7 +92,7 @@ def test_every_engine_field_has_one_default_written_in_the_dataclass():
         and node.value.args
         and isinstance(node.value.args[0], ast.Constant)
     }
-    shared = {"max_batch_tokens", "max_running", "dedupe_in_flight", "prefill_order"}
+    shared = {"max_batch_tokens", "max_running", "dedupe_in_flight", "prefill_order", "packing"}
     assert not literal & shared
     engine, sched = EngineConfig(), SchedulerConfig()
     assert {n: getattr(engine, n) for n in shared} == {n: getattr(sched, n) for n in shared}
@@ -159,6 +159,7 @@ def test_simulator_and_benchmark_harness_share_the_engine_defaults():
     engine = EngineConfig()
     assert SimConfig().page_size == engine.page_size == RouterSettings().page_size
     assert SimConfig().prefill_order == engine.prefill_order
+    assert SimConfig().packing == engine.packing == "priced"
     assert (WorkerSpec().page_size, WorkerSpec().max_batch_tokens) == (
         engine.page_size,
         engine.max_batch_tokens,

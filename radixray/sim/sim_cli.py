@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.router.policies import make_policy, policy_names
-from radixray.worker.scheduler import PREFILL_ORDERS
+from radixray.worker.scheduler import PACKINGS, PREFILL_ORDERS
 
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
 from .results import SUMMARY_KEYS, RunResult
@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PREFILL_ORDERS,
         default=SimConfig.prefill_order,
         help="the workers' scheduler: running prefills first, or the fewest uncomputed tokens",
+    )
+    c.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default=SimConfig.packing,
+        help="a step that finishes a prompt takes more prefill only while it pays (priced), or "
+        "every step is filled to its budget (full)",
     )
     c.add_argument(
         "--event-delay",
@@ -283,6 +290,7 @@ def _config(args: argparse.Namespace, timing) -> SimConfig:
         timing=timing,
         eviction=args.eviction,
         prefill_order=args.prefill_order,
+        packing=args.packing,
         event_delay_s=None if args.no_events else args.event_delay,
         optimistic_index=not args.no_optimistic,
         seed=args.seed,

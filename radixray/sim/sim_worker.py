@@ -26,6 +26,7 @@ from radixray.numbers import Ewma
 from radixray.protocol import SamplingParams
 from radixray.router.policies import WorkerState
 from radixray.step_cost import StepCostModel, decode_seq_seconds
+from radixray.worker.packing import fitted_step_costs
 from radixray.worker.request import Request
 from radixray.worker.scheduler import Batch, Scheduler, SchedulerConfig
 
@@ -54,6 +55,7 @@ class SimWorker:
         prefill_order: str = "fcfs",
         host_pages: int = 0,
         host_write_through_hits: int | None = None,
+        packing: str = SchedulerConfig.packing,
     ):
         """``on_first_token(request, cached_tokens, now)`` and ``on_finish(...)`` report each
         request once; ``host_pages`` > 0 gives the cache a host tier of that many pages (and
@@ -71,6 +73,11 @@ class SimWorker:
                 max_batch_tokens=timing.max_batch_tokens,
                 max_running=timing.max_running,
                 prefill_order=prefill_order,
+                packing=packing,
+            ),
+            # the engine's rule on the worker's own fits (EngineStats.step_costs)
+            step_costs=lambda decodes: fitted_step_costs(
+                self.prefill_cost, self.decode_cost, decodes
             ),
         )
         self.on_first_token = on_first_token

@@ -29,7 +29,12 @@ from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_decode_seq_s, pooled_fits
 from radixray.worker.engine_config import EngineConfig
-from radixray.worker.scheduler import Batch, SchedulerConfig, check_prefill_order
+from radixray.worker.scheduler import (
+    Batch,
+    SchedulerConfig,
+    check_packing,
+    check_prefill_order,
+)
 
 from .results import REFUSED, RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .sim_worker import SimWorker
@@ -62,6 +67,7 @@ class SimConfig:
     seed: int = 0
     check_every: int = 0  # run every worker's check_integrity every N steps (0: only at the end)
     prefill_order: str = SchedulerConfig.prefill_order  # the workers' scheduler's
+    packing: str = SchedulerConfig.packing  # and how full a step that finishes a prompt gets
     # The live router's admission (RouterSettings): refuse an arrival (a 429) while this many
     # requests are in flight across the fleet, or while every worker has this many (running +
     # waiting). None: no limit, every request is served (the default).
@@ -93,6 +99,7 @@ class SimConfig:
         if self.event_delay_s is not None and self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0 or None, got {self.event_delay_s}")
         check_prefill_order(self.prefill_order)
+        check_packing(self.packing)
         for name in ("max_inflight", "max_inflight_per_worker"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -182,6 +189,7 @@ class _Run:
                 cfg.prefill_order,
                 cfg.host_pages,
                 cfg.host_write_through_hits,
+                packing=cfg.packing,
                 **kw,
             )
             for w in range(cfg.num_workers)

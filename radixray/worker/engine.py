@@ -44,7 +44,7 @@ from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
 from .samples import expand_mask, follower
-from .scheduler import Batch, Scheduler, SchedulerConfig
+from .scheduler import Batch, Scheduler
 from .stats import EngineStats, engine_stats, perf_class
 from .structured import StructuredOutput
 
@@ -86,15 +86,8 @@ class Engine:
         self.cache = make_cache(
             self.cache_kind, config.page_size, self.pool.allocator, **cache_kwargs
         )
-        self.scheduler = Scheduler(
-            self.cache,
-            SchedulerConfig(
-                max_batch_tokens=config.max_batch_tokens,
-                max_running=config.max_running,
-                dedupe_in_flight=config.dedupe_in_flight,
-                prefill_order=config.prefill_order,
-            ),
-        )
+        self.meter = EngineStats()  # counters, step cost fit, rates
+        self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs)
         self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)
         graph_batch = min(config.cuda_graph_max_batch, config.max_running)
         self.runner.use_graphs(graph_batch, self.max_model_len)  # CUDA: decode replays graphs
@@ -104,7 +97,6 @@ class Engine:
         self.requests = RequestBuilder(
             tokenizer, mcfg.vocab_size, self.max_model_len, self.page_size
         )
-        self.meter = EngineStats()  # counters, step cost fit, rates
         self._busy_since: float | None = None  # the last step's end, if work was left
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live = LiveRequests(self.meter, self.sampler)  # what it serves, by sample id

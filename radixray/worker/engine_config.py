@@ -11,7 +11,7 @@ from radixray.cache_index.prefix_cache import CACHE_TYPES
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.settings import gb_to_bytes, setting
 
-from .scheduler import PREFILL_ORDERS, SchedulerConfig, check_prefill_order
+from .scheduler import PACKINGS, PREFILL_ORDERS, SchedulerConfig, check_packing, check_prefill_order
 
 __all__ = ["EngineConfig"]
 
@@ -77,6 +77,13 @@ class EngineConfig:
         "fewest uncomputed tokens first, running or waiting (shortest)",
         choices=PREFILL_ORDERS,
     )
+    packing: str = setting(
+        _SCHED.packing,
+        "a step that finishes a prompt takes more prefill only while the prompts behind gain "
+        "more than it loses, by the worker's step-cost fits (priced), or every step is filled to "
+        "max_batch_tokens (full)",
+        choices=PACKINGS,
+    )
     enable_events: bool = setting(True, "KV events for routers", cli=False)
     debug_checks: bool = setting(False, "check_integrity() after every step (tests)", cli=False)
     attention_backend: str | None = setting(
@@ -138,6 +145,7 @@ class EngineConfig:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         check_prefill_order(self.prefill_order)
+        check_packing(self.packing)
         if self.cpu_threads is not None and (
             not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
         ):
@@ -147,3 +155,13 @@ class EngineConfig:
             raise ValueError(f"--cuda-graph-max-batch must be an int >= 0 (0: off), got {cg!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be None or >= 2, got {self.max_model_len!r}")
+
+    def scheduler(self) -> SchedulerConfig:
+        """The scheduler's settings among these (the rest keep SchedulerConfig's defaults)."""
+        return SchedulerConfig(
+            max_batch_tokens=self.max_batch_tokens,
+            max_running=self.max_running,
+            dedupe_in_flight=self.dedupe_in_flight,
+            prefill_order=self.prefill_order,
+            packing=self.packing,
+        )

@@ -24,98 +24,43 @@ preempt, the manager whether the pages are there; each of its verbs does all or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 from radixray.cache_index import PrefixCache
 
+from .batch import Batch, ScheduledItem, StepShape
+from .packing import StepCosts, StepPacking
 from .page_manager import PageManager
 from .queued import QueuedPrefill
 from .request import Request, RequestStatus
+from .scheduler_config import (
+    PACKINGS,
+    PREFILL_ORDERS,
+    SchedulerConfig,
+    check_packing,
+    check_prefill_order,
+)
 
 __all__ = [
     "SchedulerConfig",
     "Scheduler",
     "ScheduledItem",
     "Batch",
+    "StepShape",
+    "PACKINGS",
     "PREFILL_ORDERS",
+    "check_packing",
     "check_prefill_order",
 ]
 
-PREFILL_ORDERS = ("fcfs", "shortest")
-
-
-def check_prefill_order(order: str) -> None:
-    """The one check of a prefill order (SchedulerConfig, EngineConfig, SimConfig)."""
-    if order not in PREFILL_ORDERS:
-        raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {order!r}")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    # The defaults of these four are the engine's too (EngineConfig and the CLI take them from
-    # here). 1024 tokens per step is what `radixray serve` and `worker` have always run with.
-    max_batch_tokens: int = 1024  # tokens computed per step (prefill chunks + decodes)
-    max_running: int = 64
-    max_wait_steps: int = 32  # a request waiting this many steps is admitted before LPM order
-    # Longer waiting queues are served FCFS: ordering matches every waiting prompt each step
-    # (~50 us per 4k-token prompt), which past this length costs more than it saves.
-    lpm_queue_limit: int = 128
-    dedupe_in_flight: bool = True
-    # Which prefill work a step's budget goes to after the decodes. "fcfs": running prefills
-    # continue first (by arrival), then admissions; a long prompt's chunks hold the budget until
-    # it is done, and everything that arrives behind it waits. "shortest": running prefills and
-    # waiting requests together, fewest uncomputed tokens first (a long prefill keeps its pages
-    # and pauses while shorter ones pass); what has waited max_wait_steps goes first, by arrival.
-    prefill_order: str = "fcfs"
-
-    def __post_init__(self):
-        for name in ("max_batch_tokens", "max_running", "max_wait_steps", "lpm_queue_limit"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")
-        check_prefill_order(self.prefill_order)
-
-
-class ScheduledItem(NamedTuple):
-    req: Request
-    start: int  # first position computed this step
-    num_tokens: int  # tokens computed this step
-    sample: bool  # the chunk reaches the end: sample the next token from its last position
-
-
-class StepShape(NamedTuple):
-    """What a step computes, in the terms of the simulator's timing model
-    (``radixray.sim.timing.TimingModel.step_time``)."""
-
-    decode_batch: int  # sequences decoding one token
-    decode_ctx: int  # the context those tokens attend to, summed
-    prefill_tokens: int  # prompt tokens computed (chunks of prefills)
-    prefill_ctx_sum: int  # the context each prefill token attends to, summed
-
-
-class Batch(NamedTuple):
-    items: list[ScheduledItem]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(it.num_tokens for it in self.items)
-
-    def shape(self) -> StepShape:
-        decode = decode_ctx = prefill = ctx_sum = 0
-        for it in self.items:
-            c, pos = it.num_tokens, it.start
-            if c == 1 and it.req.output_ids:  # a decode step of a running request
-                decode += 1
-                decode_ctx += pos + 1
-            else:  # a prefill chunk: token j attends to pos + j + 1 positions
-                prefill += c
-                ctx_sum += c * pos + c * (c - 1) // 2
-        return StepShape(decode, decode_ctx, prefill, ctx_sum)
-
 
 class Scheduler:
-    def __init__(self, cache: PrefixCache, config: SchedulerConfig | None = None):
+    def __init__(
+        self,
+        cache: PrefixCache,
+        config: SchedulerConfig | None = None,
+        step_costs: StepCosts | None = None,
+    ):
+        """``step_costs``: what ``packing="priced"`` weighs, from the worker's step-cost fits
+        (``packing.fitted_step_costs``); None caps nothing."""
         self.pages = PageManager(cache)
         self.cache = cache
         self.alloc = cache.allocator
@@ -126,6 +71,8 @@ class Scheduler:
         self.queued = QueuedPrefill(self.pages, self.waiting, self.running)
         self.steps = 0
         self.num_preemptions = 0
+        self.step_costs = step_costs
+        self._packing = StepPacking(None)  # the step being planned
 
     @property
     def reuse(self) -> bool:
@@ -193,6 +140,8 @@ class Scheduler:
         scheduled: set[int] = set()
         preemptions_before = self.num_preemptions
         shortest = self.config.prefill_order == "shortest"
+        priced = self.config.packing == "priced"
+        self._packing = StepPacking(self.step_costs if priced else None)
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
             if shortest and req.in_prefill:
                 break  # prefills are ordered with the waiting requests below
@@ -204,20 +153,38 @@ class Scheduler:
         # No admissions in a step that had to preempt: memory is short, and admitting now would
         # only evict what the preempted request just left in the cache.
         elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
-            self._admit(items, budget)
+            self._admit(items, budget, scheduled)
         return Batch(items)
 
     def _continue(self, req: Request, budget: int, items: list, scheduled: set[int]) -> int:
         """Schedule a running request's next token or chunk; the tokens it takes (0 if it was
-        preempted itself)."""
-        n = min(req.num_tokens - req.num_computed, budget)
-        if not self._ensure_pages(req, req.num_computed + n, scheduled):
-            return 0
-        items.append(
-            ScheduledItem(req, req.num_computed, n, req.num_computed + n == req.num_tokens)
+        preempted itself, or capped by ``packing``)."""
+        decode = not req.in_prefill
+        n = min(
+            req.num_tokens - req.num_computed, budget if decode else self._room(budget, scheduled)
         )
-        scheduled.add(id(req))
+        if n <= 0 or not self._ensure_pages(req, req.num_computed + n, scheduled):
+            return 0
+        self._schedule(
+            ScheduledItem(req, req.num_computed, n, req.num_computed + n == req.num_tokens),
+            items,
+            scheduled,
+        )
         return n
+
+    def _schedule(self, item: ScheduledItem, items: list, scheduled: set[int]) -> None:
+        items.append(item)
+        scheduled.add(id(item.req))
+        decode = item.num_tokens == 1 and bool(item.req.output_ids)  # as Batch.shape counts
+        self._packing.note(item.num_tokens, decode, item.sample)
+
+    def _room(self, budget: int, scheduled: set[int]) -> int:
+        """What of ``budget`` the next prefill chunk may take (``packing``): the prompts still
+        waiting for prefill are the waiting ones and the running ones not yet in this step."""
+        if not self._packing.finishing:
+            return budget
+        pending = sum(1 for r in self.running if r.in_prefill and id(r) not in scheduled)
+        return self._packing.limit(budget, len(self.waiting) + pending)
 
     def _prefill_shortest(
         self, items: list, budget: int, scheduled: set[int], preemptions_before: int
@@ -249,13 +216,14 @@ class Scheduler:
                 continue
             if not admitting or len(self.running) >= cfg.max_running:
                 continue
-            took = self._try_admit(req, budget, in_flight, items)
+            room = self._room(budget, scheduled)
+            if room <= 0:
+                break
+            took = self._try_admit(req, room, in_flight, items, scheduled)
             if took is None:
                 admitting = False  # no memory for it: keep the queue order, wait
             else:
                 budget -= took
-                if took:
-                    scheduled.add(id(req))
 
     def _uncached(self, waiting: list[Request]) -> dict[int, int]:
         """Each waiting request's tokens left to compute, net of the cached prefix (estimated
@@ -306,19 +274,25 @@ class Scheduler:
                 out.update(r.block_hashes[r.num_tree_pages : r.num_prompt // self.P])
         return out
 
-    def _admit(self, items: list[ScheduledItem], budget: int) -> None:
+    def _admit(self, items: list[ScheduledItem], budget: int, scheduled: set[int]) -> None:
         cfg = self.config
         in_flight = self._in_flight_hashes()
         for req in self._admission_order():
-            if budget <= 0 or len(self.running) >= cfg.max_running:
+            room = self._room(budget, scheduled)
+            if room <= 0 or len(self.running) >= cfg.max_running:
                 break
-            took = self._try_admit(req, budget, in_flight, items)
+            took = self._try_admit(req, room, in_flight, items, scheduled)
             if took is None:
                 break  # not enough memory for this one: keep the queue order, wait
             budget -= took
 
     def _try_admit(
-        self, req: Request, budget: int, in_flight: set[int], items: list[ScheduledItem]
+        self,
+        req: Request,
+        budget: int,
+        in_flight: set[int],
+        items: list[ScheduledItem],
+        scheduled: set[int],
     ) -> int | None:
         """Admit ``req`` with its first chunk of up to ``budget`` tokens: the tokens scheduled,
         0 if it defers to a running request that is computing its next page, None if its pages
@@ -347,7 +321,7 @@ class Scheduler:
         self.running.append(req)
         in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
         s, n = start.num_tokens, min(req.num_tokens - start.num_tokens, budget)
-        items.append(ScheduledItem(req, s, n, s + n == req.num_tokens))
+        self._schedule(ScheduledItem(req, s, n, s + n == req.num_tokens), items, scheduled)
         return n
 
     # ------------------------------------------------------------------ after a step

@@ -10,6 +10,8 @@ from radixray.protocol import MISS_CAUSES
 from radixray.step_cost import StepCostModel, decode_seq_seconds
 from radixray.sysinfo import cpu_model
 
+from .packing import fitted_step_costs
+
 __all__ = ["EngineStats", "STEP_FIELDS", "engine_stats", "perf_class"]
 
 # One entry of EngineStats.step_log.
@@ -82,6 +84,10 @@ class EngineStats:
             self.decode_step_time.update(period)
             self.decode_rate.update(decode_tokens / period)
             self.decode_cost.update(decode_tokens, period)
+
+    def step_costs(self, decodes: int) -> tuple[float, float] | None:
+        """What the scheduler's priced packing weighs (``packing.fitted_step_costs``)."""
+        return fitted_step_costs(self.prefill_cost, self.decode_cost, decodes)
 
     def record_answer(self, tokens: int) -> None:
         """A sequence ended after decoding ``tokens`` tokens (each sample of a request apart)."""

@@ -40,15 +40,24 @@ def script(seed: int = 0) -> tuple[Workload, dict[int, list[SimRequest]]]:
     return Workload("script", reqs, 20), arrivals
 
 
+def costs(decodes: int) -> tuple[float, float]:
+    """What priced packing weighs, the same for both (each would otherwise fit its own: the
+    engine its measured steps, the simulator its timing model's): a step's fixed cost, and a
+    prefill token's, which caps a step that finishes a prompt at 5 more tokens a waiting one."""
+    return 0.01 + 0.001 * decodes, 0.002
+
+
+@pytest.mark.parametrize("packing", ["priced", "full"])
 @pytest.mark.parametrize("order", ["fcfs", "shortest"])
-def test_the_simulator_and_the_engine_run_the_same_steps(order):
+def test_the_simulator_and_the_engine_run_the_same_steps(order, packing):
     wl, arrivals = script()
     hashes = dict(zip((r.rid for r in wl.requests), wl.block_hashes(P), strict=True))
     engine = Engine(
         EngineConfig(model="tiny", page_size=P, num_pages=PAGES, max_batch_tokens=BATCH,
-                     max_running=RUNNING, enable_events=False, prefill_order=order)
+                     max_running=RUNNING, enable_events=False, prefill_order=order,
+                     packing=packing)
     )  # fmt: skip
-    timing = TimingModel(0.01, 0.001, 0.0, 0.0001, 0.0, BATCH, RUNNING)
+    timing = TimingModel(0.01, 0.001, 0.0, 0.002, 0.0, BATCH, RUNNING)
     cached = {"engine": {}, "sim": {}}
     first = {"engine": {}, "sim": {}}  # request -> the step that gave its first token
     done = {"engine": {}, "sim": {}}  # ... and its last
@@ -61,8 +70,10 @@ def test_the_simulator_and_the_engine_run_the_same_steps(order):
         done["sim"][req.rid] = int(now) - 1
 
     sim = SimWorker(
-        0, PAGES, P, timing, wl, on_first_token=sim_first, on_finish=sim_done, prefill_order=order
-    )
+        0, PAGES, P, timing, wl, on_first_token=sim_first, on_finish=sim_done,
+        prefill_order=order, packing=packing,
+    )  # fmt: skip
+    engine.scheduler.step_costs = sim.scheduler.step_costs = costs
     now = [0]  # the engine's step
 
     def sink(rid: int):
