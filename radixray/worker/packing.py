@@ -8,14 +8,24 @@ cost, and it makes the prompt that finishes wait for the other's tokens: on the 
 
 The rule prices both sides with the worker's own step-cost fits. Each prefill token added to a
 step that already finishes ``f`` prompts delays those ``f`` first tokens by its time, ``token_s``;
-leaving it to the next step delays each of the ``m`` prompts still waiting for prefill (the
-candidate and everyone queued behind it) by one more step's fixed cost, ``fixed_s`` (the fit's
-overhead, or a decode step of this step's batch, whichever is more: ``step_cost.step_fixed_s``).
-So once a step finishes a prompt, it takes at most ``m * fixed_s / (f * token_s)`` more prefill
-tokens. A lone prompt behind a finishing one waits a short step (on the CPU preset at most 16
-packed tokens, on the illustrative GPU preset 144); a queue of many still fills the step, so
-throughput near saturation is what full packing gives. Before the worker has timed a prefill
-step nothing is capped. ``SchedulerConfig.packing = "full"`` is the rule before: every step
+leaving them out costs the prompts still waiting, in two ways:
+
+- a candidate that would finish in this step (its remaining tokens fit) instead finishes at the
+  end of the next one: it waits that step's fixed cost, ``fixed_s`` (the fit's overhead, or a
+  decode step of this step's batch, whichever is more: ``step_cost.step_fixed_s``), and the
+  tokens queued behind it that share the step (up to its budget). It goes in when
+  ``f * n * token_s`` is at most that;
+- a chunk that does not finish its prompt moves work one step earlier, which saves the ``m``
+  prompts waiting a step's fixed cost only when it moves their last step's boundary: ``k / B`` of
+  a step each on average for ``k`` tokens of a ``B``-token step. It goes in when ``f * B *
+  token_s <= m * fixed_s``: on the CPU preset (0.95 s of tokens a full step, 30 ms fixed) a
+  queue of 32 prompts per finishing one.
+
+So a lone long prompt behind a finishing one waits for a short step, a short prompt behind it
+rides along when what is queued would make its next step long, and a deep queue still fills the
+step, so throughput near saturation is what full packing gives (the rule costs at most one
+step's fixed cost per prompt). Before the worker's fit separates a step's fixed cost from its
+tokens, nothing is capped. ``SchedulerConfig.packing = "full"`` is the rule before: every step
 filled to its budget, as vLLM's and SGLang's schedulers do.
 
 Decoding sequences are left out on both sides: a packed token delays their next token in this
@@ -63,36 +73,41 @@ def fitted_step_costs(
 
 
 class StepPacking:
-    """One step's account under the priced rule: the prompts it finishes and the prefill tokens
-    scheduled after the first of them. ``costs`` None: nothing is capped (``packing="full"``, or
-    costs not known yet)."""
+    """One step's account under the priced rule: the prompts it finishes and its decodes.
+    ``costs`` None: nothing is capped (``packing="full"``, or costs not known yet)."""
 
-    __slots__ = ("_costs", "_decodes", "_price", "finishing", "after")
+    __slots__ = ("_costs", "_step_tokens", "_decodes", "_price", "finishing")
 
-    def __init__(self, costs: StepCosts | None):
+    def __init__(self, costs: StepCosts | None, step_tokens: int = 0):
         self._costs = costs
+        self._step_tokens = step_tokens  # the step's token budget (max_batch_tokens)
         self._decodes = 0
         self._price: tuple[float, float] | None = None
         self.finishing = 0
-        self.after = 0
 
-    def note(self, num_tokens: int, decode: bool, finishes: bool) -> None:
+    def note(self, decode: bool, finishes: bool) -> None:
         """A scheduled item: a decode, or a prefill chunk that may finish its prompt."""
         if decode:
             self._decodes += 1
-            return
-        if self.finishing:
-            self.after += num_tokens
-        if finishes:
+        elif finishes:
             if not self.finishing and self._costs is not None:
                 self._price = self._costs(self._decodes)  # decodes are scheduled first
             self.finishing += 1
 
-    def limit(self, budget: int, waiting: int) -> int:
-        """The tokens the next prefill chunk may take of ``budget`` when ``waiting`` prompts
-        (the candidate among them) still wait for prefill."""
+    def limit(self, budget: int, remaining: int, waiting: int, behind: int) -> int:
+        """What of ``budget`` the next prefill chunk may take: all of it or nothing. The
+        candidate has ``remaining`` tokens to compute; ``waiting`` prompts wait for prefill (the
+        candidate among them) with ``behind`` tokens besides the candidate's."""
         if not self.finishing or self._price is None or budget <= 0:
             return budget
         fixed_s, token_s = self._price
-        cap = int(waiting * fixed_s / (self.finishing * token_s)) - self.after
-        return max(0, min(budget, cap))
+        delay_s = self.finishing * token_s  # per token packed: the finishing prompts' wait
+        per_step = max(1, self._step_tokens - self._decodes)  # prefill tokens a step takes
+        if remaining <= budget:
+            # it would finish here; left out, it finishes at the end of the next step, which
+            # also computes what is queued behind it (up to that step's budget)
+            next_step_s = fixed_s + min(behind, max(0, per_step - remaining)) * token_s
+            return budget if remaining * delay_s <= next_step_s else 0
+        # a chunk that does not finish its prompt saves the prompts waiting a step only when it
+        # moves their last step's boundary: ``k / per_step`` of a step each, for k tokens
+        return budget if per_step * delay_s <= waiting * fixed_s else 0

@@ -141,7 +141,7 @@ class Scheduler:
         preemptions_before = self.num_preemptions
         shortest = self.config.prefill_order == "shortest"
         priced = self.config.packing == "priced"
-        self._packing = StepPacking(self.step_costs if priced else None)
+        self._packing = StepPacking(self.step_costs if priced else None, budget)
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
             if shortest and req.in_prefill:
                 break  # prefills are ordered with the waiting requests below
@@ -159,10 +159,8 @@ class Scheduler:
     def _continue(self, req: Request, budget: int, items: list, scheduled: set[int]) -> int:
         """Schedule a running request's next token or chunk; the tokens it takes (0 if it was
         preempted itself, or capped by ``packing``)."""
-        decode = not req.in_prefill
-        n = min(
-            req.num_tokens - req.num_computed, budget if decode else self._room(budget, scheduled)
-        )
+        n = req.num_tokens - req.num_computed
+        n = min(n, budget if not req.in_prefill else self._room(req, n, budget, scheduled))
         if n <= 0 or not self._ensure_pages(req, req.num_computed + n, scheduled):
             return 0
         self._schedule(
@@ -176,15 +174,18 @@ class Scheduler:
         items.append(item)
         scheduled.add(id(item.req))
         decode = item.num_tokens == 1 and bool(item.req.output_ids)  # as Batch.shape counts
-        self._packing.note(item.num_tokens, decode, item.sample)
+        self._packing.note(decode, item.sample)
 
-    def _room(self, budget: int, scheduled: set[int]) -> int:
-        """What of ``budget`` the next prefill chunk may take (``packing``): the prompts still
-        waiting for prefill are the waiting ones and the running ones not yet in this step."""
+    def _room(self, req: Request, remaining: int, budget: int, scheduled: set[int]) -> int:
+        """What of ``budget`` a prefill chunk of ``req`` may take (``packing``), against the
+        prompts still waiting for prefill: the waiting ones and the running ones not yet in this
+        step (their queued tokens, ``QueuedPrefill``)."""
         if not self._packing.finishing:
             return budget
-        pending = sum(1 for r in self.running if r.in_prefill and id(r) not in scheduled)
-        return self._packing.limit(budget, len(self.waiting) + pending)
+        others = [r for r in self.running if r.in_prefill and id(r) not in scheduled]
+        behind = sum(r.num_tokens - r.num_computed for r in others if r is not req)
+        behind += sum(r.queued_tokens for r in self.waiting if r is not req)
+        return self._packing.limit(budget, remaining, len(self.waiting) + len(others), behind)
 
     def _prefill_shortest(
         self, items: list, budget: int, scheduled: set[int], preemptions_before: int
@@ -216,10 +217,7 @@ class Scheduler:
                 continue
             if not admitting or len(self.running) >= cfg.max_running:
                 continue
-            room = self._room(budget, scheduled)
-            if room <= 0:
-                break
-            took = self._try_admit(req, room, in_flight, items, scheduled)
+            took = self._try_admit(req, budget, in_flight, items, scheduled)
             if took is None:
                 admitting = False  # no memory for it: keep the queue order, wait
             else:
@@ -278,10 +276,9 @@ class Scheduler:
         cfg = self.config
         in_flight = self._in_flight_hashes()
         for req in self._admission_order():
-            room = self._room(budget, scheduled)
-            if room <= 0 or len(self.running) >= cfg.max_running:
+            if budget <= 0 or len(self.running) >= cfg.max_running:
                 break
-            took = self._try_admit(req, room, in_flight, items, scheduled)
+            took = self._try_admit(req, budget, in_flight, items, scheduled)
             if took is None:
                 break  # not enough memory for this one: keep the queue order, wait
             budget -= took
@@ -296,8 +293,13 @@ class Scheduler:
     ) -> int | None:
         """Admit ``req`` with its first chunk of up to ``budget`` tokens: the tokens scheduled,
         0 if it defers to a running request that is computing its next page, None if its pages
-        do not fit (nothing changed)."""
+        do not fit (nothing changed). 0 too when priced packing leaves it to the next step."""
         P, cfg = self.P, self.config
+        if self._packing.finishing:  # read-only: a deferred request is no cache hit
+            remaining = req.num_tokens - min(self._peek_cached(req), req.num_tokens - 1)
+            budget = self._room(req, remaining, budget, scheduled)
+            if budget <= 0:
+                return 0
         m = self.pages.match(req)
         nxt = len(m.pages) + len(m.host_pages)
         if (

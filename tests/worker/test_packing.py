@@ -65,21 +65,26 @@ def test_fitted_costs_need_a_fit_that_separates_the_fixed_cost():
 
 
 def test_the_limit_weighs_the_waiting_against_the_finishing():
-    p = StepPacking(costs(0.03, 0.002))
-    assert p.limit(500, 1) == 500  # nothing finishes yet: a full step
-    p.note(1, decode=True, finishes=True)  # a decode never counts as a prompt finishing
-    p.note(100, decode=False, finishes=False)  # a chunk that does not finish its prompt
-    assert p.limit(500, 1) == 500
-    p.note(40, decode=False, finishes=True)
-    assert p.limit(500, 1) == 15  # 1 waiting x 30 ms / (1 finishing x 2 ms)
-    assert p.limit(500, 3) == 45
-    assert p.limit(10, 3) == 10  # never more than the budget
-    p.note(5, decode=False, finishes=False)  # tokens after the first finish count against it
-    assert p.limit(500, 3) == 40
-    p.note(5, decode=False, finishes=True)  # two finishing: each packed token delays both
-    assert p.limit(500, 3) == 12  # int(3 * 0.03 / (2 * 0.002)) - 10
-    assert p.limit(500, 1) == 0
-    assert StepPacking(None).limit(500, 1) == 500  # full packing, or no fit yet
+    p = StepPacking(costs(0.03, 0.002), step_tokens=512)
+    assert p.limit(500, 40, 1, 0) == 500  # nothing finishes yet: a full step
+    p.note(decode=True, finishes=True)  # a decode never counts as a prompt finishing
+    p.note(decode=False, finishes=False)  # a chunk that does not finish its prompt
+    assert p.limit(500, 40, 1, 0) == 500
+    p.note(decode=False, finishes=True)  # one prompt finishes; 511 prefill tokens a step
+    # a candidate that would finish: its 40 tokens cost the finishing one 80 ms; left out, it
+    # waits a step of 30 ms fixed and whatever is queued behind it shares that step
+    assert p.limit(500, 40, 1, 0) == 0
+    assert p.limit(500, 40, 2, 24) == 0  # 30 + 24 x 2 = 78 ms: still out
+    assert p.limit(500, 40, 2, 25) == 500  # 80 ms: in
+    assert p.limit(500, 15, 1, 0) == 500  # 30 ms for 15 tokens: in
+    # a chunk that does not finish (600 > 500): a step of 511 tokens costs 1.022 s, worth it
+    # for 35 prompts waiting a 30 ms step each, not for 34
+    assert p.limit(500, 600, 34, 10_000) == 0
+    assert p.limit(500, 600, 35, 10_000) == 500
+    p.note(decode=False, finishes=True)  # two finishing: each packed token delays both
+    assert p.limit(500, 15, 1, 0) == 0
+    assert p.limit(500, 600, 69, 10_000) == 500 and p.limit(500, 600, 68, 10_000) == 0
+    assert StepPacking(None, 512).limit(500, 40, 1, 0) == 500  # full packing, or no fit yet
 
 
 # ---------------------------------------------------------------- the scheduler
@@ -87,8 +92,8 @@ def test_the_limit_weighs_the_waiting_against_the_finishing():
 
 def test_a_lone_prompt_behind_a_finishing_one_waits_a_short_step():
     """A's last 88 tokens finish in step 2; B arrived during step 1. Full packing fills the step
-    with 424 of B's tokens (A's first token waits ~0.8 s more on the cpu preset); priced packing
-    gives B what its one step of overhead saved is worth: 30.1 ms / 1.855 ms = 16 tokens."""
+    with 424 of B's 700 tokens (A's first token waits ~0.8 s more on the cpu preset); priced
+    packing leaves B to the next step, which costs B one step's fixed cost (30 ms)."""
     by_rule = {}
     for packing in ("full", "priced"):
         s = priced(num_pages=1024, max_batch_tokens=512, packing=packing)
@@ -99,7 +104,23 @@ def test_a_lone_prompt_behind_a_finishing_one_waits_a_short_step():
         by_rule[packing] = items(step(s))
         assert items(step(s))[-1][0] == "b"  # B goes on in the next step either way
     assert by_rule["full"] == [("a", 512, 88, True), ("b", 0, 424, False)]
-    assert by_rule["priced"] == [("a", 512, 88, True), ("b", 0, 16, False)]
+    assert by_rule["priced"] == [("a", 512, 88, True)]
+
+
+def test_a_prompt_that_would_finish_too_waits_unless_its_next_step_is_long():
+    """B's 100 tokens fit in the room A's last chunk leaves. Packed, they delay A's first token
+    by 0.19 s to save B one 30 ms step: B waits. With 1,000 tokens of C queued behind B, B's
+    next step would also compute 412 of C's (0.8 s): B rides along; C, which would not finish,
+    does not."""
+    for queued, want in ((False, [("a", 512, 88, True)]),
+                         (True, [("a", 512, 88, True), ("b", 0, 100, True)])):  # fmt: skip
+        s = priced(num_pages=1024, max_batch_tokens=512)
+        s.add(make_req("a", list(range(600))))
+        step(s)
+        s.add(make_req("b", list(range(1000, 1100))))
+        if queued:
+            s.add(make_req("c", list(range(5000, 6000))))
+        assert items(step(s)) == want
 
 
 def test_a_queue_behind_still_fills_the_step():
@@ -124,13 +145,16 @@ def test_a_step_that_finishes_nothing_is_never_capped():
     assert items(step(s)) == [("a", 900, 1, True), ("b", 0, 300, True)]
 
 
-def test_shortest_first_caps_the_admissions_after_a_finish():
+def test_shortest_first_a_short_prompt_rides_along_a_long_one_waits():
     s = priced(num_pages=1024, max_batch_tokens=512, prefill_order="shortest")
-    s.add(make_req("short", list(range(40))))
-    s.add(make_req("long", list(range(3000, 3400))))
-    # the short prompt finishes first; the long one, the only prompt left waiting, gets what
-    # its one step of overhead is worth: int(30.1 / 1.855) = 16 tokens
-    assert items(step(s)) == [("short", 0, 40, True), ("long", 0, 16, False)]
+    s.add(make_req("s1", list(range(40))))
+    s.add(make_req("s2", list(range(100, 120))))
+    s.add(make_req("long", list(range(3000, 4000))))
+    # s2 finishes first; s1's 40 tokens cost it 74 ms, and left out s1 would wait a step with
+    # 472 of long's tokens (0.9 s): in. long's chunk would not finish it: out, as one prompt
+    # waiting does not make a 0.95 s step's worth of 30 ms steps
+    assert items(step(s)) == [("s2", 0, 20, True), ("s1", 0, 40, True)]
+    assert items(step(s)) == [("s2", 20, 1, True), ("s1", 40, 1, True), ("long", 0, 510, False)]
 
 
 def test_before_a_fit_nothing_is_capped():
@@ -169,3 +193,28 @@ def test_priced_schedules_change_no_token_and_lose_no_page(seed, order):
 def test_packing_is_a_checked_setting():
     with pytest.raises(ValueError, match="packing must be one of priced, full, got 'half'"):
         SchedulerConfig(packing="half")
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_the_engine_prices_with_its_own_fits_and_keeps_every_token():
+    """The engine hands the scheduler its meter's fits; with costs that cap (here fixed, so the
+    test does not depend on this machine's timings) its schedule changes and its greedy tokens
+    do not."""
+    from .test_engine import GREEDY, assert_no_leak, engine, shared_prefix_prompts, tokens
+
+    e = engine(packing="priced", max_batch_tokens=32)
+    assert e.scheduler.step_costs == e.meter.step_costs
+    prompts = shared_prefix_prompts(seed=5, n=6)
+    steps = {}
+    for packing in ("full", "priced"):
+        e = engine(packing=packing, max_batch_tokens=32)
+        e.scheduler.step_costs = costs(0.01, 0.002)  # a step that finishes takes 5 more a prompt
+        got = tokens(e.generate_batch(prompts, GREEDY))
+        if packing == "full":
+            want = got
+        assert got == want
+        steps[packing] = e.stats()["steps"]
+        assert_no_leak(e)
+    assert steps["priced"] > steps["full"]
