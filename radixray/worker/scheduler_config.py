@@ -36,9 +36,9 @@ class SchedulerConfig:
     # and pauses while shorter ones pass); what has waited max_wait_steps goes first, by arrival.
     prefill_order: str = "fcfs"
     # How full a step that finishes a prompt gets (worker/packing.py). "priced": more prefill
-    # rides along only while the prompts waiting behind gain more step overhead than the ones
-    # finishing lose in time to first token (by the worker's step-cost fits). "full": every
-    # step filled to max_batch_tokens, as vLLM and SGLang do.
+    # rides along only when it saves the prompts waiting more than it delays the finishing ones'
+    # first tokens (by the worker's step-cost fits). "full": every step filled to
+    # max_batch_tokens, as vLLM and SGLang do.
     packing: str = "priced"
 
     def __post_init__(self):
