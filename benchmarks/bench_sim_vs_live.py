@@ -44,6 +44,7 @@ from radixray.numbers import percentile
 from radixray.sim import SimConfig, SimRequest, Workload, simulate
 from radixray.sim.calibrate import fit_timing
 from radixray.sim.timing import TimingModel, load_timing
+from radixray.worker.scheduler import PACKINGS
 from radixray.worker.stats import STEP_FIELDS
 
 POLICIES = ("ttft", "cache_aware", "round_robin")
@@ -148,6 +149,7 @@ def run_sims(label_timings, workloads: dict[str, Workload], args, page_size: int
             page_size=page_size,
             timing=timing,
             event_delay_s=0.25,  # the router polls its workers every 0.25 s
+            packing=args.packing,
         )
         out[label] = {pol: simulate(workloads[pol], pol, sc).summary() for pol in POLICIES}
     return out
@@ -187,6 +189,9 @@ def main(argv=None) -> int:
     p.add_argument("--mtbench-sessions", type=int, default=80, help="two turns each")
     p.add_argument("--mtbench-rate", type=float, default=2.0, help="chat sessions per second")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument(
+        "--packing", choices=PACKINGS, default=SimConfig.packing, help="the workers' (live and sim)"
+    )
     p.add_argument("--num-pages", type=int, default=768)
     p.add_argument("--seed", type=int, default=0)
     # not bench_serving's 18100: the two can run side by side (pytest -n 2)
@@ -228,6 +233,7 @@ def main(argv=None) -> int:
         )
         for name in args.workloads
     }
+    packing_flag = ("--packing", args.packing)
     if args.live_json:
         report = json.loads(Path(args.live_json).read_text())
     else:
@@ -237,14 +243,18 @@ def main(argv=None) -> int:
             loads=loads,
             targets=tuple(f"radixray:{x}" for x in POLICIES),
             num_workers=args.workers,
-            worker=WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages),
+            worker=WorkerSpec(
+                model=model, page_size=page_size, num_pages=args.num_pages, extra=packing_flag
+            ),
             probe_requests=3,
             command=" ".join(sys.argv),
             step_logs=True,
             base_port=args.base_port,
         )
         report = run_compare(cfg)
-    spec = WorkerSpec(model=model, page_size=page_size, num_pages=args.num_pages)
+    spec = WorkerSpec(
+        model=model, page_size=page_size, num_pages=args.num_pages, extra=packing_flag
+    )
     solo = load_timing(args.timing)
     k = args.contention or args.workers / (os.cpu_count() or 1)
     contended = slowed(solo, k)
