@@ -233,7 +233,12 @@ def main(argv=None) -> int:
         )
         for name in args.workloads
     }
-    packing_flag = ("--packing", args.packing)
+    spec = WorkerSpec(
+        model=model,
+        page_size=page_size,
+        num_pages=args.num_pages,
+        extra=("--packing", args.packing),
+    )
     if args.live_json:
         report = json.loads(Path(args.live_json).read_text())
     else:
@@ -243,18 +248,13 @@ def main(argv=None) -> int:
             loads=loads,
             targets=tuple(f"radixray:{x}" for x in POLICIES),
             num_workers=args.workers,
-            worker=WorkerSpec(
-                model=model, page_size=page_size, num_pages=args.num_pages, extra=packing_flag
-            ),
+            worker=spec,
             probe_requests=3,
             command=" ".join(sys.argv),
             step_logs=True,
             base_port=args.base_port,
         )
         report = run_compare(cfg)
-    spec = WorkerSpec(
-        model=model, page_size=page_size, num_pages=args.num_pages, extra=packing_flag
-    )
     solo = load_timing(args.timing)
     k = args.contention or args.workers / (os.cpu_count() or 1)
     contended = slowed(solo, k)

@@ -20,7 +20,7 @@ def check_prefill_order(order: str) -> None:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    # The defaults of these four are the engine's too (EngineConfig and the CLI take them from
+    # The defaults of these five are the engine's too (EngineConfig and the CLI take them from
     # here). 1024 tokens per step is what `radixray serve` and `worker` have always run with.
     max_batch_tokens: int = 1024  # tokens computed per step (prefill chunks + decodes)
     max_running: int = 64

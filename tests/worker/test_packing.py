@@ -8,12 +8,11 @@ import random
 
 import pytest
 
-from radixray.cache_index import PageAllocator, RadixCache
 from radixray.step_cost import StepCostModel
 from radixray.worker.packing import StepPacking, fitted_step_costs
-from radixray.worker.scheduler import Scheduler, SchedulerConfig
+from radixray.worker.scheduler import SchedulerConfig
 
-from .test_scheduler import expected_output, make_req, run
+from .test_scheduler import expected_output, make_req, make_sched, run
 
 CPU = (0.0301, 0.001855)  # the cpu preset's step overhead and seconds per prefill token
 
@@ -24,8 +23,7 @@ def costs(fixed_s=CPU[0], token_s=CPU[1]):
 
 def priced(costs_fn=None, num_pages=1024, **cfg):
     """A scheduler given step costs as the engine gives it its fits (P = 4)."""
-    cache = RadixCache(4, PageAllocator(num_pages))
-    return Scheduler(cache, SchedulerConfig(**cfg), costs_fn or costs())
+    return make_sched(num_pages, step_costs=costs_fn or costs(), **cfg)
 
 
 def fitted(points):

@@ -69,10 +69,10 @@ def expected_output(prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def make_sched(num_pages=64, P=4, cache="radix", **cfg) -> Scheduler:
+def make_sched(num_pages=64, P=4, cache="radix", step_costs=None, **cfg) -> Scheduler:
     alloc = PageAllocator(num_pages)
     c = RadixCache(P, alloc) if cache == "radix" else ChunkCache(P, alloc)
-    return Scheduler(c, SchedulerConfig(**cfg))
+    return Scheduler(c, SchedulerConfig(**cfg), step_costs)
 
 
 def test_single_request_exact_pages_and_release():
