@@ -42,6 +42,7 @@ from radixray.sim import (
     simulate,
     timing_preset,
 )
+from radixray.worker.scheduler_config import PREFILL_ORDERS
 
 BASELINES = ["cache_aware", "cache_aware_smallest_cache", "kv_cost", "least_load"]
 OURS = "ttft"
@@ -81,6 +82,7 @@ def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, di
         max_inflight=limit,
         max_inflight_per_worker=per_worker,
         max_queue_s=max_queue_s,
+        prefill_order=args.prefill_order,
     )
     out = {}
     for name in names:
@@ -204,6 +206,12 @@ def main(argv=None) -> int:
         help="the workers' step budget (0: the timing preset's, 512 for cpu)",
     )
     p.add_argument(
+        "--prefill-order",
+        default=SimConfig.prefill_order,
+        choices=PREFILL_ORDERS,
+        help="the workers' prefill order (default: the engine's)",
+    )
+    p.add_argument(
         "--ours",
         default=OURS,
         help="the policy spec run as ttft (e.g. ttft:steps=false; the table still says ttft)",
@@ -244,6 +252,7 @@ def main(argv=None) -> int:
     title = (
         f"{args.workload}, {args.workers} workers x {args.pages} pages, {args.timing} timing"
         f"{f', {args.max_batch_tokens}-token steps' if args.max_batch_tokens else ''}, "
+        f"{args.prefill_order} workers, "
         f"{args.seeds} seed(s){', admission modelled' if args.admission else ''}"
     )
     print(f"#### {title}\n\n{table(points, names, args.admission)}\n")
