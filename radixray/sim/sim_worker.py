@@ -52,7 +52,7 @@ class SimWorker:
         enable_events: bool = True,
         on_first_token: Callable[[SimRequest, int, float], None] | None = None,
         on_finish: Callable[[SimRequest, int, float], None] | None = None,
-        prefill_order: str = "fcfs",
+        prefill_order: str = SchedulerConfig.prefill_order,
         host_pages: int = 0,
         host_write_through_hits: int | None = None,
         packing: str = SchedulerConfig.packing,

@@ -73,8 +73,9 @@ class EngineConfig:
     )
     prefill_order: str = setting(
         _SCHED.prefill_order,
-        "after the decodes, a step's budget goes to running prefills first (fcfs) or to the "
-        "fewest uncomputed tokens first, running or waiting (shortest)",
+        "after the decodes, a step's budget goes to the highest (waited + uncomputed) / "
+        "uncomputed first, running or waiting (ratio), the fewest uncomputed tokens first "
+        "(shortest), or running prefills first, then admissions (fcfs)",
         choices=PREFILL_ORDERS,
     )
     packing: str = setting(

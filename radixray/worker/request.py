@@ -113,6 +113,7 @@ class Request:
     block_hashes: list[int]  # of the prompt's full pages
     extra_key: str | None = None
     arrival_step: int = 0
+    arrival_work: int = 0  # the scheduler's tokens scheduled before it arrived (its wait's clock)
     arrival_time: float = 0.0
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

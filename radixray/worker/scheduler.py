@@ -1,17 +1,21 @@
 """Admission, chunked prefill, continuous batching and preemption. Ints and lists only.
 
-One ``schedule()`` call plans one model step under a token budget:
+One ``schedule()`` call plans one model step under a token budget. Running decodes go first (one
+token each); the rest of the budget goes to prefill work in ``prefill_order``:
 
-1. Running requests continue: decodes first (one token each), then unfinished prefills (a chunk
-   each). A request that cannot get a page first evicts the cache's shortfall, then preempts the
-   running request with the least progress (possibly itself).
-2. Waiting requests are admitted while budget, ``max_running`` and memory allow: requests that
-   waited ``max_wait_steps`` go first (no starvation), the rest by longest cached prefix. Admission
-   matches the prefix, locks it and allocates pages for the first chunk.
+- ``"ratio"`` (the default): running prefills and waiting requests in one order, highest response
+  ratio first, (waited + left) / left, with ``left`` a request's uncomputed tokens (net of its
+  cached prefix) and ``waited`` the tokens the worker computed since it arrived (``work``): a
+  short prompt passes a long prefill within a step, and a long one's wait counts for it, so it is
+  not held behind a stream of short ones.
+- ``"shortest"``: the same requests, fewest uncomputed tokens first.
+- ``"fcfs"``: unfinished prefills continue first (a chunk each, by arrival), then waiting requests
+  are admitted by longest cached prefix; a long prompt's chunks hold the budget until it is done.
 
-With ``prefill_order="shortest"`` steps 1 and 2 share the budget after the decodes: running
-prefills and waiting requests in one order, fewest uncomputed tokens first (requests that waited
-``max_wait_steps`` first, by arrival), so a short prompt is not held behind a long one's chunks.
+In every order, requests that waited ``max_wait_steps`` steps go first, by arrival (in fcfs,
+first among the admissions): no starvation. Admission matches the prefix, locks it and allocates
+pages for the first chunk. A request that cannot get a page first evicts the cache's shortfall,
+then preempts the running request with the least progress (possibly itself).
 
 Same-prefix arrivals: if the next page a waiting request needs is being prefilled by a running
 request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Prefill progress is
@@ -70,6 +74,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.queued = QueuedPrefill(self.pages, self.waiting, self.running)
         self.steps = 0
+        self.work = 0  # tokens scheduled over all steps: the clock a request's wait is read on
         self.num_preemptions = 0
         self.step_costs = step_costs
         self._packing = StepPacking(None)  # the step being planned
@@ -95,6 +100,7 @@ class Scheduler:
                 f"{capacity} tokens)"
             )
         req.arrival_step = self.steps
+        req.arrival_work = self.work
         req.status = RequestStatus.WAITING
         self.queued.enqueue(req)
         self.waiting.append(req)
@@ -139,7 +145,7 @@ class Scheduler:
         items: list[ScheduledItem] = []
         scheduled: set[int] = set()
         preemptions_before = self.num_preemptions
-        shortest = self.config.prefill_order == "shortest"
+        shortest = self.config.prefill_order != "fcfs"
         priced = self.config.packing == "priced"
         self._packing = StepPacking(self.step_costs if priced else None, budget)
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
@@ -154,6 +160,7 @@ class Scheduler:
         # only evict what the preempted request just left in the cache.
         elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
             self._admit(items, budget, scheduled)
+        self.work += sum(it.num_tokens for it in items)
         return Batch(items)
 
     def _continue(self, req: Request, budget: int, items: list, scheduled: set[int]) -> int:
@@ -190,19 +197,12 @@ class Scheduler:
     def _prefill_shortest(
         self, items: list, budget: int, scheduled: set[int], preemptions_before: int
     ) -> None:
-        """The prefill part of a step under ``prefill_order="shortest"``."""
-        cfg, steps = self.config, self.steps
+        """The prefill part of a step under ``prefill_order="shortest"`` or ``"ratio"``."""
+        cfg = self.config
         running = [r for r in self.running if r.in_prefill and id(r) not in scheduled]
         remaining = {id(r): r.num_tokens - r.num_computed for r in running}
         remaining.update(self._uncached(self.waiting))
-        order = sorted(
-            running + self.waiting,
-            key=lambda r: (
-                steps - r.arrival_step < cfg.max_wait_steps,  # the old first, by arrival
-                0 if steps - r.arrival_step >= cfg.max_wait_steps else remaining[id(r)],
-                r.arrival_step,
-            ),
-        )
+        order = sorted(running + self.waiting, key=self._prefill_rank(remaining))
         was_running = {id(r) for r in running}
         in_flight = self._in_flight_hashes()
         admitting = True
@@ -222,6 +222,23 @@ class Scheduler:
                 admitting = False  # no memory for it: keep the queue order, wait
             else:
                 budget -= took
+
+    def _prefill_rank(self, remaining: dict[int, int]):
+        """The sort key of the prefill order: what has waited ``max_wait_steps`` first, by
+        arrival; the rest by fewest ``remaining`` tokens (``shortest``) or by highest response
+        ratio, (waited + remaining) / remaining with the wait in tokens computed since arrival
+        (``ratio``), the fewer remaining first among equals."""
+        steps, wait, work = self.steps, self.config.max_wait_steps, self.work
+        ratio = self.config.prefill_order == "ratio"
+
+        def key(r: Request) -> tuple:
+            left = remaining[id(r)]
+            if steps - r.arrival_step >= wait:
+                return (False, 0, 0, r.arrival_step)
+            rank = -(work - r.arrival_work + left) / max(left, 1) if ratio else left
+            return (True, rank, left, r.arrival_step)
+
+        return key
 
     def _uncached(self, waiting: list[Request]) -> dict[int, int]:
         """Each waiting request's tokens left to compute, net of the cached prefix (estimated
@@ -346,7 +363,7 @@ class Scheduler:
         pairs returned, for the KV copy before the next step). None when there is no room
         (``max_running`` or memory): then ``dst`` waits at the front of the queue, to be
         admitted as any request (its prompt matching ``src``'s cached pages)."""
-        dst.arrival_step = src.arrival_step
+        dst.arrival_step, dst.arrival_work = src.arrival_step, src.arrival_work
         if len(self.running) < self.config.max_running:
             pairs = self.pages.fork(src, dst)
             if pairs is not None:

@@ -9,7 +9,7 @@ from .packing import PACKINGS, check_packing
 
 __all__ = ["PACKINGS", "PREFILL_ORDERS", "SchedulerConfig", "check_packing", "check_prefill_order"]
 
-PREFILL_ORDERS = ("fcfs", "shortest")
+PREFILL_ORDERS = ("fcfs", "shortest", "ratio")
 
 
 def check_prefill_order(order: str) -> None:
@@ -29,12 +29,16 @@ class SchedulerConfig:
     # (~50 us per 4k-token prompt), which past this length costs more than it saves.
     lpm_queue_limit: int = 128
     dedupe_in_flight: bool = True
-    # Which prefill work a step's budget goes to after the decodes. "fcfs": running prefills
-    # continue first (by arrival), then admissions; a long prompt's chunks hold the budget until
-    # it is done, and everything that arrives behind it waits. "shortest": running prefills and
-    # waiting requests together, fewest uncomputed tokens first (a long prefill keeps its pages
-    # and pauses while shorter ones pass); what has waited max_wait_steps goes first, by arrival.
-    prefill_order: str = "fcfs"
+    # Which prefill work a step's budget goes to after the decodes. "ratio": running prefills and
+    # waiting requests together, highest response ratio first, (waited + left) / left, a
+    # request's wait read in the tokens the worker computed since it arrived (Brinch Hansen's
+    # HRRN, on what is left): a short prompt passes a long prefill within a step (the long one
+    # keeps its pages and pauses), and a long one's wait counts for it, so it is not held behind
+    # a stream of short ones. "shortest": the same, fewest uncomputed tokens first. "fcfs":
+    # running prefills continue first (by arrival), then admissions by longest cached prefix; a
+    # long prompt's chunks hold the budget until it is done, and everything behind it waits (as
+    # in vLLM and SGLang). In each, what has waited max_wait_steps goes first, by arrival.
+    prefill_order: str = "ratio"
     # How full a step that finishes a prompt gets (worker/packing.py). "priced": more prefill
     # rides along only when it saves the prompts waiting more than it delays the finishing ones'
     # first tokens (by the worker's step-cost fits). "full": every step filled to

@@ -48,7 +48,7 @@ def costs(decodes: int) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("packing", ["priced", "full"])
-@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "ratio"])
 def test_the_simulator_and_the_engine_run_the_same_steps(order, packing):
     wl, arrivals = script()
     hashes = dict(zip((r.rid for r in wl.requests), wl.block_hashes(P), strict=True))

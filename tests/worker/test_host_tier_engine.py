@@ -61,7 +61,9 @@ def test_forks_demoting_pages_under_a_host_tier_equal_reuse_off(P, monkeypatch):
     n2 = SamplingParams(n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = shared_prefix_prompts(seed=3, n=8)
     want = tokens(engine(cache="chunk", page_size=P).generate_batch(prompts, n2))
-    e = engine(page_size=P, num_pages=64 // P, host_pages=400, max_batch_tokens=32)
+    # fcfs: running prefills keep the budget, so the forks run short of pages and preempt
+    e = engine(page_size=P, num_pages=64 // P, host_pages=400, max_batch_tokens=32,
+               prefill_order="fcfs")  # fmt: skip
     assert tokens(e.generate_batch(prompts, n2)) == want
     assert tokens(e.generate_batch(prompts, n2)) == want
     assert now and e.stats()["preemptions"] > 0

@@ -42,7 +42,7 @@ def test_the_last_page_of_a_cached_prompt_is_counted():
 
 
 def test_requests_queued_behind_one_with_the_same_prefix_count_only_their_tails():
-    s = make_sched(num_pages=64, P=P)
+    s = make_sched(num_pages=64, P=P, prefill_order="fcfs")  # a, the first to arrive, starts
     shared = list(range(200, 232))  # 8 pages
     a = make_req("a", shared + [1, 2, 3], 1)
     b = make_req("b", shared + [4, 5, 6], 1)

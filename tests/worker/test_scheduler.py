@@ -255,19 +255,43 @@ def _tokens_per_step(s: Scheduler, reqs_by_step: dict[int, list[Request]], steps
     return log
 
 
-@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "ratio"])
 def test_a_short_prompt_behind_a_long_prefill(order):
     # A 64-token prompt prefills 8 tokens a step; a 5-token prompt arrives at its third step.
     s = make_sched(num_pages=64, P=4, max_batch_tokens=8, prefill_order=order)
     long_ = make_req("long", list(range(64)), 4)
     short = make_req("short", list(range(100, 105)), 4)
-    log = _tokens_per_step(s, {0: [long_], 2: [short]}, 4)
+    log = _tokens_per_step(s, {0: [long_], 2: [short]}, 5)
     assert log[:2] == [{"long": 8}, {"long": 8}]
     if order == "fcfs":  # the running prefill keeps the whole budget
-        assert log[2:] == [{"long": 8}, {"long": 8}]
-    else:  # the short prompt goes first, the long one takes what is left, then it decodes
-        assert log[2:] == [{"short": 5, "long": 3}, {"short": 1, "long": 7}]
-    assert long_.num_computed == (32 if order == "fcfs" else 26)  # the budget is used either way
+        assert log[2:] == [{"long": 8}] * 3
+    elif order == "shortest":  # the short prompt goes first, the long one takes what is left
+        assert log[2:] == [{"short": 5, "long": 3}] + [{"short": 1, "long": 7}] * 2
+    else:  # ratio: on arrival the short one's ratio is 1, the long one's (16 + 48) / 48; a step
+        # later (8 + 5) / 5 against (24 + 40) / 40, and the short one goes first
+        assert log[2:] == [{"long": 8}, {"short": 5, "long": 3}, {"short": 1, "long": 7}]
+    assert long_.num_computed == {"fcfs": 40, "shortest": 33, "ratio": 34}[order]
+
+
+@pytest.mark.parametrize("order", ["shortest", "ratio"])
+def test_a_long_prefill_behind_a_stream_of_short_prompts(order):
+    """An 8-token prompt arrives every step behind a 40-token one, on 8-token steps. Shortest
+    first holds the long prompt until it has waited ``max_wait_steps``; by response ratio
+    (waited + left) / left its wait counts for it, and it finishes while no short prompt waits
+    more than two steps."""
+    s = make_sched(num_pages=256, P=4, max_batch_tokens=8, max_wait_steps=100,
+                   prefill_order=order)  # fmt: skip
+    long_ = make_req("long", list(range(40)), 1)
+    shorts = {k: [make_req(f"s{k}", list(range(200 + 10 * k, 208 + 10 * k)), 1)]
+              for k in range(1, 9)}  # fmt: skip
+    log = _tokens_per_step(s, {0: [long_]} | shorts, 9)
+    if order == "shortest":
+        assert log == [{"long": 8}] + [{f"s{k}": 8} for k in range(1, 9)]
+        return
+    # step 1: s1 (0 + 8) / 8 against long (8 + 32) / 32; step 2: s1 (8 + 8) / 8 first; step 3:
+    # s2 2 ties long (24 + 24) / 24, the shorter first; steps 4-6: long 56 / 24, 56 / 16, 56 / 8
+    assert log == [{"long": 8}, {"long": 8}, {"s1": 8}, {"s2": 8}, {"long": 8}, {"long": 8},
+                   {"long": 8}, {"s3": 8}, {"s4": 8}]  # fmt: skip
 
 
 def test_shortest_first_lets_a_request_that_waited_long_enough_go_first():
@@ -286,13 +310,13 @@ def test_shortest_first_lets_a_request_that_waited_long_enough_go_first():
 
 
 def test_prefill_order_is_checked():
-    with pytest.raises(ValueError, match="prefill_order must be one of fcfs, shortest, got 'lifo'"):
+    with pytest.raises(ValueError, match="must be one of fcfs, shortest, ratio, got 'lifo'"):
         SchedulerConfig(prefill_order="lifo")
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("cache", ["radix", "chunk"])
-@pytest.mark.parametrize("order", ["fcfs", "shortest"])
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "ratio"])
 def test_random_workload_exact_outputs_and_no_leak(seed, cache, order):
     rng = random.Random(seed)
     P = rng.choice([1, 2, 4, 8])
