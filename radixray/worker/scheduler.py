@@ -145,17 +145,17 @@ class Scheduler:
         items: list[ScheduledItem] = []
         scheduled: set[int] = set()
         preemptions_before = self.num_preemptions
-        shortest = self.config.prefill_order != "fcfs"
+        one_order = self.config.prefill_order != "fcfs"  # running and waiting prefills together
         priced = self.config.packing == "priced"
         self._packing = StepPacking(self.step_costs if priced else None, budget)
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
-            if shortest and req.in_prefill:
+            if one_order and req.in_prefill:
                 break  # prefills are ordered with the waiting requests below
             if req.status is not RequestStatus.RUNNING or budget <= 0:
                 continue
             budget -= self._continue(req, budget, items, scheduled)
-        if shortest:
-            self._prefill_shortest(items, budget, scheduled, preemptions_before)
+        if one_order:
+            self._prefill_in_order(items, budget, scheduled, preemptions_before)
         # No admissions in a step that had to preempt: memory is short, and admitting now would
         # only evict what the preempted request just left in the cache.
         elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
@@ -194,10 +194,11 @@ class Scheduler:
         behind += sum(r.queued_tokens for r in self.waiting if r is not req)
         return self._packing.limit(budget, remaining, len(self.waiting) + len(others), behind)
 
-    def _prefill_shortest(
+    def _prefill_in_order(
         self, items: list, budget: int, scheduled: set[int], preemptions_before: int
     ) -> None:
-        """The prefill part of a step under ``prefill_order="shortest"`` or ``"ratio"``."""
+        """The prefill part of a step under ``prefill_order="ratio"`` or ``"shortest"``: running
+        prefills and waiting requests in one order (``_prefill_rank``)."""
         cfg = self.config
         running = [r for r in self.running if r.in_prefill and id(r) not in scheduled]
         remaining = {id(r): r.num_tokens - r.num_computed for r in running}
