@@ -15,6 +15,11 @@ class ScheduledItem(NamedTuple):
     num_tokens: int  # tokens computed this step
     sample: bool  # the chunk reaches the end: sample the next token from its last position
 
+    @property
+    def decode(self) -> bool:
+        """One token of a request that has output already: a decode, not a prefill chunk."""
+        return self.num_tokens == 1 and bool(self.req.output_ids)
+
 
 class StepShape(NamedTuple):
     """What a step computes, in the terms of the simulator's timing model
@@ -37,7 +42,7 @@ class Batch(NamedTuple):
         decode = decode_ctx = prefill = ctx_sum = 0
         for it in self.items:
             c, pos = it.num_tokens, it.start
-            if c == 1 and it.req.output_ids:  # a decode step of a running request
+            if it.decode:
                 decode += 1
                 decode_ctx += pos + 1
             else:  # a prefill chunk: token j attends to pos + j + 1 positions

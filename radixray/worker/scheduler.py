@@ -160,8 +160,9 @@ class Scheduler:
         # only evict what the preempted request just left in the cache.
         elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
             self._admit(items, budget, scheduled)
-        self.work += sum(it.num_tokens for it in items)
-        return Batch(items)
+        batch = Batch(items)
+        self.work += batch.num_tokens
+        return batch
 
     def _continue(self, req: Request, budget: int, items: list, scheduled: set[int]) -> int:
         """Schedule a running request's next token or chunk; the tokens it takes (0 if it was
@@ -180,8 +181,7 @@ class Scheduler:
     def _schedule(self, item: ScheduledItem, items: list, scheduled: set[int]) -> None:
         items.append(item)
         scheduled.add(id(item.req))
-        decode = item.num_tokens == 1 and bool(item.req.output_ids)  # as Batch.shape counts
-        self._packing.note(decode, item.sample)
+        self._packing.note(item.decode, item.sample)
 
     def _room(self, req: Request, remaining: int, budget: int, scheduled: set[int]) -> int:
         """What of ``budget`` a prefill chunk of ``req`` may take (``packing``), against the
