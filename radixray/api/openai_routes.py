@@ -20,14 +20,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import NamedTuple
 
-import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from radixray.model_meta.chat_template import tool_family
-from radixray.protocol import GenerateRequest, GrammarSpec, InvalidRequest
-from radixray.protocol.rules import check_context, check_token_ids
+from radixray.protocol import GrammarSpec
+from radixray.protocol.rules import check_token_ids
 
 from . import schemas as oa
 from .answers import ChatAnswer, TextAnswer
@@ -43,11 +41,9 @@ from .discovery import (
 from .errors import ApiError
 from .inputs import backend_of, check_model, client_error, encode, parse_body, render_chat
 from .logprobs import LogprobFormatter
-from .sampling import sampling_params
+from .serve_path import chat_tools, open_prompts, plan_prompts
 from .sse import SSEResponse
-from .streams import collect, open_all, sse_events, usage_of
-from .tool_calls import parser_for
-from .tool_grammar import tool_choice_grammar
+from .streams import collect, sse_events, usage_of
 
 __all__ = [
     "PostRoute",
@@ -94,17 +90,11 @@ async def serve_chat(request: Request, raw: bytes) -> Response:
     backend = backend_of(request)
     body = parse_body(raw, oa.ChatCompletionRequest)
     check_model(backend, body.model)
-    tools = body.tool_dicts()
-    text = render_chat(backend, body.plain_messages(), True, tools)
+    text = render_chat(backend, body.plain_messages(), True, body.tool_dicts())
     prompt_ids = await encode(backend, text)
-    answer_cls, forced = ChatAnswer, None
-    if tools:  # the answer is read for tool calls by the template family's parser
-        family = tool_family(getattr(backend.meta.tokenizer, "chat_template", None) or "")
-        parallel = body.parallel_tool_calls is not False
-        parser = parser_for(family, parallel)
-        answer_cls = partial(ChatAnswer, tools=parser)
-        # "required" or a named function: structured output makes the answer those calls.
-        forced = tool_choice_grammar(body.tools, body.tool_choice, family, parallel)
+    parser, forced = chat_tools(backend, body)
+    # With tools, the answer is read for tool calls by the template family's parser.
+    answer_cls = ChatAnswer if parser is None else partial(ChatAnswer, tools=parser)
     return await _serve(
         request, backend, body, [prompt_ids], answer_cls, ["messages"], tool_grammar=forced
     )
@@ -148,37 +138,17 @@ async def _serve(
     """Serve one request of one or more prompts: each prompt is its own ``GenerateRequest``
     (placed by the backend on its own, all opened at once), answered as one response whose
     choice ``prompt_index * n + j`` is sample j of prompt ``prompt_index``."""
-    limits = [
-        _max_tokens(backend, len(ids), body.token_limit, param, body.default_max_tokens)
-        for ids, param in zip(prompts, prompt_params, strict=True)
-    ]
-    max_tokens = limits[0]
-    params = sampling_params(body, max_tokens, backend.meta.vocab_size, tool_grammar)
+    plan = plan_prompts(backend, body, prompts, prompt_params, tool_grammar)
+    params = plan.params
     ids_back = prompts if body.return_token_ids else None
     lp = LogprobFormatter(backend.meta.tokenizer) if params.logprobs is not None else None
     if answer_cls is TextAnswer:
         answer = TextAnswer(backend.meta.name, ids_back, lp, echo, prompts, n=params.n)
     else:
         answer = answer_cls(backend.meta.name, ids_back, lp, n=params.n)
-    reqs = [
-        GenerateRequest(
-            answer.request_id(i),
-            ids,
-            params if limit == max_tokens else msgspec.structs.replace(params, max_tokens=limit),
-            body.cache_salt,
-        )
-        for i, (ids, limit) in enumerate(zip(prompts, limits, strict=True))
-    ]
-    try:
-        streams = await open_all(backend, reqs, body.user)
-    except ApiError as e:
-        if tool_grammar is not None and e.param == "response_format":
-            e.param = "tools"  # the grammar the worker refused was the forced tools'
-        raise
-    headers = {
-        "x-radixray-worker": ",".join(str(s.worker_id) for s in streams),
-        "x-radixray-cached-tokens": str(sum(s.cached_tokens for s in streams)),
-    }
+    streams, headers = await open_prompts(
+        backend, body, prompts, plan, answer.request_id, tool_grammar
+    )
     if body.stream:
         return SSEResponse(sse_events(streams, answer, body.include_usage), headers)
     results = await collect(request, streams)
@@ -191,26 +161,3 @@ async def _serve(
         for j, text, token_ids, last in samples
     ]
     return JSONResponse(answer.response(choices, usage, ends), headers=headers)
-
-
-def _max_tokens(
-    backend: Backend, num_prompt: int, requested: int | None, prompt_param: str, default=None
-) -> int:
-    """The request's max_tokens, or else ``default`` or the room left in the context, at most the
-    server's cap either way; the context-length rule is the workers' own (``check_context``)."""
-    limit, cap = backend.meta.max_model_len, backend.max_tokens_limit
-    if requested is not None and requested > cap:
-        raise ApiError(
-            400,
-            f"max_tokens is {requested}; this server allows at most {cap}",
-            param="max_tokens",
-            code="max_tokens_too_large",
-        )
-    try:
-        check_context(num_prompt, requested or 1, limit)
-    except InvalidRequest as e:
-        param = prompt_param if e.param == "prompt" else e.param
-        raise ApiError(400, e.message, param=param, code="context_length_exceeded") from None
-    if requested is not None:
-        return requested
-    return min(limit - num_prompt, cap, default or cap)
