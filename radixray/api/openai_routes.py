@@ -1,5 +1,6 @@
 """OpenAI-compatible routes: /v1/completions and /v1/chat/completions, and the registration of
-every POST route (with vLLM's /tokenize and /detokenize, ``discovery.py``).
+every POST route (with /v1/responses, ``responses_api.py``, and vLLM's /tokenize and
+/detokenize, ``discovery.py``).
 
 Module-level handlers over the app's :class:`~radixray.api.backend.Backend` (the router, or one
 worker's engine: ``app.state.backend``). Completions and chat differ only in how the prompts are
@@ -41,6 +42,7 @@ from .discovery import (
 from .errors import ApiError
 from .inputs import backend_of, check_model, client_error, encode, parse_body, render_chat
 from .logprobs import LogprobFormatter
+from .responses_api import ResponsesRequest, serve_responses
 from .serve_path import chat_tools, open_prompts, plan_prompts
 from .sse import SSEResponse
 from .streams import collect, sse_events, usage_of
@@ -116,6 +118,7 @@ REQUEST_MODELS: dict[str, PostRoute] = {
     for r in (
         PostRoute("/v1/completions", "completions", serve_completions, oa.CompletionRequest),
         PostRoute("/v1/chat/completions", "chat_completions", serve_chat, oa.ChatCompletionRequest),
+        PostRoute("/v1/responses", "responses", serve_responses, ResponsesRequest),
         PostRoute("/tokenize", "tokenize", serve_tokenize, TokenizeRequest),
         PostRoute("/detokenize", "detokenize", serve_detokenize, DetokenizeRequest),
     )

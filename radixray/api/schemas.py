@@ -131,6 +131,11 @@ class _Sampling(BaseModel):
     # vLLM's tenant isolation field: requests with different salts never share cached pages
     # (on the worker and in the router's index), so one tenant cannot time another's prefixes.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # OpenAI's field for cache-friendly routing: the router's session key (it replaces ``user``
+    # there; ``radixray/api/serve_path.py``, ``session_key``). ``safety_identifier``: OpenAI's
+    # abuse-tracking id, accepted and unused.
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=1024)] | None = None
     # vLLM's extension: the answer carries the prompt's token ids (``prompt_token_ids``) and the
     # generated ones (``token_ids``, per chunk when streaming), exactly what the engine saw and
     # sampled: a client can resend them without re-tokenizing (RL rollouts), a replay can

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from radixray.api import BodyLimit, CountRequests, OpenAIApp, install_openai
+from radixray.api import BodyLimit, CountRequests, OpenAIApp, ResponseStore, install_openai
 
 from .routes_ops import ops_router
 from .service import RouterService
@@ -35,7 +35,7 @@ def build_app(
 
     app = OpenAIApp(title="radixray router", version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    install_openai(app, service)
+    install_openai(app, service, ResponseStore(service.router_id, service.settings.responses))
     app.include_router(ops_router)
     # The last added runs first: CountRequests also counts the body limit's refusals.
     app.add_middleware(BodyLimit, limit=service.settings.max_body_bytes)

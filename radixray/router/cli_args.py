@@ -6,6 +6,9 @@ import argparse
 import os
 import socket
 
+from radixray.api.response_store import ResponseStoreConfig
+from radixray.settings import add_arguments, from_args
+
 from .service import RouterSettings
 
 __all__ = ["add_router_arguments", "router_settings"]
@@ -30,6 +33,7 @@ def add_router_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse (429) a request that would wait longer than this many seconds before its "
         "prefill on the least-queued worker; 0 = no limit (default %(default)s)",
     )
+    add_arguments(p, ResponseStoreConfig)
 
 
 def _seconds_or_off(text: str) -> float:
@@ -53,4 +57,5 @@ def router_settings(args, policy: str) -> RouterSettings:
         max_inflight=args.max_inflight,
         max_queue_s=args.max_queue_s or None,
         router_id=f"{socket.gethostname()}:{args.port}",
+        responses=from_args(ResponseStoreConfig, args),
     )

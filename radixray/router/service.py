@@ -11,8 +11,9 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from radixray.api.response_store import ResponseStoreConfig
 from radixray.cache_index import ApproxIndex
 from radixray.model_meta import ModelMeta
 from radixray.protocol import GenerateRequest, Overloaded, WorkerClient
@@ -52,6 +53,8 @@ class RouterSettings:
     # ingress set it.
     router_id: str | None = None
     herd_window: int = 64  # decisions the herding alarm looks back over
+    # Stored responses of /v1/responses (radixray/api/response_store.py): how many, how long.
+    responses: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
 
     def __post_init__(self):
         for name in (
