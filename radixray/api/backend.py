@@ -37,7 +37,11 @@ class Backend(Protocol):
     max_tokens_limit: int  # the largest max_tokens a request may ask for
     retry_after_s: int  # what a 429 / 503 tells clients to wait
 
-    async def open(self, req: GenerateRequest, session_key: str | None) -> TokenStream:
-        """Start ``req``; return once its first chunk is there. Raises ``RequestError`` (its
+    async def open(
+        self, req: GenerateRequest, session_key: str | None, cache_key: str | None = None
+    ) -> TokenStream:
+        """Start ``req``; return once its first chunk is there. ``session_key``: the client's
+        session (``prompt_cache_key``, else ``user``); ``cache_key``: its ``prompt_cache_key``
+        (``serve_path.session_key``). Raises ``RequestError`` (its
         kind sets the HTTP status) when it cannot."""
         ...

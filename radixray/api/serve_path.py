@@ -38,8 +38,9 @@ class Opened(NamedTuple):
 
 def session_key(body) -> str | None:
     """The router's session key of a request: OpenAI's ``prompt_cache_key`` (which replaces
-    ``user`` for cache-friendly routing), else ``user``. ``consistent_hash`` keys its ring on
-    it; ``ttft`` breaks exact ties by it, the same way on every router (``Policy.pick_tied``)."""
+    ``user`` for cache-friendly routing), else ``user``: ``consistent_hash`` keys its ring on
+    it. The ``prompt_cache_key`` alone also goes to the router as the request's cache key,
+    by which ``ttft`` breaks exact ties the same way on every router (``Policy.pick_tied``)."""
     return getattr(body, "prompt_cache_key", None) or body.user
 
 
@@ -98,7 +99,9 @@ async def open_prompts(
         for i, (ids, limit) in enumerate(zip(prompts, plan.limits, strict=True))
     ]
     try:
-        streams = await open_all(backend, reqs, session_key(body))
+        streams = await open_all(
+            backend, reqs, session_key(body), getattr(body, "prompt_cache_key", None)
+        )
     except ApiError as e:
         if tool_grammar is not None and e.param == "response_format":
             e.param = "tools"  # the grammar the worker refused was the forced tools'

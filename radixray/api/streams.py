@@ -25,13 +25,16 @@ _DISCONNECT_POLL_S = 0.25
 
 
 async def open_all(
-    backend: Backend, reqs: list[GenerateRequest], session_key: str | None
+    backend: Backend,
+    reqs: list[GenerateRequest],
+    session_key: str | None,
+    cache_key: str | None = None,
 ) -> list[TokenStream]:
     """Open every request at once. If any cannot be opened, or the caller is cancelled (the
     client left) meanwhile, close (abort) the opened ones and raise the first failure."""
     if len(reqs) == 1:  # the common case, without tasks
-        return [await _open(backend, reqs[0], session_key)]
-    tasks = [asyncio.ensure_future(_open(backend, r, session_key)) for r in reqs]
+        return [await _open(backend, reqs[0], session_key, cache_key)]
+    tasks = [asyncio.ensure_future(_open(backend, r, session_key, cache_key)) for r in reqs]
     failed: BaseException | None = None
     try:
         await asyncio.wait(tasks)
@@ -55,9 +58,11 @@ async def open_all(
     raise failed
 
 
-async def _open(backend: Backend, req: GenerateRequest, session_key: str | None) -> TokenStream:
+async def _open(
+    backend: Backend, req: GenerateRequest, session_key: str | None, cache_key: str | None
+) -> TokenStream:
     try:
-        return await backend.open(req, session_key)
+        return await backend.open(req, session_key, cache_key)
     except RequestError as e:
         raise api_error(e, backend.retry_after_s) from None
 

@@ -118,12 +118,14 @@ class Router:
     def new_request_id(self) -> str:
         return f"rr-{int(time.time() * 1000):x}-{next(self._ids)}"
 
-    async def open(self, req: GenerateRequest, session_key: str | None = None) -> RoutedRequest:
+    async def open(
+        self, req: GenerateRequest, session_key: str | None = None, cache_key: str | None = None
+    ) -> RoutedRequest:
         """Admit and route ``req``; return it once its first chunk is in (then iterate it).
         Raises the ``RequestError`` that ended it: ``Overloaded``, ``InvalidRequest`` (the
         client's), ``NoWorkerAvailable`` (no worker left to try), ``RequestFailed`` (engines
         failed on two workers)."""
-        request = RoutedRequest(self, req, session_key)
+        request = RoutedRequest(self, req, session_key, cache_key)
         await request.route()
         return request
 
@@ -138,11 +140,18 @@ class RoutedRequest:
     mid-stream raises its ``RequestError`` (the edge ends the answer with an error event).
     """
 
-    def __init__(self, router: Router, req: GenerateRequest, session_key: str | None = None):
+    def __init__(
+        self,
+        router: Router,
+        req: GenerateRequest,
+        session_key: str | None = None,
+        cache_key: str | None = None,
+    ):
         self.router = router
         self.req = req
         self.request_id = req.request_id
         self.session_key = session_key
+        self.cache_key = cache_key
         self.started = time.monotonic()
         self.worker_id: str | None = None
         self.record: DecisionRecord | None = None
@@ -176,7 +185,13 @@ class RoutedRequest:
         hashes = hash_blocks(req.prompt_ids, router.page_size, extra_key=req.extra_key)
         self.started = time.monotonic()  # ttft and latency count from here
         rr = RoutingRequest(
-            self.request_id, n, hashes, self.session_key, self.started, pool.fleet_position()
+            self.request_id,
+            n,
+            hashes,
+            self.session_key,
+            self.started,
+            pool.fleet_position(),
+            self.cache_key,
         )
         excluded: set[str] = set()
         last_error = "no healthy worker"

@@ -124,10 +124,12 @@ class RouterService:
     def retry_after_s(self) -> int:
         return self.settings.retry_after_s
 
-    async def open(self, req: GenerateRequest, session_key: str | None = None) -> RoutedRequest:
+    async def open(
+        self, req: GenerateRequest, session_key: str | None = None, cache_key: str | None = None
+    ) -> RoutedRequest:
         """Admit and route ``req`` (``request_path.py``); its admission slot is released when
         it ends."""
-        return await self.router.open(req, session_key)
+        return await self.router.open(req, session_key, cache_key)
 
     @property
     def inflight(self) -> int:

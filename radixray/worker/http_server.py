@@ -70,7 +70,9 @@ class EngineBackend:
         self.max_tokens_limit = max_tokens_limit
         self.retry_after_s = 1
 
-    async def open(self, req: GenerateRequest, session_key: str | None) -> _LocalStream:
+    async def open(
+        self, req: GenerateRequest, session_key: str | None, cache_key: str | None = None
+    ) -> _LocalStream:
         agen = self.host.generate(req)
         try:
             first = await agen.__anext__()

@@ -157,7 +157,7 @@ class _Backend:
         self.refuse = refuse
         self.opened: list[_Stream] = []
 
-    async def open(self, req, session_key):
+    async def open(self, req, session_key, cache_key=None):
         await asyncio.sleep(0)
         if self.refuse is not None and req.prompt_ids == list(PROMPTS[self.refuse].encode()):
             raise Overloaded("busy")

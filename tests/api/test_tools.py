@@ -67,7 +67,7 @@ class ScriptedBackend:
         self.prompts: list[list[int]] = []
         self.grammars: list = []  # each request's SamplingParams.grammar
 
-    async def open(self, req, session_key):
+    async def open(self, req, session_key, cache_key=None):
         self.prompts.append(list(req.prompt_ids))
         self.grammars.append(req.params.grammar)
         return _Stream(self.text, self.pieces, len(req.prompt_ids))

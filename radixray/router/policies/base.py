@@ -29,6 +29,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import xxhash
+
 from radixray.step_cost import prefill_seconds, queue_wait_seconds, token_seconds
 
 if TYPE_CHECKING:  # only for type hints: policies read the index, they never build one
@@ -63,6 +65,10 @@ class RoutingRequest:
     session_key: str | None = None
     arrival_time: float = 0.0
     fleet: tuple[int, int] = (0, 1)
+    # The client's ``prompt_cache_key`` (OpenAI's field for cache-friendly routing): ``ttft``
+    # breaks exact ties by it (``Policy.pick_tied``), so every router sends a key's ties to
+    # the same worker. ``session_key`` carries it too (else the ``user``).
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,16 +208,22 @@ class Policy(ABC):
         self._ties = 0
 
     def pick_tied(
-        self, best: Sequence[WorkerState], fleet: tuple[int, int] = (0, 1)
+        self, best: Sequence[WorkerState], fleet: tuple[int, int] = (0, 1), key: str | None = None
     ) -> WorkerState:
-        """One of equally good workers. Alone (``fleet``, the request's: (rank, routers)), a
-        seeded random one. In a fleet of routers, the one at this router's rank in worker-id
+        """One of equally good workers. With a ``key`` (the request's
+        ``cache_key``), the one the key hashes to (highest random weight of
+        key and worker id): every router picks the same one, and a key's ties keep going where
+        its pages are, whichever workers come and go (only the ties that picked a departed
+        worker move). Alone (``fleet``, the request's: (rank, routers)), a seeded random one.
+        In a fleet of routers, the one at this router's rank in worker-id
         order, then the next on each later tie: routers that see the same idle workers at the
         same moment (a burst split across them, before any report shows their choices) then
         start on different workers instead of all taking the same "best" one (each router's own
         tally spreads its later requests)."""
         if len(best) == 1:
             return best[0]
+        if key is not None:
+            return max(best, key=lambda w: xxhash.xxh64_intdigest(f"{key}\0{w.worker_id}".encode()))
         rank, size = fleet
         if size <= 1:
             return self.rng.choice(best)

@@ -245,7 +245,7 @@ class PredictedTTFT(Policy):
         if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
             most = max(cached[w.worker_id][0] for w in best)
             best = [w for w in best if cached[w.worker_id][0] == most]
-        pick = self.pick_tied(best, request.fleet)
+        pick = self.pick_tied(best, request.fleet, request.cache_key)
         pick, reason = self._keep(pick, live, cached, c_best, scores, key)
         c = reusable.get(pick.worker_id, 0)
         self._observe_work(request, pick, n - _held(pick, reusable, tiers, P)[0], len(live))
