@@ -1,6 +1,7 @@
 """Discovery: what a client asks before it sends work. ``GET /v1/models`` (OpenAI's model list,
-with vLLM's ``max_model_len``), and vLLM's ``POST /tokenize`` and ``POST /detokenize``, from the
-backend's own tokenizer (torch-free: on the router it is ``radixray.model_meta``'s).
+with vLLM's ``max_model_len``), and vLLM's ``GET /tokenizer_info``, ``POST /tokenize`` and
+``POST /detokenize``, from the backend's own tokenizer (torch-free: on the router it is
+``radixray.model_meta``'s).
 
 The GET routes are FastAPI routes (``discovery_router``); the POST ones are served and
 documented like the completion routes, from their request schemas (``openai_routes``'s
@@ -39,6 +40,7 @@ __all__ = [
     "retrieve_model",
     "serve_detokenize",
     "serve_tokenize",
+    "tokenizer_info",
 ]
 
 discovery_router = APIRouter()
@@ -118,6 +120,30 @@ async def list_models(request: Request):
 async def retrieve_model(request: Request, model: str):
     check_model(backend_of(request), model)
     return _model_card(request)
+
+
+@discovery_router.get("/tokenizer_info")
+async def tokenizer_info(request: Request):
+    """vLLM's /tokenizer_info (served by default here: it holds nothing secret): what a client
+    needs to use the server's own tokenizer through /tokenize and /detokenize, as
+    lm-evaluation-harness's remote tokenizer does (it finds the end of text from
+    ``eos_token``, and renders chats with ``chat_template``)."""
+    meta = backend_of(request).meta
+    tok = meta.tokenizer
+
+    def text(token_id: int | None) -> str | None:
+        return None if token_id is None else tok.decode([token_id], skip_special_tokens=False)
+
+    return {
+        "tokenizer_class": type(tok).__name__,
+        "eos_token": text(tok.eos_token_id),
+        "bos_token": text(tok.bos_token_id),
+        "pad_token": text(tok.pad_token_id),
+        "add_bos_token": bool(getattr(tok, "add_bos_token", False)),
+        "chat_template": getattr(tok, "chat_template", None),
+        "model_max_length": meta.max_model_len,
+        "vocab_size": tok.vocab_size,
+    }
 
 
 def _model_card(request: Request) -> dict:

@@ -20,7 +20,13 @@ from radixray.protocol import GrammarSpec
 
 from .errors import ApiError
 
-__all__ = ["JsonSchemaFormat", "ResponseFormat", "StructuredOutputs", "grammar_spec"]
+__all__ = [
+    "JsonSchemaFormat",
+    "ResponseFormat",
+    "StructuredOutputs",
+    "closed_schema",
+    "grammar_spec",
+]
 
 _ALIASES = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -59,7 +65,69 @@ def _schema_text(value: dict | str, param: str) -> str:
             raise ApiError(400, f"{param} is not valid JSON", param=param) from None
     if not isinstance(value, (dict, bool)):
         raise ApiError(400, f"{param} must be a JSON schema (an object)", param=param)
-    return json.dumps(value)
+    return json.dumps(closed_schema(value))
+
+
+# Keywords whose value is one subschema, a list of alternatives, or a map of named subschemas.
+_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_ALTERNATIVES = ("anyOf", "oneOf")
+_NAMED = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_schema(schema):
+    """``schema`` with no properties beyond those it names: an object schema that names its
+    ``properties`` and says nothing of ``additionalProperties`` gets ``false`` there, and an
+    array schema with ``prefixItems`` and no ``items`` gets no items past them (xgrammar's
+    default strict mode, what OpenAI's strict mode asks for, and what libraries built on these
+    APIs assume). Kept open: an explicit ``additionalProperties`` / ``items``; an object that
+    names no property (``{"type": "object"}``, any object); and where an object's properties
+    are spread over parts (an ``allOf``'s branches, or ``properties`` beside ``anyOf`` /
+    ``oneOf`` branches that name more), those parts, since each names only some of them.
+    Returns a new schema; ``schema`` is not changed."""
+    return _close(schema, True)
+
+
+def _names_properties(schema) -> bool:
+    return isinstance(schema, dict) and isinstance(schema.get("properties"), dict)
+
+
+def _close(schema, close_here: bool):
+    if isinstance(schema, list):
+        return [_close(s, True) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    own = _names_properties(schema)
+    parts = [
+        b
+        for k in ("allOf", *_ALTERNATIVES)
+        if isinstance(schema.get(k), list)
+        for b in schema[k]
+        if _names_properties(b)
+    ]
+    spread = own and bool(parts)  # properties named here and in branches: close neither
+    out = {}
+    for key, value in schema.items():
+        if key in _NAMED and isinstance(value, dict):
+            out[key] = {name: _close(sub, True) for name, sub in value.items()}
+        elif key in _ALTERNATIVES and isinstance(value, list):
+            out[key] = [_close(b, not spread) for b in value]
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_close(b, False) for b in value]
+        elif key in _ONE or key == "prefixItems":
+            out[key] = _close(value, True)
+        else:
+            out[key] = value
+    if close_here and not spread:
+        if own and not _says(schema, "Properties"):
+            out["additionalProperties"] = False
+        if isinstance(schema.get("prefixItems"), list) and not _says(schema, "Items", "items"):
+            out["items"] = False
+    return out
+
+
+def _says(schema: dict, what: str, *more: str) -> bool:
+    """Whether ``schema`` itself bounds its extra properties (or items)."""
+    return any(k in schema for k in (f"additional{what}", f"unevaluated{what}", *more))
 
 
 def _from_structured(so: StructuredOutputs) -> GrammarSpec:
@@ -118,7 +186,7 @@ def grammar_spec(body) -> GrammarSpec | None:
                 param="response_format",
             )
         schema = rf.json_schema.schema_
-        return GrammarSpec("json_schema", json.dumps(schema if schema is not None else {}))
+        return GrammarSpec("json_schema", json.dumps(closed_schema(schema or {})))
     if src == "structured_outputs":
         return _from_structured(body.structured_outputs)
     value = getattr(body, src)

@@ -21,6 +21,7 @@ import json
 
 from radixray.protocol import GrammarSpec
 
+from .structured import closed_schema
 from .tool_schemas import NamedToolChoice, Tool
 
 __all__ = ["tool_choice_grammar"]
@@ -39,7 +40,7 @@ _SYNTAX = {
 def _call_schema(tool: Tool, args_key: str) -> dict:
     """One call of ``tool`` as a JSON schema: its name, then its arguments. The parameters'
     own definitions move to the root, where their ``#/$defs/...`` references point."""
-    params = dict(tool.function.parameters or _NO_ARGUMENTS)
+    params = closed_schema(tool.function.parameters or _NO_ARGUMENTS)
     defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     params.pop("$schema", None)
     return {
