@@ -43,7 +43,7 @@ def install_openai(
         raise TypeError(f"install_openai needs an OpenAIApp, got {type(app).__name__}")
     app.state.backend = backend
     app.state.created = int(time.time())  # the served model's "created" in /v1/models
-    app.state.responses = responses or ResponseStore(backend.meta.name)
+    app.state.responses = ResponseStore(backend.meta.name) if responses is None else responses
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(responses_router)

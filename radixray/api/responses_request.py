@@ -16,7 +16,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 from pydantic import ValidationError as PydanticValidationError
 
 from .schemas import ChatCompletionRequest
@@ -94,7 +103,8 @@ def _input_item(item: Any, i: int) -> dict | None:
             raise field_error(
                 f"{param}.role", f"{param}.role must be one of {', '.join(_ROLES)}; got {role!r}"
             )
-        return {"type": "message", "role": role, "content": text_of(item.get("content"), param)}
+        content = text_of(item.get("content"), f"{param}.content")
+        return {"type": "message", "role": role, "content": content}
     if kind == "function_call":
         arguments = item.get("arguments")
         try:
@@ -163,7 +173,7 @@ class _FormatPlain(BaseModel):
 
 class _Text(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    format: _FormatSchema | _FormatPlain | None = None
+    format: Annotated[_FormatSchema | _FormatPlain, Field(discriminator="type")] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # for reasoning models; unused
 
 
@@ -224,6 +234,13 @@ class ResponsesRequest(BaseModel):
     def _tools(cls, v):
         return None if v is None else [_tool(t, i) for i, t in enumerate(v)]
 
+    _tools_as_chat: tuple = PrivateAttr(default=(None, None))
+
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        self._tools_as_chat = self._chat_tools()
+        return self
+
     @field_validator("background")
     @classmethod
     def _background(cls, v):
@@ -247,7 +264,7 @@ class ResponsesRequest(BaseModel):
             "messages": messages,
             "stream": self.stream,
         }
-        tools, choice = self._chat_tools()
+        tools, choice = self._tools_as_chat
         if tools:
             body["tools"] = tools
         if choice is not None:
