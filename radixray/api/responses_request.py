@@ -283,6 +283,8 @@ class ResponsesRequest(BaseModel):
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
         fmt = self.text.format if self.text is not None else None
+        if choice == "required" or isinstance(choice, dict):
+            fmt = None  # the answer is forced to be calls: there is no text to format
         if isinstance(fmt, _FormatSchema):
             spec = fmt.model_dump(by_alias=True, exclude_none=True, exclude={"type"})
             body["response_format"] = {"type": "json_schema", "json_schema": spec}
