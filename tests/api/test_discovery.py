@@ -51,6 +51,19 @@ def test_models_lists_the_served_model_with_its_context_length(live):
         client.models.retrieve("nope")
 
 
+def test_tokenizer_info_lets_a_client_use_the_servers_tokenizer(live):
+    # What lm-evaluation-harness's remote tokenizer reads: the end-of-text token (whose id it
+    # takes from /tokenize), the chat template it renders chats with, the context length.
+    url, max_len = live
+    info = httpx.get(f"{url}/tokenizer_info").json()
+    tok = load_model_meta("tiny").tokenizer
+    assert info["eos_token"] == "<|im_end|>" and info["bos_token"] == "<|endoftext|>"
+    assert info["chat_template"] == tok.chat_template and info["model_max_length"] == max_len
+    assert info["tokenizer_class"] == "ByteTokenizer" and info["vocab_size"] == tok.vocab_size
+    ids = httpx.post(f"{url}/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"]
+    assert ids == [tok.eos_token_id]
+
+
 def test_tokenize_is_the_tokenizers_ids_and_detokenize_inverts_it(live):
     url, max_len = live
     tok = load_model_meta("tiny").tokenizer

@@ -140,3 +140,85 @@ def test_a_bad_request_is_a_400_naming_the_field(client, extra, param, stream):
             list(r)
     assert e.value.status_code == 400
     assert e.value.body["param"].split(".")[0] == param, e.value.body
+
+
+# ---------------------------------------------------------------------- closed schemas
+
+
+def _accepts(schema: dict, text: str) -> bool:
+    """Whether the worker's grammar for ``schema``, as the edge sends it, takes ``text`` whole."""
+    from radixray.api.schemas import ChatCompletionRequest
+    from radixray.api.structured import ResponseFormat, grammar_spec
+    from radixray.model_meta import load_model_meta
+    from radixray.worker.grammar import GrammarCompiler
+
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": ResponseFormat.model_validate(
+                {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+            ).model_dump(by_alias=True),
+        }
+    )
+    spec = grammar_spec(body)
+    tokenizer = load_model_meta("tiny").tokenizer
+    matcher = GrammarCompiler(tokenizer).matcher(spec.kind, spec.spec)
+    return all(matcher.accept(t) for t in tokenizer.encode(text)) and matcher.accepting
+
+
+@pytest.mark.parametrize(
+    "schema, text, ok",
+    [
+        # An object naming its properties takes no others unless it says so.
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1}', True),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"b":2}', False),
+        (
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+            '{"a":1,"b":2}',
+            True,
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {}},
+                "additionalProperties": {"type": "string"},
+            },
+            '{"a":1,"b":"x"}',
+            True,
+        ),
+        # Nested objects, items and $defs alike.
+        (
+            {"type": "array", "items": {"type": "object", "properties": {"x": {}}}},
+            '[{"x":1,"y":2}]',
+            False,
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"p": {"$ref": "#/$defs/P"}},
+                "$defs": {"P": {"type": "object", "properties": {"q": {}}}},
+            },
+            '{"p":{"q":1,"r":2}}',
+            False,
+        ),
+        # An object that names no property is any object.
+        ({"type": "object"}, '{"anything":[1,2]}', True),
+        # prefixItems: nothing past them unless items says so.
+        ({"type": "array", "prefixItems": [{"type": "integer"}]}, "[1]", True),
+        ({"type": "array", "prefixItems": [{"type": "integer"}]}, "[1,2]", False),
+        (
+            {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
+            '[1,"a"]',
+            True,
+        ),
+        # Properties spread over allOf's branches: each branch names only some of them.
+        (
+            {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+            '{"a":1,"b":2}',
+            True,
+        ),
+    ],
+)
+def test_a_schema_that_says_nothing_of_extra_properties_allows_none(schema, text, ok):
+    assert _accepts(schema, text) is ok

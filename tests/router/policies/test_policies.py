@@ -277,6 +277,33 @@ def test_in_a_fleet_ties_go_by_the_rank_the_request_carries(name):
     assert alone == {0, 1, 2, 3}
 
 
+def test_ttft_breaks_a_tie_by_the_cache_key_the_same_on_every_router():
+    # A prompt_cache_key decides exact ties by a hash of key and worker id: every router (any
+    # rank, any seed, any earlier ties) sends a key's ties to the same worker; keys spread over
+    # the workers; a worker leaving moves only the keys that were on it; costs still come first.
+    idle = [ws(3), ws(1), ws(0), ws(2)]
+    idx = index_with()
+    keys = [f"tenant-{k}" for k in range(40)]
+
+    def pick(key, rank=0, routers=1, seed=0, workers=idle, index=idx):
+        pol = make_policy("ttft", seed=seed)
+        pol.choose(req(8), workers, index)  # an earlier tie moves nothing
+        r = dataclasses.replace(req(8), cache_key=key, fleet=(rank, routers))
+        return pol.choose(r, workers, index).worker_id
+
+    home = {k: pick(k) for k in keys}
+    assert all(
+        pick(k, rank, 3, seed) == home[k] for k in keys[:10] for rank, seed in [(1, 5), (2, 9)]
+    )
+    assert set(home.values()) == {0, 1, 2, 3}
+    three = [w for w in idle if w.worker_id != 2]
+    moved = {k for k in keys if pick(k, workers=three) != home[k]}
+    assert moved == {k for k in keys if home[k] == 2}
+    # Not a pin: a worker with the prefix cached is cheaper, whatever the key says.
+    holder = index_with(w1=8)
+    assert {pick(k, index=holder) for k in keys} == {1}
+
+
 def test_ttft_a_header_every_prompt_shares_does_not_draw_new_prompts_to_one_worker():
     """A chat template's first page, cached on one worker, is 0.8% of a 2,016-token prompt:
     below ttft's min_match (1%) it does not count, so idle workers tie exactly and new prompts
