@@ -12,6 +12,7 @@ from .serving import LiveServer, inprocess_service
 
 C = "/v1/completions"
 CH = "/v1/chat/completions"
+R = "/v1/responses"
 OK_MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -32,6 +33,10 @@ def comp(**kw):
 
 def chat(**kw):
     return {"model": "tiny", "messages": OK_MSG} | kw
+
+
+def resp(**kw):
+    return {"model": "tiny", "input": "x"} | kw
 
 
 def _fmt(schema) -> dict:
@@ -250,6 +255,46 @@ CASES = [
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
     ("/detokenize", {"tokens": [1], "model": "nope"}, 404, "model"),
+    (R, resp(input=5), 400, "input"),
+    (R, resp(input=[5]), 400, "input[0]"),
+    (R, resp(input=[{"type": "message", "role": "user", "content": 3}]), 400, "input[0].content"),
+    (
+        R,
+        resp(input=[{"role": "user", "content": [{"type": "x"}]}]),
+        400,
+        "input[0].content[0].type",
+    ),
+    (R, resp(tools=[{"type": "code_interpreter"}]), 400, "tools[0].type"),
+    (
+        R,
+        resp(tools=[{"type": "function", "name": "f", "parameters": {"type": "array"}}]),
+        400,
+        "tools[0].parameters",
+    ),
+    (R, resp(tools=[{"type": "function", "name": "f"}] * 2), 400, "tools[1]"),
+    (
+        R,
+        resp(
+            tool_choice={"type": "function", "name": "g"}, tools=[{"type": "function", "name": "f"}]
+        ),
+        400,
+        "tool_choice",
+    ),
+    (R, resp(tool_choice={"type": "function"}), 400, "tool_choice.name"),
+    (R, resp(text={"format": {"type": "yaml"}}), 400, "text.format"),
+    (
+        R,
+        resp(text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "nonsense"}}}),
+        400,
+        "text.format",
+    ),
+    (R, resp(max_output_tokens=65), 400, "max_output_tokens"),
+    (R, resp(store="yes"), 400, "store"),
+    (R, resp(background=True), 400, "background"),
+    (R, resp(metadata={"a": 1}), 400, "metadata.a"),
+    (R, resp(previous_response_id="resp_00000000_0"), 404, "previous_response_id"),
+    (R, resp(model="nope"), 404, "model"),
+    (R, resp(prompt={"id": "pmpt_1"}), 400, "prompt"),
 ]
 
 
@@ -404,6 +449,31 @@ _CHOICES = (
     | st.builds(lambda n: {"type": "function", "function": {"name": n}}, st.sampled_from("fgh"))
     | _ANY
 )
+_ITEMS = st.lists(
+    st.sampled_from(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            {"type": "reasoning", "summary": []},
+            {"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
+        ]
+    )
+    | _ANY,
+    max_size=4,
+)
+_RESP_TOOLS = st.lists(
+    st.sampled_from(
+        [
+            {"type": "function", "name": "f"},
+            {"type": "function", "name": "g", "parameters": _SCHEMAS[0], "strict": True},
+            {"type": "web_search"},
+        ]
+    )
+    | _ANY,
+    max_size=3,
+)
 _API_FIELDS = {
     C: {
         "logprobs": st.integers(-2, 8) | _ANY,
@@ -419,10 +489,23 @@ _API_FIELDS = {
         "tool_choice": _CHOICES,
         "stream": st.booleans(),
     },
+    R: {
+        "input": _ITEMS | st.text(max_size=4),
+        "instructions": st.text(max_size=4) | _ANY,
+        "tools": _RESP_TOOLS | _ANY,
+        "tool_choice": st.sampled_from(
+            ["auto", "none", "required", {"type": "function", "name": "f"}]
+        )
+        | _ANY,
+        "text": st.builds(lambda f: {"format": f}, _FORMATS) | _ANY,
+        "include": st.lists(st.text(max_size=4), max_size=2) | _ANY,
+        "store": st.booleans() | _ANY,
+        "stream": st.booleans(),
+    },
 }
 
 
-@pytest.mark.parametrize("route", [C, CH])
+@pytest.mark.parametrize("route", [C, CH, R])
 def test_api_fields_fuzz_no_5xx(url, route):
     """Issue 22's fields (logprobs, echo, structured output, tools) with values of every kind:
     each request is served (200, a stream without an error event) or refused (400 naming one of
@@ -434,14 +517,19 @@ def test_api_fields_fuzz_no_5xx(url, route):
     )
     @given(fields=st.fixed_dictionaries({}, optional=_API_FIELDS[route]))
     def check(fields):
-        base = comp() if route == C else chat()
-        body = base | {"max_tokens": 4, "temperature": 0} | fields
+        base, limit = {C: (comp(), "max_tokens"), CH: (chat(), "max_tokens")}.get(
+            route, (resp(), "max_output_tokens")
+        )
+        body = base | {limit: 4, "temperature": 0} | fields
         r = httpx.post(url + route, json=body, timeout=60)
         seen.add(r.status_code)
         assert r.status_code in (200, 400), (body, r.status_code, r.text)
         if r.status_code == 400:
             param = r.json()["error"]["param"]
             assert param and param.split("[")[0].split(".")[0] in fields, (body, r.text)
+        elif fields.get("stream") is True and route == R:  # Responses events, no [DONE]
+            last = r.text.rstrip().rsplit("\n", 1)[-1]
+            assert '"type":"response.completed"' in last or "response.incomplete" in last, r.text
         elif fields.get("stream") is True:
             assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text, r.text
 
