@@ -49,6 +49,7 @@ CASES = {
     "bench_sim_tiers.py": (["--out", "{out}/tiers.json"], "excess p50 vs all-device", ()),
     "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
     "bench_structured.py": ([], "| llguidance |", ()),
+    "bench_instructor.py": ([], "JSON_SCHEMA  closed (default)", (integration,)),
     "bench_samples.py": ([], "| n=4 |", ()),
     "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     "bench_host_tier.py": ([], "| loaded back from host |", ()),
