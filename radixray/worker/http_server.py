@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator
 from urllib.parse import parse_qs
 
-from radixray.api import BodyLimit, OpenAIApp, install_openai
+from radixray.api import BodyLimit, OpenAIApp, ResponseStore, install_openai
 from radixray.api.auth import bearer_matches
 from radixray.api.body import BodyTooLarge, read_body
 from radixray.api.errors import error_body
@@ -105,7 +105,10 @@ class WorkerServer:
             engine.max_model_len,
         )
         openai = OpenAIApp(title="radixray worker", version="0.1.0")
-        install_openai(openai, EngineBackend(host, self.meta, max_tokens_limit))
+        # Stored responses (/v1/responses) are this worker's own, their ids named after it.
+        install_openai(
+            openai, EngineBackend(host, self.meta, max_tokens_limit), ResponseStore(host.worker_id)
+        )
         # The last added runs first: SGLang's fields are dropped from bodies within the limit.
         openai.add_middleware(sglang_compat.DropNeutralFields)
         openai.add_middleware(BodyLimit, limit=max_body_bytes)
