@@ -13,10 +13,9 @@ import jsonschema
 import openai
 import pytest
 
-from radixray.api import OpenAIApp, ResponseStore, ResponseStoreConfig, install_openai
+from radixray.api import ResponseStore, ResponseStoreConfig
 
-from ..router.serving import LiveApp, LiveServer, inprocess_service, local_client, served
-from .test_tools import ANSWER, ScriptedBackend
+from ..router.serving import LiveServer, inprocess_service, local_client, served
 
 TOOLS = [
     {
@@ -38,15 +37,6 @@ CITY_TOOL = {
     },
     "strict": True,
 }
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    backend = ScriptedBackend(ANSWER)
-    app = OpenAIApp()
-    install_openai(app, backend)
-    with LiveApp(app) as url:
-        yield backend, openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
