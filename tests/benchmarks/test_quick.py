@@ -9,6 +9,7 @@ say which also start servers, worker processes or child processes.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -32,6 +33,13 @@ def _have_trace() -> bool:
         return False
 
 
+# lm-evaluation-harness is heavy (datasets, pandas, scikit-learn): not a dev dependency; its
+# benchmark runs where it is installed (the script's docstring says how).
+needs_lm_eval = pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None,
+    reason="lm-evaluation-harness is not installed (pip install lm-eval==0.4.13 torch==2.13.0)",
+)
+
 needs_trace = pytest.mark.skipif(
     not _have_trace(), reason=f"the Mooncake trace is not in the data folder (set {DATA_ENV})"
 )
@@ -50,6 +58,7 @@ CASES = {
     "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
     "bench_structured.py": ([], "| llguidance |", ()),
     "bench_instructor.py": ([], "JSON_SCHEMA  closed (default)", (integration,)),
+    "bench_lm_eval.py": ([], "max |Δ loglik| vs HF float32", (integration, needs_lm_eval)),
     "bench_samples.py": ([], "| n=4 |", ()),
     "bench_logprobs.py": ([], "| top_logprobs=20 |", ()),
     "bench_host_tier.py": ([], "| loaded back from host |", ()),
