@@ -384,3 +384,70 @@ def test_the_store_keeps_the_most_recently_used_within_its_bounds():
     assert not ResponseStore("r", ResponseStoreConfig(0, 1.0)).put(_response(store), [])
     with pytest.raises(ValueError, match="responses_store_age_s"):
         ResponseStoreConfig(1, 0)
+
+
+class _FailingBackend:
+    """A worker that fails after the answer's first chunk."""
+
+    max_tokens_limit = 4096
+    retry_after_s = 1
+
+    def __init__(self):
+        from radixray.model_meta import load_model_meta
+
+        self.meta = load_model_meta("tiny")
+        self.closed = 0
+
+    async def open(self, req, session_key, cache_key=None):
+        from radixray.protocol import EngineFailure, StreamChunk
+
+        backend = self
+
+        class Stream:
+            worker_id = "failing"
+            first = StreamChunk([1], "Hel")
+            cached_tokens = 0
+
+            async def __aiter__(self):
+                yield self.first
+                raise EngineFailure("the engine failed mid-answer")
+
+            async def aclose(self):
+                backend.closed += 1
+
+        return Stream()
+
+
+def test_a_worker_failing_mid_stream_ends_the_response_failed_and_stores_nothing():
+    from radixray.api import OpenAIApp, install_openai
+
+    from ..router.serving import LiveApp
+
+    backend = _FailingBackend()
+    app = OpenAIApp()
+    install_openai(app, backend)
+    with LiveApp(app) as url:
+        body = {"model": "tiny", "input": "hi", "stream": True}
+        with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=30) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200
+        kinds = [e["type"] for e in events]
+        assert kinds[:4] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        assert kinds[-4:] == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.failed",
+        ]
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and "mid-answer" in failed["error"]["message"]
+        assert failed["output"][0]["status"] == "incomplete"
+        assert failed["output"][0]["content"][0]["text"] == "Hel"
+        assert backend.closed == 1
+        r = httpx.get(f"{url}/v1/responses/{failed['id']}")
+        assert r.status_code == 404  # a failed response is not stored
