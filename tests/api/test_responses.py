@@ -39,10 +39,13 @@ CITY_TOOL = {
 }
 
 
-@pytest.fixture(scope="module")
-def router():
-    with served("router") as (url, hosts):
-        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+@pytest.fixture(scope="module", params=["router", "worker"])
+def router(request):
+    """``(url, client, page size)``: a router over two in-process workers, or a worker served
+    on its own."""
+    with served(request.param) as (url, hosts):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        yield url, client, hosts[0].engine.config.page_size
 
 
 def _items(r) -> list[tuple]:
@@ -227,7 +230,7 @@ def test_bad_input_is_a_4xx_naming_the_field(scripted, body, param):
 
 
 def test_a_continued_response_finds_its_first_turn_cached(router):
-    url, client = router
+    url, client, page = router
     first = client.responses.create(
         model="tiny",
         input="Tell me about the sea, in some detail please.",
@@ -249,7 +252,6 @@ def test_a_continued_response_finds_its_first_turn_cached(router):
     )
     assert second.previous_response_id == first.id
     # The first turn's prompt is a prefix of the second's: its full pages come from the cache.
-    page = 4  # the in-process router's page size
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert second.usage.input_tokens_details.cached_tokens >= (
         first.usage.input_tokens // page * page
@@ -283,7 +285,7 @@ def test_a_continued_response_finds_its_first_turn_cached(router):
 
 
 def test_a_real_worker_streams_a_forced_call_and_structured_text(router):
-    _, client = router
+    _, client, _ = router
     with client.responses.stream(
         model="tiny",
         input="Weather in Oslo?",
