@@ -73,8 +73,8 @@ _LABEL = re.compile(r"^(str|int|[\w-]+\[.*\])$")
 
 
 def _param(loc) -> str | None:
-    """["body", "messages", 0, "role"] -> "messages[0].role"."""
-    parts = [p for p in loc if p != "body"]
+    """["body", "messages", 0, "role"] -> "messages[0].role"; ["query", "limit"] -> "limit"."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc)
     out = ""
     for p in parts:
         if isinstance(p, int):

@@ -65,6 +65,7 @@ class StoredResponse:
     response: dict  # the Response object as it was answered
     input_items: list[dict]  # the whole input: earlier turns' items, then this request's own
     stored_at: float
+    listed: list[dict]  # this request's own input items, with ids (GET .../input_items)
 
 
 class ResponseStore:
@@ -84,12 +85,13 @@ class ResponseStore:
         self._expire()
         return len(self._entries)
 
-    def put(self, response: dict, input_items: list[dict]) -> bool:
-        """Keep ``response`` (under its own id); False when this store keeps nothing."""
+    def put(self, response: dict, input_items: list[dict], listed: list[dict] = ()) -> bool:
+        """Keep ``response`` (under its own id) with its whole input and its own input items as
+        listed; False when this store keeps nothing."""
         if self.config.responses_store_entries == 0:
             return False
         rid = response["id"]
-        self._entries[rid] = StoredResponse(response, input_items, self._clock())
+        self._entries[rid] = StoredResponse(response, input_items, self._clock(), list(listed))
         self._entries.move_to_end(rid)
         while len(self._entries) > self.config.responses_store_entries:
             self._entries.popitem(last=False)

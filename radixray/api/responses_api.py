@@ -1,5 +1,6 @@
 """OpenAI's Responses API on the chat path: ``POST /v1/responses`` (whole or streamed), and
-``GET`` / ``DELETE /v1/responses/{id}`` for stored responses.
+``GET`` / ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items`` for
+stored responses.
 
 A request is turned into the chat request it means (``responses_request.py``): instructions,
 the stored history of ``previous_response_id`` and the request's own input become messages
@@ -11,9 +12,11 @@ Responses field (``input``, ``text.format``, ``max_output_tokens``), not the cha
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -87,20 +90,20 @@ async def _serve(request: Request, raw: bytes) -> Response:
         backend, chat, [prompt_ids], plan, lambda _: draft.id, forced
     )
     items = history + body.items  # what a continuation of this response starts from
-    kept = store if body.store else None
+    kept = (store, items, listed_items(body.items)) if body.store else None
     if body.stream:
-        return SSEResponse(_events(stream, draft, kept, items), headers)
+        return SSEResponse(_events(stream, draft, kept), headers)
     ((_, text, _, last),) = (await collect(request, [stream]))[0]
     draft.feed(text)
     draft.finish(last, responses_usage(usage_of([last])))
     headers["x-radixray-cached-tokens"] = str(last.cached_tokens)
     if kept is not None:
-        kept.put(draft.response(), items)
+        kept[0].put(draft.response(), *kept[1:])
     return JSONResponse(draft.response(), headers=headers)
 
 
 async def _events(
-    stream: TokenStream, draft: ResponseDraft, store: ResponseStore | None, items: list[dict]
+    stream: TokenStream, draft: ResponseDraft, kept: tuple | None
 ) -> AsyncIterator[bytes]:
     """The answer's events as SSE (``event:`` names each, as OpenAI's do; no ``[DONE]``)."""
     try:
@@ -118,8 +121,8 @@ async def _events(
             for e in draft.fail(err.message):
                 yield _sse(e)
             return
-        if store is not None:
-            store.put(draft.response(), items)
+        if kept is not None:  # (store, the whole input, its own items as listed)
+            kept[0].put(draft.response(), *kept[1:])
     finally:
         await stream.aclose()
 
@@ -203,6 +206,59 @@ def _echo(body: ResponsesRequest) -> dict:
 async def retrieve_response(request: Request, response_id: str):
     """A stored response, as it was answered."""
     return store_of(request).get(response_id).response
+
+
+def listed_items(items: list[dict]) -> list[dict]:
+    """A request's own input items as ``GET /v1/responses/{id}/input_items`` lists them:
+    OpenAI's item shapes, each with an id of its own."""
+    out = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            part = "output_text" if item["role"] == "assistant" else "input_text"
+            listed = {
+                "id": f"msg_{uuid.uuid4().hex}",
+                "type": "message",
+                "role": item["role"],
+                "status": "completed",
+                "content": [{"type": part, "text": item["content"]}],
+            }
+            if part == "output_text":
+                listed["content"][0]["annotations"] = []
+        else:
+            prefix = "fc" if kind == "function_call" else "fco"
+            listed = {"id": f"{prefix}_{uuid.uuid4().hex}", **item, "status": "completed"}
+        out.append(listed)
+    return out
+
+
+@responses_router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    request: Request,
+    response_id: str,
+    order: Literal["asc", "desc"] = "desc",
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+):
+    """The input items of a stored response (its own, not earlier turns'), OpenAI's page of
+    them: newest first by default, ``limit`` at a time, ``after`` an item id to go on from."""
+    items = store_of(request).get(response_id).listed
+    items = items[::-1] if order == "desc" else list(items)
+    if after is not None:
+        ids = [i["id"] for i in items]
+        if after not in ids:
+            raise ApiError(
+                404, f"No input item '{after}' in response '{response_id}'", param="after"
+            )
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 @responses_router.delete("/v1/responses/{response_id}")

@@ -151,12 +151,27 @@ def test_history_items_become_the_chat_they_mean(scripted):
         {"type": "function_call_output", "call_id": "call_a", "output": "sunny, 21 C"},
         {"type": "reasoning", "id": "rs_1", "summary": []},  # another model's: skipped
     ]
-    client.responses.create(model="tiny", input=history, tools=TOOLS)
+    r = client.responses.create(model="tiny", input=history, tools=TOOLS)
     prompt = backend.meta.tokenizer.decode(backend.prompts[-1], skip_special_tokens=False)
     # One assistant turn holding its text and its call, the result as the tool's message.
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert "<|im_start|>assistant\nChecking.\n" + call in prompt
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt
+    # The stored response lists its input items, paged as the client pages them.
+    listed = list(client.responses.input_items.list(r.id, order="asc", limit=2))
+    assert [i.type for i in listed] == [
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    assert listed[0].content[0].type == "input_text" and listed[1].content[0].text == "Checking."
+    assert listed[2].call_id == listed[3].call_id == "call_a"
+    assert len({i.id for i in listed}) == 4
+    newest = client.responses.input_items.list(r.id, limit=1)
+    assert [i.id for i in newest.data] == [listed[-1].id] and newest.has_more
+    bad = client._client.get(f"{client.base_url}responses/{r.id}/input_items", params={"limit": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
 
 
 def test_fields_that_change_nothing_are_accepted_and_echoed(scripted):
