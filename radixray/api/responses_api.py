@@ -13,7 +13,7 @@ Responses field (``input``, ``text.format``, ``max_output_tokens``), not the cha
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -90,22 +90,27 @@ async def _serve(request: Request, raw: bytes) -> Response:
         backend, chat, [prompt_ids], plan, lambda _: draft.id, forced
     )
     items = history + body.items  # what a continuation of this response starts from
-    kept = (store, items, listed_items(body.items)) if body.store else None
+    listed = listed_items(body.items)
+
+    def keep() -> None:
+        if body.store:
+            store.put(draft.response(), items, listed)
+
     if body.stream:
-        return SSEResponse(_events(stream, draft, kept), headers)
+        return SSEResponse(_events(stream, draft, keep), headers)
     ((_, text, _, last),) = (await collect(request, [stream]))[0]
     draft.feed(text)
     draft.finish(last, responses_usage(usage_of([last])))
     headers["x-radixray-cached-tokens"] = str(last.cached_tokens)
-    if kept is not None:
-        kept[0].put(draft.response(), *kept[1:])
+    keep()
     return JSONResponse(draft.response(), headers=headers)
 
 
 async def _events(
-    stream: TokenStream, draft: ResponseDraft, kept: tuple | None
+    stream: TokenStream, draft: ResponseDraft, keep: Callable[[], None]
 ) -> AsyncIterator[bytes]:
-    """The answer's events as SSE (``event:`` names each, as OpenAI's do; no ``[DONE]``)."""
+    """The answer's events as SSE (``event:`` names each, as OpenAI's do; no ``[DONE]``);
+    ``keep()`` stores the response once it has ended (not when it failed)."""
     try:
         for e in draft.opening():
             yield _sse(e)
@@ -121,8 +126,7 @@ async def _events(
             for e in draft.fail(err.message):
                 yield _sse(e)
             return
-        if kept is not None:  # (store, the whole input, its own items as listed)
-            kept[0].put(draft.response(), *kept[1:])
+        keep()
     finally:
         await stream.aclose()
 
