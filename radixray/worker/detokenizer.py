@@ -28,17 +28,19 @@ class IncrementalDetokenizer:
         self.stopped = False
         self._prefix = 0  # token offsets of the decode window
         self._read = 0
+        self._before = ""  # the text of output_ids[prefix:read]: unchanged until they move
 
     def update(self, output_ids: list[int]) -> str:
         """Take the output so far (one more token than last time, or more); return the text that
         can be released now. Sets ``stopped`` on a stop string (the text is cut before it)."""
         if self.stopped:
             return ""
-        before = self._decode(output_ids[self._prefix : self._read])
+        before = self._before
         window = self._decode(output_ids[self._prefix :])
         if len(window) > len(before) and not window.endswith("\ufffd"):
             self.text += window[len(before) :]
             self._prefix, self._read = self._read, len(output_ids)
+            self._before = self._decode(output_ids[self._prefix : self._read])
         for s in self.stop if len(output_ids) > self.min_tokens else ():
             # A new match can only start in the part not yet released (or overlap its end).
             i = self.text.find(s, max(0, self.emitted - len(s) + 1))
@@ -57,10 +59,10 @@ class IncrementalDetokenizer:
         """Release everything (the request ended). With ``output_ids``, text still waiting in
         the window (e.g. an incomplete character at the very end) is decoded as it is."""
         if output_ids is not None and not self.stopped and self._read < len(output_ids):
-            before = self._decode(output_ids[self._prefix : self._read])
             window = self._decode(output_ids[self._prefix :])
-            self.text += window[len(before) :]
+            self.text += window[len(self._before) :]
             self._prefix = self._read = len(output_ids)
+            self._before = ""
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta
