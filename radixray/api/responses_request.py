@@ -227,7 +227,10 @@ class ResponsesRequest(BaseModel):
             return [{"type": "message", "role": "user", "content": v}]
         if not v:
             raise field_error("input", "input must not be an empty list")
-        return [x for i, item in enumerate(v) if (x := _input_item(item, i)) is not None]
+        items = [x for i, item in enumerate(v) if (x := _input_item(item, i)) is not None]
+        if not items:
+            raise field_error("input", "input holds no message or item the model reads")
+        return items
 
     @field_validator("tools")
     @classmethod

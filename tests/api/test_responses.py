@@ -206,6 +206,7 @@ def test_fields_that_change_nothing_are_accepted_and_echoed(scripted):
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"input": ""}, "input"),
         ({"input": []}, "input"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
