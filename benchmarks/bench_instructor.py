@@ -11,7 +11,7 @@ counted from the raw answer.
 
     .venv/bin/python benchmarks/bench_instructor.py              # 20 tries per cell
     .venv/bin/python benchmarks/bench_instructor.py --tries 5
-    .venv/bin/python benchmarks/bench_instructor.py --quick    # JSON-schema mode, 2 tries
+    .venv/bin/python benchmarks/bench_instructor.py --quick    # a dry run: tiny model, 2 tries
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class OpenCity(City):
     model_config = ConfigDict(json_schema_extra={"additionalProperties": True})
 
 
-async def _cell(url: str, mode: str, model: type[BaseModel], tries: int) -> dict:
+async def _cell(url: str, served: str, mode: str, model: type[BaseModel], tries: int) -> dict:
     client = instructor.from_openai(
         openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600),
         mode=getattr(instructor.Mode, mode),
@@ -55,7 +55,7 @@ async def _cell(url: str, mode: str, model: type[BaseModel], tries: int) -> dict
     async def one(seed: int):
         try:
             obj, completion = await client.chat.completions.create_with_completion(
-                model="smollm2",
+                model=served,
                 response_model=model,
                 messages=[{"role": "user", "content": f"Extract the city: {TEXT}"}],
                 temperature=0.8,
@@ -83,18 +83,19 @@ async def _cell(url: str, mode: str, model: type[BaseModel], tries: int) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tries", type=int, default=20)
-    ap.add_argument("--quick", action="store_true", help="JSON-schema mode only, 2 tries")
+    ap.add_argument("--model", default="smollm2", help="smollm2, tiny, or a model file")
+    ap.add_argument("--quick", action="store_true", help="tiny model, JSON-schema mode, 2 tries")
     args = ap.parse_args()
     if args.quick:
-        args.tries = 2
-    server, host = worker_server("w0", model="smollm2", num_pages=2048)
+        args.tries, args.model = 2, "tiny"
+    server, host = worker_server("w0", model=args.model, num_pages=2048)
     rows = []
     try:
         with server as url:
             for mode in ("JSON_SCHEMA",) if args.quick else ("JSON_SCHEMA", "TOOLS"):
                 for label, model in (("closed (default)", City), ("open", OpenCity)):
                     print(f"{mode} / {label}: {args.tries} tries ...", flush=True)
-                    r = asyncio.run(_cell(url, mode, model, args.tries))
+                    r = asyncio.run(_cell(url, args.model, mode, model, args.tries))
                     rows.append((mode, label, r))
     finally:
         host.shutdown()

@@ -1,7 +1,7 @@
 """Clients nobody here wrote, unmodified, against a real server: the OpenAI Agents SDK's default
 model (the Responses API) through a function-tool loop, plain and streamed, on a router over
 in-process workers; instructor extracting a pydantic object from SmolLM2 in its JSON-schema and
-tools modes, 20 seeded tries each at temperature 0.8."""
+tools modes, 10 seeded tries each at temperature 0.8 (benchmarks/bench_instructor.py runs 20)."""
 
 from __future__ import annotations
 
@@ -144,13 +144,13 @@ def test_instructor_extracts_the_object_every_time(smollm2_url, mode):
         )
 
     async def all_tries():
-        return await asyncio.gather(*(extract(seed) for seed in range(20)))
+        return await asyncio.gather(*(extract(seed) for seed in range(10)))
 
     answers = asyncio.run(all_tries())
     cities = [city for city, _ in answers]
-    assert len(cities) == 20 and all(isinstance(c, City) for c in cities)
+    assert len(cities) == 10 and all(isinstance(c, City) for c in cities)
     for _, completion in answers:  # the raw JSON: no property the schema did not name
         message = completion.choices[0].message
         raw = message.tool_calls[0].function.arguments if mode == "TOOLS" else message.content
         assert set(json.loads(raw)) == set(City.model_fields), raw
-    assert sum(c.country.lower() == "france" for c in cities) >= 10, [c.country for c in cities]
+    assert sum(c.country.lower() == "france" for c in cities) >= 5, [c.country for c in cities]
