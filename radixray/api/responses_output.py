@@ -53,7 +53,8 @@ class ResponseDraft:
         self.completed_at: int | None = None
         self._seq = 0
         self._tools = tools.stream() if tools is not None else None
-        self._message: dict | None = None  # the message item being written
+        # The message item being written: always the last item (a call's head closes it).
+        self._message: dict | None = None
 
     # ------------------------------------------------------------------ the object
 
@@ -73,15 +74,6 @@ class ResponseDraft:
         }
         out.update(self.echo)
         return out
-
-    @property
-    def output_text(self) -> str:
-        return "".join(
-            part["text"]
-            for item in self.items
-            if item["type"] == "message"
-            for part in item["content"]
-        )
 
     # ------------------------------------------------------------------ events
 
@@ -195,36 +187,25 @@ class ResponseDraft:
             self.items.append(self._message)
             events.append(self._added(self._message))
             self._message["content"].append(_part(""))
-            events.append(
-                self._event(
-                    "response.content_part.added",
-                    item_id=self._message["id"],
-                    output_index=len(self.items) - 1,
-                    content_index=0,
-                    part=_part(""),
-                )
-            )
+            where = self._where(self._message)
+            events.append(self._event("response.content_part.added", **where, part=_part("")))
         self._message["content"][0]["text"] += text
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=self._message["id"],
-                output_index=self.items.index(self._message),
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        where = self._where(self._message)
+        events.append(self._event("response.output_text.delta", **where, delta=text, logprobs=[]))
         return events
+
+    def _where(self, msg: dict) -> dict:
+        """Where the open message's text is: its item, its output index (the last), its part."""
+        return {"item_id": msg["id"], "output_index": len(self.items) - 1, "content_index": 0}
 
     def _close_message(self, status: str) -> list[dict]:
         msg, self._message = self._message, None
         if msg is None:
             return []
         msg["status"] = status
-        index = self.items.index(msg)
         text = msg["content"][0]["text"]
-        where = {"item_id": msg["id"], "output_index": index, "content_index": 0}
+        where = self._where(msg)
+        index = where["output_index"]
         return [
             self._event("response.output_text.done", **where, text=text, logprobs=[]),
             self._event("response.content_part.done", **where, part=_part(text)),
