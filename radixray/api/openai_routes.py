@@ -40,10 +40,10 @@ from .discovery import (
     serve_tokenize,
 )
 from .errors import ApiError
-from .inputs import backend_of, check_model, client_error, encode, parse_body, render_chat
+from .inputs import backend_of, check_model, client_error, encode, parse_body
 from .logprobs import LogprobFormatter
 from .responses_api import ResponsesRequest, serve_responses
-from .serve_path import chat_tools, open_prompts, plan_prompts
+from .serve_path import chat_prompt, open_prompts, plan_prompts
 from .sse import SSEResponse
 from .streams import collect, sse_events, usage_of
 
@@ -92,9 +92,7 @@ async def serve_chat(request: Request, raw: bytes) -> Response:
     backend = backend_of(request)
     body = parse_body(raw, oa.ChatCompletionRequest)
     check_model(backend, body.model)
-    text = render_chat(backend, body.plain_messages(), True, body.tool_dicts())
-    prompt_ids = await encode(backend, text)
-    parser, forced = chat_tools(backend, body)
+    prompt_ids, parser, forced = await chat_prompt(backend, body)
     # With tools, the answer is read for tool calls by the template family's parser.
     answer_cls = ChatAnswer if parser is None else partial(ChatAnswer, tools=parser)
     return await _serve(

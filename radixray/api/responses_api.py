@@ -26,11 +26,11 @@ from radixray.protocol import RequestError
 from .answers import event
 from .backend import TokenStream
 from .errors import ApiError
-from .inputs import backend_of, check_model, encode, parse_body, render_chat
+from .inputs import backend_of, check_model, parse_body
 from .response_store import ResponseStore
 from .responses_output import ResponseDraft
 from .responses_request import ResponsesRequest
-from .serve_path import chat_tools, open_prompts, plan_prompts
+from .serve_path import chat_prompt, open_prompts, plan_prompts
 from .sse import SSEResponse
 from .streams import collect, usage_of
 
@@ -81,9 +81,7 @@ async def _serve(request: Request, raw: bytes) -> Response:
         chat = body.chat_request(history)
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False)) from None
-    text = render_chat(backend, chat.plain_messages(), True, chat.tool_dicts())
-    prompt_ids = await encode(backend, text)
-    parser, forced = chat_tools(backend, chat)
+    prompt_ids, parser, forced = await chat_prompt(backend, chat)
     plan = plan_prompts(backend, chat, [prompt_ids], ["input"], forced)
     draft = ResponseDraft(store.new_id(), backend.meta.name, _echo(body), parser)
     (stream,), headers = await open_prompts(

@@ -15,6 +15,7 @@ from radixray.protocol.rules import check_context
 
 from .backend import Backend, TokenStream
 from .errors import ApiError
+from .inputs import encode, render_chat
 from .sampling import sampling_params
 from .streams import open_all
 from .tool_calls import ToolCallParser, parser_for
@@ -23,6 +24,7 @@ from .tool_grammar import tool_choice_grammar
 __all__ = [
     "Opened",
     "Planned",
+    "chat_prompt",
     "chat_tools",
     "max_tokens",
     "open_prompts",
@@ -42,6 +44,15 @@ def session_key(body) -> str | None:
     it. The ``prompt_cache_key`` alone also goes to the router as the request's cache key,
     by which ``ttft`` breaks exact ties the same way on every router (``Policy.pick_tied``)."""
     return getattr(body, "prompt_cache_key", None) or body.user
+
+
+async def chat_prompt(
+    backend: Backend, body
+) -> tuple[list[int], ToolCallParser | None, GrammarSpec | None]:
+    """A chat request's prompt ids (its messages and tools through the model's chat template)
+    and how its answer is read for tools (``chat_tools``)."""
+    text = render_chat(backend, body.plain_messages(), True, body.tool_dicts())
+    return (await encode(backend, text), *chat_tools(backend, body))
 
 
 def chat_tools(backend: Backend, body) -> tuple[ToolCallParser | None, GrammarSpec | None]:
