@@ -210,16 +210,15 @@ class Policy(ABC):
     def pick_tied(
         self, best: Sequence[WorkerState], fleet: tuple[int, int] = (0, 1), key: str | None = None
     ) -> WorkerState:
-        """One of equally good workers. With a ``key`` (the request's
-        ``cache_key``), the one the key hashes to (highest random weight of
-        key and worker id): every router picks the same one, and a key's ties keep going where
-        its pages are, whichever workers come and go (only the ties that picked a departed
-        worker move). Alone (``fleet``, the request's: (rank, routers)), a seeded random one.
-        In a fleet of routers, the one at this router's rank in worker-id
-        order, then the next on each later tie: routers that see the same idle workers at the
-        same moment (a burst split across them, before any report shows their choices) then
-        start on different workers instead of all taking the same "best" one (each router's own
-        tally spreads its later requests)."""
+        """One of equally good workers. With a ``key`` (the request's ``cache_key``), the one
+        the key hashes to (highest random weight of key and worker id): every router picks the
+        same one, and a key's ties keep going where its pages are whichever workers come and go
+        (only the ties that picked a departed worker move). Else, alone (``fleet``, the
+        request's: (rank, routers)), a seeded random one; in a fleet of routers, the one at
+        this router's rank in worker-id order, then the next on each later tie: routers that
+        see the same idle workers at the same moment (a burst split across them, before any
+        report shows their choices) then start on different workers instead of all taking the
+        same "best" one (each router's own tally spreads its later requests)."""
         if len(best) == 1:
             return best[0]
         if key is not None:
