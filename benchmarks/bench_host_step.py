@@ -64,7 +64,9 @@ def measure(batch: int, tokens: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     pages = batch * (-(-(32 + tokens) // 16) + 1) + 16
     engine = Engine(
-        EngineConfig(model="tiny", num_pages=pages, max_running=batch, cpu_threads=threads)
+        EngineConfig(
+            model="tiny", num_pages=pages, max_running=batch, cpu_threads=threads, overlap="off"
+        )
     )
     spent: dict = defaultdict(float)
     engine.scheduler.schedule = _timed(spent, "schedule", engine.scheduler.schedule)

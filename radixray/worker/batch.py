@@ -18,7 +18,7 @@ class ScheduledItem(NamedTuple):
     @property
     def decode(self) -> bool:
         """One token of a request that has output already: a decode, not a prefill chunk."""
-        return self.num_tokens == 1 and bool(self.req.output_ids)
+        return self.num_tokens == 1 and self.req.num_output > 0
 
 
 class StepShape(NamedTuple):

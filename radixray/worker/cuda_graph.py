@@ -84,11 +84,15 @@ class DecodeGraphs:
         P, W = self.pool.page_size, self.width
         return all(it.num_tokens == 1 and it.sample and it.start < W * P for it in items)
 
-    def run(self, batch) -> torch.Tensor:
-        """Logits ``[n, vocab]`` (float32) of the batch's ``n`` decode items, in order."""
+    def run(self, batch, fix=None) -> torch.Tensor:
+        """Logits ``[n, vocab]`` (float32) of the batch's ``n`` decode items, in order.
+        ``fix``: (rows, ids) on the device, the ids of rows whose token the host has not read
+        (``ModelRunner.prepare``)."""
         n = len(batch.items)
         size = next(s for s in self.sizes if s >= n)
         self._fill(batch.items, size)
+        if fix is not None:
+            self.vec[0].index_copy_(0, *fix)
         self.replays += 1
         if not self.capture_graphs:
             return self._forward(size)[:n]
@@ -129,7 +133,7 @@ class DecodeGraphs:
         rows, width = [], 1
         for i, it in enumerate(items):
             req, p = it.req, it.start
-            ids[i] = req.token_ids(p, p + 1)[0]
+            ids[i] = req.token_ids(p, p + 1)[0] if p < req.num_prompt + len(req.output_ids) else 0
             pages = req.pages[: p // P + 1]
             pos[i], slots[i], lens[i] = p, pages[-1] * P + p % P, p + 1
             rows.append(pages)

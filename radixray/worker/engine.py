@@ -40,10 +40,11 @@ from .live import Live, LiveRequests, Sink
 from .logprobs import keep_prompt_logprobs, token_logprobs, with_logprobs
 from .memory_pool import KVPool, cache_kind
 from .model_runner import ModelRunner, load_for_engine, resolve_device
+from .overlap import OverlapStepper
 from .request import Completion, CompletionBuilder, Request, RequestStatus
 from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
-from .samples import expand_mask, follower
+from .samples import expand_mask
 from .scheduler import Batch, Scheduler
 from .stats import EngineStats, engine_stats, perf_class
 from .structured import StructuredOutput
@@ -72,19 +73,8 @@ class Engine:
         self.cache_kind = cache_kind(config.cache, mcfg)
         self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len, self.cache_kind)
         self.page_size = config.page_size
-        cache_kwargs = (
-            {
-                "eviction": config.eviction,
-                "enable_events": config.enable_events,
-                "host_allocator": self.pool.host_allocator,
-            }
-            if self.cache_kind != "chunk"
-            else {}
-        )
-        if self.cache_kind == "radix" and config.host_write_through_hits is not None:
-            cache_kwargs["host_write_through_hits"] = config.host_write_through_hits
         self.cache = make_cache(
-            self.cache_kind, config.page_size, self.pool.allocator, **cache_kwargs
+            self.cache_kind, config.page_size, **self.pool.cache_kwargs(self.cache_kind, config)
         )
         self.meter = EngineStats()  # counters, step cost fit, rates
         self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs)
@@ -103,6 +93,7 @@ class Engine:
         self._stop_ids = stop_ids
         self.structured = StructuredOutput(tokenizer, mcfg.vocab_size)
         self.loop = EngineLoop(self)
+        self.overlap = OverlapStepper(self, self.device) if config.overlapped(self.device) else None
 
     # ------------------------------------------------------------------ the core
 
@@ -142,56 +133,70 @@ class Engine:
                 last = self._live.end(live, [], live.detok.flush(live.req.output_ids), "abort")
         if not self.scheduler.has_work():
             self._busy_since = None
+            if self.overlap is not None:
+                self.overlap.drain()  # only ended requests' rows are on the device: dropped
         return last
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.overlap and self.overlap.inflight)
 
     def step(self) -> list[StreamChunk]:
-        """Run one scheduled step; return the chunks it produced. If the step fails, every
+        """Run one scheduled step; return the chunks it produced (overlapped: launch one step
+        and return the chunks of the one before, ``overlap.py``). If the step fails, every
         request is ended with an error (its pages freed) before the exception propagates: a
         broken batch must not stay in the queue and fail every later step too."""
         start = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch.items:
-            self._busy_since = None
-            return []
         try:
-            return self._run(batch, start)
+            if self.overlap is not None:
+                out = self.overlap.step(start)
+            else:
+                batch = self.scheduler.schedule()
+                out = self._run(batch, start) if batch.items else []
+            if not self.has_work():
+                self._busy_since = None
+            return out
         except Exception as e:
             self.fail_all(f"engine step failed: {type(e).__name__}: {e}")
             raise
 
-    def _run(self, batch: Batch, start: float) -> list[StreamChunk]:
-        for it in batch.items:
-            live = self._live[it.req.request_id]
-            if not live.admitted:
-                live.admitted = True
-                self.meter.record_admission(it.req.num_prompt, it.req.miss)
+    def _run(self, batch: Batch, start: float, copies=None) -> list[StreamChunk]:
+        """One step, serially. ``copies``: host-tier copies already taken from the cache."""
+        self._note_admitted(batch)
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
         ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
         masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
         # the schedule's demotions and load-backs: by layer in the forward, or all first for a
         # graph replay (one launch: CUDA event waits, no host sync; eager was ~10x slower)
-        self._run_copies(layered=not self.runner.replays(batch))
+        self._run_copies(layered=not self.runner.replays(batch), copies=copies)
         t0 = time.perf_counter()
         logits = self.runner.run(batch)
         dt = time.perf_counter() - t0 - self._run_copies()  # the forward, less its copies
         self.scheduler.postprocess(batch)
         keep_prompt_logprobs(self.runner.prompt_logits, self._live)
         out = self._emit(batch, logits, masks)
+        self._record_step(shape, dt, start)
+        return out
+
+    def _note_admitted(self, batch: Batch) -> None:
+        for it in batch.items:
+            live = self._live[it.req.request_id]
+            if not live.admitted:
+                live.admitted = True
+                self.meter.record_admission(it.req.num_prompt, it.req.miss)
+
+    def _record_step(self, shape, forward_s: float, start: float) -> None:
+        """A step's timing: its share of the engine's time runs from the last step's end if the
+        engine had work since (the loop's own time and any wait for the cores are this step's),
+        else from when this one began."""
         end = time.perf_counter()
-        # the step's share of the engine's time: from the last step's end if the engine had
-        # work since (the loop's own time and any wait for the cores are this step's), else
-        # from when this one began
         begin = self._busy_since if self._busy_since is not None else start
-        self._busy_since = end if self.scheduler.has_work() else None
-        self.meter.record_step(shape, dt, end - begin)
+        self._busy_since = end if self.has_work() else None
+        # (overlapped, a forward can outlast the time between two reads: it began before)
+        self.meter.record_step(shape, forward_s, max(end - begin, forward_s))
         if self._busy_since is None:  # idle: the copies' timings, waited for (no one waits)
             self._run_copies(wait=True)
         if self.config.debug_checks:
             self.scheduler.check_integrity()
-        return out
 
     def _emit(self, batch: Batch, logits: torch.Tensor, masks=None) -> list[StreamChunk]:
         items = [it for it in batch.items if it.sample]
@@ -215,42 +220,39 @@ class Engine:
         )
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
-        out = []
-        for req, tok, lp in zip(reqs, tokens, lps, strict=True):
-            live = self._live[req.request_id]
-            req.output_ids.append(tok)
-            if req.first_token_time is None:
-                req.first_token_time = now
-                if live.index == 0:  # a request's TTFT is its first sample's
-                    self.meter.record_first_token(
-                        req.num_prompt, req.cached_tokens, now - live.queued_at
-                    )
-            delta = live.detok.update(req.output_ids)
-            reason = self._finish_reason(req, tok, live.detok.stopped)
-            reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
-            if reason:
-                self.scheduler.finish(req, reason)
-                delta += live.detok.flush(req.output_ids)
-            out.append(self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp)))
-        return out
+        return [
+            self._take(self._live[req.request_id], tok, lp, now)
+            for req, tok, lp in zip(reqs, tokens, lps, strict=True)
+        ]
+
+    def _take(self, live: Live, tok: int, lp, now: float, computed: int | None = None):
+        """A sampled token into its request: its chunk, and the request's end if it ends.
+        ``computed``: where a step already launched began computing it (``overlap.py``): an
+        end gives that step's work back."""
+        req = live.req
+        req.output_ids.append(tok)
+        if req.first_token_time is None and live.index == 0:  # its TTFT: its first sample's
+            self.meter.record_first_token(req.num_prompt, req.cached_tokens, now - live.queued_at)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        delta = live.detok.update(req.output_ids)
+        reason = self._finish_reason(req, tok, live.detok.stopped)
+        reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
+        if reason:
+            if computed is not None:
+                req.num_computed = computed
+            self.scheduler.finish(req, reason)
+            delta += live.detok.flush(req.output_ids)
+        return self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp))
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
         """Start the other samples of each leader in ``reqs`` sampling its first token
         (``samples.py``). Returns each sampled request's logits row and the requests, forks
         (the ones that got pages now) appended."""
         rows, out, copies = list(range(len(reqs))), list(reqs), []
+        matcher = self.structured.matcher
         for row, req in enumerate(reqs):
-            live = self._live[req.request_id]
-            group = live.group
-            if group is None or group.forked or live.index != 0:
-                continue
-            group.forked = True
-            for i in range(1, group.n):
-                f = follower(req, i)
-                fl = Live(f, self._detokenizer(f), live.sink, True, index=i, group=group)
-                fl.matcher = self.structured.matcher(f.params.grammar)
-                fl.queued_at, fl.prompt_logprobs = live.queued_at, list(live.prompt_logprobs)
-                self._live.add(fl)
+            for f in self._live.fork(self._live[req.request_id], self._detokenizer, matcher):
                 pairs = self.scheduler.fork(req, f)
                 if pairs is not None:
                     copies += pairs
@@ -260,12 +262,13 @@ class Engine:
         self.pool.copy_pages(copies)
         return rows, out
 
-    def _run_copies(self, layered: bool = False, wait: bool = False) -> float:
+    def _run_copies(self, layered: bool = False, wait: bool = False, copies=None) -> float:
         """Hand the page copies the cache recorded (host tier) to the pool, in order: run now,
         or (``layered``) by the next forward, layer ``i``'s just before layer ``i``
         (``host_copies.py``); count those done (CUDA: whose copy stream is done, or ``wait``
         for it). Returns the seconds the last forward spent on them (its ``before_layer``)."""
-        done, held = self.pool.host_copies(self.cache.take_copies(), layered, wait)
+        copies = (copies or []) + self.cache.take_copies()
+        done, held = self.pool.host_copies(copies, layered, wait)
         for copies, moved, seconds in done:
             self.meter.record_copies(copies, moved, seconds)
         return held
@@ -274,7 +277,8 @@ class Engine:
         p = req.params
         if stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in self._stop_ids):
             return "stop"
-        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        out = len(req.output_ids)  # read (a token still on the device is not counted)
+        if out >= p.max_tokens or req.num_prompt + out >= self.max_model_len:
             return "length"
         return None
 
@@ -282,6 +286,8 @@ class Engine:
         """End every request with an engine failure and free its pages. If freeing fails too,
         the engine's state is unknown: it marks itself ``broken`` (the loop stops, health says
         so, new requests are refused) rather than keep failing every step."""
+        if self.overlap is not None:
+            self.overlap.inflight = None  # its ids are never read: every request ends here
         told: set[int] = set()  # the samples of a request share its sink: tell it once
         for rid, live in self._live.clear():
             if self.broken is None and live.req.status is not RequestStatus.FINISHED:
@@ -340,6 +346,8 @@ class Engine:
 
     def shutdown(self) -> None:
         self.loop.shutdown()
+        if self.overlap is not None:
+            self.overlap.close()
 
     @property
     def alive(self) -> bool:

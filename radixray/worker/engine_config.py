@@ -97,6 +97,13 @@ class EngineConfig:
     cuda_graph_max_batch: int = setting(
         256, "decode batches up to this size replay CUDA graphs, captured at start (0: off; CUDA)"
     )
+    # The host's work for one step while the device runs the next (worker/overlap.py).
+    overlap: str = setting(
+        "auto",
+        "schedule and emit while the device runs the step before: on, off (the serial loop), "
+        "or auto (on with CUDA, off on a CPU)",
+        choices=("auto", "on", "off"),
+    )
     # Workers sharing a machine should split the cores: oversubscribed threads made a decode step
     # 10x slower on 2 shared cores.
     cpu_threads: int | None = setting(
@@ -145,6 +152,8 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
         check_prefill_order(self.prefill_order)
         check_packing(self.packing)
         if self.cpu_threads is not None and (
@@ -156,6 +165,10 @@ class EngineConfig:
             raise ValueError(f"--cuda-graph-max-batch must be an int >= 0 (0: off), got {cg!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be None or >= 2, got {self.max_model_len!r}")
+
+    def overlapped(self, device) -> bool:
+        """Whether steps overlap on ``device`` (a torch.device)."""
+        return self.overlap == "on" or (self.overlap == "auto" and device.type == "cuda")
 
     def scheduler(self) -> SchedulerConfig:
         """The scheduler's settings among these (the rest keep SchedulerConfig's defaults)."""

@@ -18,7 +18,7 @@ from radixray.protocol import RequestError, StreamChunk
 
 from .detokenizer import IncrementalDetokenizer
 from .request import Request
-from .samples import SampleGroup, unforked_ends
+from .samples import SampleGroup, follower, unforked_ends
 
 __all__ = ["Live", "LiveRequests", "Sink"]
 
@@ -73,6 +73,25 @@ class LiveRequests:
         elif req.params.n > 1:
             group = SampleGroup(req.request_id, req.params.n, req.params.n, ids=[req.request_id])
             live.group = self.groups[req.request_id] = group
+
+    def fork(self, live: Live, detokenizer, matcher) -> list[Request]:
+        """The other samples of ``live``'s request, made live, when ``live`` is its leader
+        sampling its first token (``samples.py``), else none. Each gets its own text
+        (``detokenizer(request)``) and grammar (``matcher(spec)``), and the leader's sink,
+        queue time and prompt logprobs."""
+        group = live.group
+        if group is None or group.forked or live.index != 0:
+            return []
+        group.forked = True
+        out = []
+        for i in range(1, group.n):
+            f = follower(live.req, i)
+            fl = Live(f, detokenizer(f), live.sink, True, matcher(f.params.grammar), index=i)
+            fl.group, fl.queued_at = group, live.queued_at
+            fl.prompt_logprobs = list(live.prompt_logprobs)
+            self.add(fl)
+            out.append(f)
+        return out
 
     def samples(self, request_id: str) -> list[Live]:
         """The live samples of request ``request_id`` (none if it is not here)."""

@@ -272,6 +272,21 @@ class KVPool:
             return 0
         return self.copier.run(copies)
 
+    def cache_kwargs(self, kind: str, config) -> dict:
+        """The settings of a prefix cache of ``kind`` on this pool for an ``EngineConfig``
+        (``make_cache``): its allocator, and for a reusing cache its eviction, events and host
+        tier."""
+        kw: dict = {"allocator": self.allocator}
+        if kind != "chunk":
+            kw.update(
+                eviction=config.eviction,
+                enable_events=config.enable_events,
+                host_allocator=self.host_allocator,
+            )
+            if kind == "radix" and config.host_write_through_hits is not None:
+                kw["host_write_through_hits"] = config.host_write_through_hits
+        return kw
+
     def host_copies(
         self, copies, layered: bool = False, wait: bool = False
     ) -> tuple[list[Copied], float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
@@ -13,11 +14,26 @@ from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
 from .scheduler import Batch
 
-__all__ = ["ModelRunner", "load_for_engine", "resolve_device"]
+__all__ = ["ModelRunner", "Prepared", "load_for_engine", "resolve_device"]
 
 from .memory_pool import DTYPES as _DTYPES
 
 log = logging.getLogger(__name__)
+
+
+class Prepared(NamedTuple):
+    """A step's inputs as ``ModelRunner.prepare`` built them on the host."""
+
+    batch: Batch
+    graphs: bool  # a decode graph replays it (it fills its own static buffers)
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    meta: AttentionMetadata | None = None
+    window: WindowKV | None = None
+    logits_indices: torch.Tensor | None = None
+    spans: list = []  # (request, first position, rows) of prompt logits, after the sampled rows
+    num_rows: int = 0  # sampled rows
+    fix: tuple[list[int], list[int]] | None = None  # input positions, previous step's rows
 
 
 def load_for_engine(config, device: torch.device):
@@ -72,13 +88,24 @@ class ModelRunner:
         tier's copies for it must be done before it starts, not staged by layer."""
         return self.graphs is not None and self.graphs.fits(batch)
 
-    @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
         """Forward one flat batch; return logits [num sampled items, vocab] (float32), rows in
         the order of the items whose ``sample`` is set."""
+        return self.forward(self.prepare(batch))
+
+    def prepare(self, batch: Batch, pending_rows: dict[int, int] | None = None) -> Prepared:
+        """The step's inputs, built on the host (``forward`` runs them). A request whose last
+        token is still on the device (``Request.pending``) gets a placeholder id and its row in
+        ``pending_rows`` (by ``id(request)``: its row of the previous step's sampled ids), which
+        ``forward`` copies in on the device."""
+        fix_dst, fix_src = [], []
         if self.replays(batch):
-            self.prompt_logits = []
-            return self.graphs.run(batch)
+            if pending_rows:
+                for i, it in enumerate(batch.items):
+                    if it.req.pending:
+                        fix_dst.append(i)
+                        fix_src.append(pending_rows[id(it.req)])
+            return Prepared(batch, True, fix=(fix_dst, fix_src) if fix_dst else None)
         P = self.pool.page_size
         items = batch.items
         tables, cached, new = [], [], []
@@ -91,7 +118,12 @@ class ModelRunner:
         window = self._window_kv(tables, cached, new)
         ids: list[int] = []
         for it in items:
-            ids += it.req.token_ids(it.start, it.start + it.num_tokens)
+            req = it.req
+            ids += req.token_ids(it.start, it.start + it.num_tokens)
+            if req.pending and it.start + it.num_tokens > req.num_prompt + len(req.output_ids):
+                fix_dst.append(len(ids))  # a decode of the token the last step sampled
+                fix_src.append(pending_rows[id(req)])
+                ids.append(0)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         rows = [i for i, it in enumerate(items) if it.sample]
         logits_indices = meta.last_token_indices()[rows]
@@ -107,22 +139,48 @@ class ModelRunner:
             logits_indices = torch.cat(
                 (logits_indices, torch.tensor(extra, dtype=torch.int64, device=self.device))
             )
-        logits = self.model(
+        return Prepared(
+            batch,
+            False,
             input_ids,
             positions,
             meta,
+            window,
+            logits_indices,
+            spans,
+            len(rows),
+            (fix_dst, fix_src) if fix_dst else None,
+        )
+
+    @torch.inference_mode()
+    def forward(self, prep: Prepared, pending_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``prepare``'s inputs: logits [sampled items, vocab] (float32). ``pending_ids``:
+        the previous step's sampled ids, for the rows ``prepare`` left to the device."""
+        fix = None
+        if prep.fix is not None:
+            dst, src = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in prep.fix)
+            fix = (dst, pending_ids.to(self.device).index_select(0, src))
+        if prep.graphs:
+            self.prompt_logits = []
+            return self.graphs.run(prep.batch, fix)
+        if fix is not None:
+            prep.input_ids.index_copy_(0, *fix)
+        logits = self.model(
+            prep.input_ids,
+            prep.positions,
+            prep.meta,
             self.pool.k_cache,
             self.pool.v_cache,
-            logits_indices,
-            window=window,
+            prep.logits_indices,
+            window=prep.window,
             before_layer=self.pool.before_layer if self.pool.copier is not None else None,
         ).float()
         self.prompt_logits = []
-        at = len(rows)
-        for req, start, n in spans:
+        at = prep.num_rows
+        for req, start, n in prep.spans:
             self.prompt_logits.append((req, start, logits[at : at + n]))
             at += n
-        return logits[: len(rows)] if extra else logits
+        return logits[: prep.num_rows] if prep.spans else logits
 
     def _window_kv(self, tables, cached, new) -> WindowKV | None:
         """The window layers' pool and block tables: each full page's window page, NULL where

@@ -116,6 +116,11 @@ class Request:
     arrival_work: int = 0  # the scheduler's tokens scheduled before it arrived (its wait's clock)
     arrival_time: float = 0.0
     output_ids: list[int] = field(default_factory=list)
+    # Tokens sampled on the device and not yet read back (``overlap.py``: at most the last step's
+    # and the one in flight). They count as the request's tokens for the scheduler (positions,
+    # pages) but are not in ``output_ids`` until read.
+    pending: int = 0
+    last_pending: bool = False  # its pending token is its last (by length): schedule no more
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0
     pages: list[int] = field(default_factory=list)
@@ -147,7 +152,13 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Its tokens so far, those sampled on the device and not yet read included."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.pending
+
+    @property
+    def num_output(self) -> int:
+        """Its output tokens so far, those not yet read included."""
+        return len(self.output_ids) + self.pending
 
     @property
     def num_prompt(self) -> int:

@@ -78,6 +78,22 @@ class Sampler:
         (each row's tokens so far) are needed only by the penalties and ``min_tokens``.
         ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied after the
         controls."""
+        return self.sample_ids(
+            logits, request_ids, params, prompt_ids, output_ids, grammar_mask
+        ).tolist()
+
+    def sample_ids(
+        self,
+        logits: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        output_ids: Sequence[Sequence[int]] | None = None,
+        grammar_mask: tuple[list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``sample``'s ids as an int64 tensor on the logits' device: a greedy batch never
+        waits for the device (its ids stay there, ``overlap.py``); a sampled row is drawn on
+        the host, with its request's generator, and written back."""
         given, logits = logits, logits.float()
         if any(p.uses_controls for p in params):
             if prompt_ids is None or output_ids is None:
@@ -90,7 +106,7 @@ class Sampler:
             if logits is given:  # no copy was made: leave the caller's tensor alone
                 logits = logits.clone()
             apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
-        out = logits.argmax(dim=-1).tolist()
+        out = logits.argmax(dim=-1)
         for i, p in enumerate(params):
             if p.greedy:
                 continue

@@ -151,7 +151,7 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
             if one_order and req.in_prefill:
                 break  # prefills are ordered with the waiting requests below
-            if req.status is not RequestStatus.RUNNING or budget <= 0:
+            if req.status is not RequestStatus.RUNNING or budget <= 0 or req.last_pending:
                 continue
             budget -= self._continue(req, budget, items, scheduled)
         if one_order:
@@ -254,9 +254,7 @@ class Scheduler:
         ``req`` itself was the one preempted."""
         while not self.pages.grow(req, upto):
             candidates = [r for r in self.running if id(r) not in scheduled]
-            victim = min(
-                candidates, key=lambda r: (len(r.output_ids), r.num_computed, -r.arrival_step)
-            )
+            victim = min(candidates, key=lambda r: (r.num_output, r.num_computed, -r.arrival_step))
             self.preempt(victim)
             if victim is req:
                 return False
@@ -313,6 +311,8 @@ class Scheduler:
         0 if it defers to a running request that is computing its next page, None if its pages
         do not fit (nothing changed). 0 too when priced packing leaves it to the next step."""
         P, cfg = self.P, self.config
+        if req.pending:  # preempted while its last token is on the device (overlap.py)
+            return 0
         if self._packing.finishing:  # read-only: a deferred request is no cache hit
             remaining = req.num_tokens - min(self._peek_cached(req), req.num_tokens - 1)
             budget = self._room(req, remaining, budget, scheduled)
@@ -388,7 +388,9 @@ class Scheduler:
         self.waiting.insert(0, req)
 
     def finish(self, req: Request, reason: str) -> None:
+        """End ``req``: running, or waiting after a preemption that came while its last token
+        was still on the device (``overlap.py``)."""
         self.pages.release(req)
+        (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
-        self.running.remove(req)
