@@ -104,10 +104,16 @@ def check_exactness(mcfg, device: str, n: int, max_tokens: int) -> dict:
     ps += [ps[0][:40] + p for p in ps[1:3]]  # shared prefixes: the radix cache serves them
     cpu = engine(load(mcfg, "cpu", "float32"), "cpu", "float32", num_pages=256, max_running=1)
     want = [cpu.generate_batch([p], greedy(max_tokens))[0].token_ids for p in ps]
-    dev = engine(load(mcfg, device, "float32"), device, "float32", num_pages=1024)
+    loaded = load(mcfg, device, "float32")
+    dev = engine(loaded, device, "float32", num_pages=1024, overlap="on")
     got = [o.token_ids for o in dev.generate_batch(ps, greedy(max_tokens))]
     diff = [first_difference(w, g) for w, g in zip(want, got, strict=True)]
+    dev.shutdown()
+    serial = engine(loaded, device, "float32", num_pages=1024, overlap="off")
+    ser = [o.token_ids for o in serial.generate_batch(ps, greedy(max_tokens))]
     return {
+        "overlap_equal": ser == got,  # the overlapped loop's tokens against the serial loop's
+        "overlap_first_difference": [first_difference(a, b) for a, b in zip(ser, got, strict=True)],
         "dtype": "float32",
         "reference": "cpu, one prompt at a time",
         "prompts": len(ps),
@@ -138,42 +144,57 @@ def decode_run(e: Engine, ps: list[list[int]], max_tokens: int) -> dict:
 
 
 def measure_decode(mcfg, device, dtypes, batches, prompt_len, max_tokens, runs) -> list[dict]:
-    """Each (dtype, batch) with CUDA graphs (the engine's default; captured when the engine
-    starts, outside the window) and, on CUDA, without them (``cuda_graph_max_batch=0``)."""
+    """Each (dtype, batch) on CUDA with graphs and overlapped steps (the engine's defaults;
+    graphs captured when the engine starts, outside the window), without graphs
+    (``cuda_graph_max_batch=0``), and in bfloat16 with graphs and the serial loop
+    (``overlap="off"``); on a CPU, eager and serial (its default)."""
     rows = []
     for dtype in dtypes:
         loaded = load(mcfg, device, dtype)
+        variants = [(0, "off")]
+        if device.startswith("cuda"):
+            variants = [(256, "on"), (0, "on")] + ([(256, "off")] if dtype == "bfloat16" else [])
         for batch in batches:
-            for graph_batch in (256, 0) if device.startswith("cuda") else (0,):
+            for graph_batch, overlap in variants:
                 rows.append(
                     decode_row(
-                        loaded, device, dtype, batch, graph_batch, prompt_len, max_tokens, runs
+                        loaded,
+                        device,
+                        dtype,
+                        batch,
+                        (graph_batch, overlap),
+                        prompt_len,
+                        max_tokens,
+                        runs,
                     )
                 )
                 row = rows[-1]
                 print(
                     f"| {dtype} | {batch} | {'yes' if row['cuda_graphs'] else 'no'} | "
-                    f"{row['tokens_per_s']:.0f} | {row['ms_per_step']:.2f} |",
+                    f"{overlap} | {row['tokens_per_s']:.0f} | {row['ms_per_step']:.2f} |",
                     flush=True,
                 )
         del loaded
     return rows
 
 
-def decode_row(loaded, device, dtype, batch, graph_batch, prompt_len, max_tokens, runs) -> dict:
+def decode_row(loaded, device, dtype, batch, variant, prompt_len, max_tokens, runs) -> dict:
+    """``variant``: (cuda_graph_max_batch, overlap)."""
     mcfg = loaded[1]
     pages = batch * (-(-(prompt_len + max_tokens) // PAGE) + 1) + 16
     kw = {"num_pages": pages, "max_running": batch, "max_batch_tokens": 4096}
-    kw["cuda_graph_max_batch"] = graph_batch
+    kw["cuda_graph_max_batch"], kw["overlap"] = variant
     each, graphs = [], False
     for r in range(runs + 1):  # run 0 warms up (kernels compile, allocator grows)
         ps = prompts(mcfg, batch, prompt_len, seed=1000 * r + batch)
         e = engine(loaded, device, dtype, **kw)
         graphs = e.runner.graphs is not None
         res = decode_run(e, ps, max_tokens)
+        e.shutdown()
         if r:
             each.append(res)
-    row = {"dtype": dtype, "batch": batch, "cuda_graphs": graphs, "runs": each}
+    row = {"dtype": dtype, "batch": batch, "cuda_graphs": graphs, "overlap": kw["overlap"]}
+    row["runs"] = each
     for key in ("tokens_per_s", "ms_per_step"):
         row[key] = statistics.median(x[key] for x in each)
     return row
@@ -281,8 +302,10 @@ def main() -> int:
     out["exactness"] = check_exactness(mcfg, args.device, args.exact_prompts, args.exact_tokens)
     ex = out["exactness"]
     print(f"exactness vs CPU: {'EQUAL' if ex['equal'] else 'DIFFERENT'} {ex['first_difference']}")
-    print("| dtype | batch | CUDA graphs | decode tokens/s | ms/step |", flush=True)
-    print("|---|---:|---|---:|---:|", flush=True)
+    same = "EQUAL" if ex["overlap_equal"] else "DIFFERENT"
+    print(f"overlapped vs serial: {same} {ex['overlap_first_difference']}")
+    print("| dtype | batch | CUDA graphs | overlap | decode tokens/s | ms/step |", flush=True)
+    print("|---|---:|---|---|---:|---:|", flush=True)
     out["decode"] = measure_decode(
         mcfg,
         args.device,
@@ -303,7 +326,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.json}")
-    return 0 if ex["equal"] else 1
+    return 0 if ex["equal"] and ex["overlap_equal"] else 1
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def test_engine_check_quick_json(tmp_path, monkeypatch):
     assert got["info"]["device"] == "cpu" and got["model"]["config"]["num_layers"] == 2
     ex = got["exactness"]
     assert ex["equal"] and ex["first_difference"] == [None] * ex["prompts"] and ex["prompts"] == 5
+    assert ex["overlap_equal"] and ex["overlap_first_difference"] == [None] * ex["prompts"]
     assert [(r["dtype"], r["batch"]) for r in got["decode"]] == [
         ("bfloat16", 1),
         ("bfloat16", 3),
