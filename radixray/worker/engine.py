@@ -163,8 +163,11 @@ class Engine:
         """One step, serially. ``copies``: host-tier copies already taken from the cache."""
         self._note_admitted(batch)
         shape = batch.shape()  # before the step: sampling makes a one-token prefill look decode
-        ruled = [self._live[it.req.request_id].matcher for it in batch.items if it.sample]
-        masks = self.structured.start_masks(ruled)  # computed on a helper thread during forward
+        masks = None  # computed on a helper thread during the forward
+        if self._live.ruled:
+            live = self._live
+            ruled = [live[it.req.request_id].matcher for it in batch.items if it.sample]
+            masks = self.structured.start_masks(ruled)
         # the schedule's demotions and load-backs: by layer in the forward, or all first for a
         # graph replay (one launch: CUDA event waits, no host sync; eager was ~10x slower)
         self._run_copies(layered=not self.runner.replays(batch), copies=copies)
@@ -179,6 +182,8 @@ class Engine:
 
     def _note_admitted(self, batch: Batch) -> None:
         for it in batch.items:
+            if it.start >= len(it.req.prompt_ids):
+                continue  # past its prompt: admitted in an earlier step
             live = self._live[it.req.request_id]
             if not live.admitted:
                 live.admitted = True
@@ -236,13 +241,16 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
         delta = live.detok.update(req.output_ids)
-        reason = self._finish_reason(req, tok, live.detok.stopped)
-        reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
+        reason = req.ends_on(tok, live.detok.stopped, self._stop_ids, self.max_model_len)
+        if live.matcher is not None:
+            reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
         if reason:
             if computed is not None:
                 req.num_computed = computed
             self.scheduler.finish(req, reason)
             delta += live.detok.flush(req.output_ids)
+        if lp is None and req.params.prompt_logprobs is None:
+            return self._live.end(live, [tok], delta, reason, None, None)
         return self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp))
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
@@ -272,15 +280,6 @@ class Engine:
         for copies, moved, seconds in done:
             self.meter.record_copies(copies, moved, seconds)
         return held
-
-    def _finish_reason(self, req: Request, tok: int, stop_string: bool) -> str | None:
-        p = req.params
-        if stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in self._stop_ids):
-            return "stop"
-        out = len(req.output_ids)  # read (a token still on the device is not counted)
-        if out >= p.max_tokens or req.num_prompt + out >= self.max_model_len:
-            return "length"
-        return None
 
     def fail_all(self, message: str) -> None:
         """End every request with an engine failure and free its pages. If freeing fails too,

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
 from radixray.protocol import RequestError, StreamChunk
 
 from .detokenizer import IncrementalDetokenizer
@@ -51,6 +49,7 @@ class LiveRequests:
         self.sampler = sampler  # forgets a finished sample's generator
         self._by_id: dict[str, Live] = {}
         self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
+        self.ruled = 0  # samples under a grammar (none: a step skips the grammar's work)
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_id or rid in self.groups
@@ -68,6 +67,7 @@ class LiveRequests:
         """A new request (a group for its samples when ``n`` > 1), or a request's fork."""
         req = live.req
         self._by_id[req.request_id] = live
+        self.ruled += live.matcher is not None
         if live.group is not None:
             live.group.ids.append(req.request_id)
         elif req.params.n > 1:
@@ -102,6 +102,7 @@ class LiveRequests:
     def clear(self) -> Iterator[tuple[str, Live]]:
         """Forget everything (an engine failure); yields each live sample as it goes."""
         self.groups.clear()
+        self.ruled = 0
         while self._by_id:
             rid = next(iter(self._by_id))
             yield rid, self._by_id.pop(rid)
@@ -113,11 +114,13 @@ class LiveRequests:
         usage. A request aborted before it forked ends its other samples too."""
         req, group = live.req, live.group
         lps, plps = lp or ([] if req.params.logprobs is not None else None, None)  # an abort
-        if reason is None:
-            chunk = StreamChunk(toks, text, req.cached_tokens, None, 0, 0, None, lps, plps)
-            if live.index:
-                chunk = msgspec.structs.replace(chunk, index=live.index)
-            return self.send(live, chunk)
+        if reason is None:  # (every token's path: kept short)
+            chunk = StreamChunk(
+                toks, text, req.cached_tokens, None, 0, 0, None, lps, plps, live.index
+            )
+            if live.sink is not None:
+                live.sink(chunk)
+            return chunk
         if group is not None:
             group.open -= 1
         chunk = StreamChunk(
@@ -136,6 +139,7 @@ class LiveRequests:
         self.sampler.forget(req.request_id)
         self.meter.record_answer(len(req.output_ids))
         del self._by_id[req.request_id]
+        self.ruled -= live.matcher is not None
         chunks = [chunk]
         if group is not None and not group.forked:  # its other samples never started
             chunks += unforked_ends(group, req, reason)

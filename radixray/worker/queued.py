@@ -88,3 +88,14 @@ class QueuedPrefill:
         return sum(r.queued_tokens for r in self.waiting) + sum(
             r.num_tokens - r.num_computed - 1 for r in self.running if r.in_prefill
         )
+
+    def load(self) -> tuple[int, int, int, int]:
+        """``(running, waiting, queued_prefill_tokens, active_decode_tokens)`` for routers (engine
+        and simulator alike): running decode, a token of every step each; waiting are the rest,
+        mid-prefill too, as routers count (``router/traffic.py``); queued: ``tokens``; active
+        decode tokens: the context of the decoding requests (a router adds a request's context
+        at its first token)."""
+        decoding = [r for r in self.running if not r.in_prefill]
+        waiting = len(self.waiting) + len(self.running) - len(decoding)
+        context = sum(r.num_tokens for r in decoding)
+        return len(decoding), waiting, self.tokens(), context

@@ -160,6 +160,18 @@ class Request:
         """Its output tokens so far, those not yet read included."""
         return len(self.output_ids) + self.pending
 
+    def ends_on(self, tok: int, stop_string: bool, eos_ids, max_model_len: int) -> str | None:
+        """Why it ends on ``tok``, just read into ``output_ids``: "stop" (a stop string, one of
+        its stop tokens, or an EOS it does not ignore), "length" (``max_tokens`` or the model's
+        length; a token still on the device is not counted), else None."""
+        p = self.params
+        if stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in eos_ids):
+            return "stop"
+        out = len(self.output_ids)
+        if out >= p.max_tokens or len(self.prompt_ids) + out >= max_model_len:
+            return "length"
+        return None
+
     @property
     def num_prompt(self) -> int:
         return len(self.prompt_ids)

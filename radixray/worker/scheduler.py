@@ -73,6 +73,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.queued = QueuedPrefill(self.pages, self.waiting, self.running)
+        self.load = self.queued.load  # what routers are told (engine and simulator alike)
         self.steps = 0
         self.work = 0  # tokens scheduled over all steps: the clock a request's wait is read on
         self.num_preemptions = 0
@@ -108,17 +109,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def load(self) -> tuple[int, int, int, int]:
-        """``(running, waiting, queued_prefill_tokens, active_decode_tokens)`` for routers (engine
-        and simulator alike): running decode, a token of every step each; waiting are the rest,
-        mid-prefill too, as routers count (``router/traffic.py``); queued: ``QueuedPrefill``;
-        active decode tokens: the context of the decoding requests (a router adds a request's
-        context at its first token)."""
-        decoding = [r for r in self.running if not r.in_prefill]
-        waiting = len(self.waiting) + len(self.running) - len(decoding)
-        context = sum(r.num_tokens for r in decoding)
-        return len(decoding), waiting, self.queued.tokens(), context
-
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is; its pages go back at once. None if unknown."""
         for i, req in enumerate(self.waiting):
@@ -148,12 +138,16 @@ class Scheduler:
         one_order = self.config.prefill_order != "fcfs"  # running and waiting prefills together
         priced = self.config.packing == "priced"
         self._packing = StepPacking(self.step_costs if priced else None, budget)
-        for req in sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_step)):
-            if one_order and req.in_prefill:
+        order = sorted((r.in_prefill, r.arrival_step, i, r) for i, r in enumerate(self.running))
+        for in_prefill, _, _, req in order:
+            if one_order and in_prefill:
                 break  # prefills are ordered with the waiting requests below
             if req.status is not RequestStatus.RUNNING or budget <= 0 or req.last_pending:
                 continue
-            budget -= self._continue(req, budget, items, scheduled)
+            if in_prefill:
+                budget -= self._continue(req, budget, items, scheduled)
+            else:
+                budget -= self._decode(req, items, scheduled)
         if one_order:
             self._prefill_in_order(items, budget, scheduled, preemptions_before)
         # No admissions in a step that had to preempt: memory is short, and admitting now would
@@ -177,6 +171,17 @@ class Scheduler:
             scheduled,
         )
         return n
+
+    def _decode(self, req: Request, items: list, scheduled: set[int]) -> int:
+        """``_continue`` for a request past its prefill: its next token (1), or 0 if it was
+        preempted itself. The one path every decode takes each step, kept short."""
+        start = req.num_computed
+        if start >= len(req.pages) * self.P and not self._ensure_pages(req, start + 1, scheduled):
+            return 0
+        items.append(ScheduledItem(req, start, 1, True))
+        scheduled.add(id(req))
+        self._packing.note(True, True)
+        return 1
 
     def _schedule(self, item: ScheduledItem, items: list, scheduled: set[int]) -> None:
         items.append(item)
@@ -246,7 +251,7 @@ class Scheduler:
         read-only, as the admission order does; past ``lpm_queue_limit`` without the cache)."""
         if len(waiting) > self.config.lpm_queue_limit or not self.reuse:
             return {id(r): r.num_tokens - r.num_computed for r in waiting}
-        return {id(r): r.num_tokens - self._peek_cached(r) for r in waiting}
+        return {id(r): r.num_tokens - self.pages.peek(r) for r in waiting}
 
     def _ensure_pages(self, req: Request, upto: int, scheduled: set[int]) -> bool:
         """Give ``req`` pages for positions < ``upto`` (free or evicted ones), else preempt the
@@ -272,13 +277,9 @@ class Scheduler:
         # the cache's access times and hit counts alone (a real match would count every step a
         # request waits as a hit for LFU). The last token is always computed, so a prompt's
         # last page only counts when more tokens follow it.
-        match_len = {id(r): self._peek_cached(r) for r in young}
+        match_len = {id(r): self.pages.peek(r) for r in young}
         young.sort(key=lambda r: -match_len[id(r)])  # stable: FCFS among equals
         return old + young
-
-    def _peek_cached(self, req: Request) -> int:
-        """Tokens of ``req``'s prompt the cache holds, read-only (see ``_admission_order``)."""
-        return self.pages.peek(req)
 
     def _in_flight_hashes(self) -> set[int]:
         """Block hashes of prompt pages that running requests are computing right now."""
@@ -314,7 +315,7 @@ class Scheduler:
         if req.pending:  # preempted while its last token is on the device (overlap.py)
             return 0
         if self._packing.finishing:  # read-only: a deferred request is no cache hit
-            remaining = req.num_tokens - min(self._peek_cached(req), req.num_tokens - 1)
+            remaining = req.num_tokens - min(self.pages.peek(req), req.num_tokens - 1)
             budget = self._room(req, remaining, budget, scheduled)
             if budget <= 0:
                 return 0
@@ -349,6 +350,7 @@ class Scheduler:
     def postprocess(self, batch: Batch) -> None:
         """Record computed tokens; hand finished prefill chunks to the cache so other requests
         can share them at once."""
+        window = self.pages.window is not None
         for it in batch.items:
             req = it.req
             if req.status is not RequestStatus.RUNNING:
@@ -356,7 +358,8 @@ class Scheduler:
             req.num_computed = it.start + it.num_tokens
             if it.num_tokens > 1:
                 self.pages.commit(req, req.num_computed)
-            self.pages.trim_window(req)  # a window pool: pages out of its window go back
+            if window:
+                self.pages.trim_window(req)  # pages out of its window go back
 
     def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
         """Start ``dst``, another sample of ``src``'s prompt, where ``src`` is now: running,
