@@ -121,6 +121,13 @@ class SamplingParams(Struct, frozen=True, array_like=True, forbid_unknown_fields
         )
 
     @property
+    def penalized(self) -> bool:
+        """True if a penalty counts the tokens so far (presence, frequency, repetition)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 

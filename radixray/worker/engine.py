@@ -289,6 +289,7 @@ class Engine:
             self.overlap.inflight = None  # its ids are never read: every request ends here
         told: set[int] = set()  # the samples of a request share its sink: tell it once
         for rid, live in self._live.clear():
+            self.sampler.forget(rid)
             if self.broken is None and live.req.status is not RequestStatus.FINISHED:
                 try:
                     self.scheduler.abort(rid)

@@ -14,8 +14,9 @@ In this order (vLLM's semantics for each):
 
 Every control is built only when some row of the batch uses it, from tensors made once per
 step: per-row parameter columns and, for the penalties, a (rows, vocab) count of each row's
-tokens made with one ``index_add_`` over all their ids. A batch where no row uses a control
-costs one Python check per row and nothing on the device.
+tokens: the sampler's, kept on the device per request and updated from each step's sampled ids
+(``Sampler``), or made here with one ``index_add_`` over all their ids. A batch where no row
+uses a control costs one Python check per row and nothing on the device.
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ def apply_controls(
     prompt_ids: Sequence[Sequence[int]],
     output_ids: Sequence[Sequence[int]],
     eos_ids: Collection[int] = (),
+    counted: tuple[list[int], torch.Tensor, torch.Tensor] | None = None,
+    num_output: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Steps 1-4 on float logits [n, vocab]; returns ``logits`` itself when no row uses a
-    control, else a new tensor (the caller's is never written)."""
+    control, else a new tensor (the caller's is never written). ``counted``: the penalized
+    rows with their output token counts and prompt tokens seen, kept by the caller (the
+    sampler keeps them on the device), instead of counting ``prompt_ids`` and ``output_ids``
+    each step; ``num_output``: each row's output length for ``min_tokens`` (tokens not read
+    back yet included), instead of ``len(output_ids[i])``."""
     users = [i for i, p in enumerate(params) if p.uses_controls]
     if not users:
         return logits
@@ -72,7 +79,7 @@ def apply_controls(
     banned = []
     for i in users:
         p = params[i]
-        if len(output_ids[i]) < p.min_tokens:
+        if (num_output[i] if num_output is not None else len(output_ids[i])) < p.min_tokens:
             stops = set(p.stop_token_ids) if p.ignore_eos else set(p.stop_token_ids) | set(eos_ids)
             banned += [(i, t) for t in stops if t < vocab]
     if banned:
@@ -80,40 +87,34 @@ def apply_controls(
         idx = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
         logits.index_put_(idx, torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
 
-    pen = [
-        i
-        for i in users
-        if params[i].presence_penalty
-        or params[i].frequency_penalty
-        or params[i].repetition_penalty != 1.0
-    ]
-    if pen:
-        logits[pen] = _penalize(
-            logits[pen],
-            [params[i] for i in pen],
-            [prompt_ids[i] for i in pen],
-            [output_ids[i] for i in pen],
-        )
+    if counted is not None:
+        pen, counts, seen = counted
+        logits[pen] = _penalize(logits[pen], [params[i] for i in pen], counts, seen)
+    elif pen := [i for i in users if params[i].penalized]:
+        vocab, dev = logits.shape[1], logits.device
+        counts = token_counts([output_ids[i] for i in pen], vocab, dev)
+        seen = token_counts([prompt_ids[i] for i in pen], vocab, dev) > 0
+        logits[pen] = _penalize(logits[pen], [params[i] for i in pen], counts, seen)
     return logits
 
 
 def _penalize(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    prompt_ids: list[Sequence[int]],
-    output_ids: list[Sequence[int]],
+    counts: torch.Tensor,
+    prompt_seen: torch.Tensor,
 ) -> torch.Tensor:
-    """Steps 3-4 on the rows that use a penalty (``logits`` holds only those rows)."""
-    vocab, dev = logits.shape[1], logits.device
+    """Steps 3-4 on the rows that use a penalty (``logits``, ``counts`` of each row's output
+    tokens and ``prompt_seen`` hold only those rows)."""
+    dev = logits.device
 
     def column(name: str) -> torch.Tensor:
         values = [getattr(p, name) for p in params]
         return torch.tensor(values, dtype=logits.dtype, device=dev).unsqueeze(1)
 
-    counts = token_counts(output_ids, vocab, dev)
     generated = counts > 0
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = generated | (token_counts(prompt_ids, vocab, dev) > 0)
+        seen = generated | prompt_seen
         # Kept inside float32's normal range: a penalty that rounds to 0 or inf would turn a
         # -inf or a zero logit into NaN.
         info = torch.finfo(logits.dtype)

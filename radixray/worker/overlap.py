@@ -23,12 +23,14 @@ What that costs, and how each case keeps the serial loop's output:
   end at launch: it is not scheduled again (``Request.last_pending``).
 - A request preempted while its token is pending is read into the waiting queue (and can end
   there: ``Scheduler.finish``).
+- Penalties need no host tokens: their counts stay on the device, updated from the sampled
+  ids (``Sampler``); ``min_tokens`` counts the pending tokens.
 - Steps whose host work needs the last token, or that must not run beside another step, run
   serially (the step in flight is read first, then the serial path runs): a grammar (its mask
-  follows the last token), penalties and other logits controls (they read the tokens so far),
-  prompt logprobs, a request forking its samples (its pages are copied), host-tier copies
-  (they move pages the step in flight may use), and models with a sliding-window pool (pages
-  leave the window as a step's tokens are computed). ``serial_reason`` names which.
+  follows the last token), prompt logprobs, a request forking its samples (its pages are
+  copied), host-tier copies (they move pages the step in flight may use), and models with a
+  sliding-window pool (pages leave the window as a step's tokens are computed).
+  ``serial_reason`` names which.
 
 Greedy and seeded outputs are the serial loop's (tests/worker/test_overlap.py); unseeded
 sampling draws from the engine's generator in another order.
@@ -182,8 +184,6 @@ class OverlapStepper:
             live = e._live[req.request_id]
             if live.matcher is not None:
                 return "a grammar"
-            if p.uses_controls:
-                return "logits controls"
             if live.group is not None and not live.group.forked:
                 return "a request forking its samples"
         return None
@@ -199,11 +199,15 @@ class OverlapStepper:
         reqs = [it.req for it in rows]
         ids, params = [r.request_id for r in reqs], [r.params for r in reqs]
         counts = [p.logprobs for p in params]
+        prompts, outputs = [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]
+        num_output = [r.num_output for r in reqs]  # (before this step's token)
 
         def job():
             t0 = time.perf_counter()
             logits = e.runner.forward(prep, prev.ids if prev is not None else None)
-            launched.ids = sampled = e.sampler.sample_ids(logits, ids, params)
+            launched.ids = sampled = e.sampler.sample_ids(
+                logits, ids, params, prompts, outputs, num_output=num_output
+            )
             lps = None
             if any(c is not None for c in counts):
                 lps = token_logprobs(logits, counts, sampled.tolist())
