@@ -58,7 +58,7 @@ class _TimedModel:
         return getattr(self._model, name)
 
 
-def measure(batch: int, tokens: int, threads: int) -> dict:
+def measure(batch: int, tokens: int, threads: int, temperature: float = 0.0) -> dict:
     from radixray.worker import Engine, EngineConfig, SamplingParams
 
     torch.set_num_threads(threads)
@@ -74,7 +74,9 @@ def measure(batch: int, tokens: int, threads: int) -> dict:
     engine.runner.model = _TimedModel(engine.runner.model, spent)
     engine.sampler.sample = _timed(spent, "sample", engine.sampler.sample)
     engine._emit = _timed(spent, "emit_all", engine._emit)
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=tokens, temperature=temperature, top_p=0.95, seed=1, ignore_eos=True
+    )
     for i in range(batch):
         engine.add_request([(7 * i + j) % 250 + 1 for j in range(32)], params)
     rows: dict[str, list[float]] = defaultdict(list)
@@ -107,16 +109,18 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     ap.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 tokens")
     args = ap.parse_args()
     if args.quick:
         args.batches, args.tokens = [1, 8], 16
     cols = ("step", "host", *PARTS)
-    print(f"tiny model, {args.threads} threads, {args.tokens} tokens a request; median ms/step")
+    how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p 0.95"
+    print(f"tiny model, {args.threads} threads, {args.tokens} tokens a request ({how}); ms/step")
     print("| batch | steps | " + " | ".join(cols) + " | host share |")
     print("|---" * (len(cols) + 3) + "|")
     for b in args.batches:
-        r = measure(b, args.tokens, args.threads)
+        r = measure(b, args.tokens, args.threads, args.temperature)
         cells = " | ".join(f"{r[c]:.3f}" for c in cols)
         print(f"| {b} | {r['steps']} | {cells} | {r['host'] / r['step']:.0%} |", flush=True)
 

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -51,6 +52,8 @@ class EngineLoop:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # reads: not load, kept apart
         self._wake = threading.Event()
         self._stopping = False
+        self._outboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by loop
+        self._dirty: list[Outbox] = []  # outboxes with items this turn
 
     @property
     def running(self) -> bool:
@@ -85,11 +88,28 @@ class EngineLoop:
 
     def turn(self) -> None:
         """One turn: what other threads sent lands at this step boundary, then one step (its
-        chunks go to the sinks). If the step fails, its exception propagates (the engine has
-        already ended every request with an error)."""
-        self._apply_commands()
-        if self.engine.broken is None:
-            self.engine.step()
+        chunks go to the sinks, and the streams' chunks to their event loops, one hand-over
+        each). If the step fails, its exception propagates (the engine has already ended every
+        request with an error)."""
+        try:
+            self._apply_commands()
+            if self.engine.broken is None:
+                self.engine.step()
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the streams' chunks to their event loops (``Outbox``; the stepping thread)."""
+        dirty = list(self._dirty)  # (the outboxes hold this list: emptied, not replaced)
+        self._dirty.clear()
+        for box in dirty:
+            box.flush()
+
+    def _outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        box = self._outboxes.get(loop)
+        if box is None:  # (a consumer's thread: setdefault keeps one per loop)
+            box = self._outboxes.setdefault(loop, Outbox(loop, self._dirty))
+        return box
 
     def _run(self) -> None:
         engine = self.engine
@@ -105,6 +125,7 @@ class EngineLoop:
                 if engine.broken:
                     log.error("engine stopped: %s", engine.broken)
                     self._apply_commands()  # refuse what arrived meanwhile
+                    self.flush()
                     return
 
     def _driven_elsewhere(self) -> bool:
@@ -191,6 +212,7 @@ class EngineLoop:
         # the inbox. Answer what is queued (an error each) here.
         if self.engine.broken:
             self._apply_commands()
+            self.flush()
 
     def abort(self, request_id: str) -> None:
         """Abort a request wherever it is (any thread): at the next step boundary."""
@@ -223,7 +245,7 @@ class EngineLoop:
         q: asyncio.Queue[StreamChunk | RequestError] = asyncio.Queue()
         self.engine.check_alive()  # before starting a thread for an engine that cannot serve
         self.start()
-        self.submit(req, _loop_sink(asyncio.get_running_loop(), q))
+        self.submit(req, self._outbox(asyncio.get_running_loop()).sink(q))
         finished = False
         try:
             while True:
@@ -251,17 +273,40 @@ class EngineLoop:
                 self.abort(req.request_id)
 
 
-def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Sink:
-    """A sink that hands items from the engine thread to a consumer's event loop. A closed loop
-    means the consumer is gone (its abort is on the way): drop the item."""
+class Outbox:
+    """What the stepping thread has for one consumer event loop's queues this turn, handed over
+    in one ``call_soon_threadsafe`` when the turn ends (``EngineLoop.flush``): a hand-over
+    wakes the loop (a lock and a write to its self-pipe, ~7 us here), which per token of every
+    stream was 0.5 ms of a 64-request decode step. Only the stepping thread touches it."""
 
-    def sink(item: StreamChunk | RequestError) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, dirty: list[Outbox]):
+        self._loop = weakref.ref(loop)  # (the loops' table is keyed weakly by the loop)
+        self.items: list[tuple[asyncio.Queue, StreamChunk | RequestError]] = []
+        self._dirty = dirty  # the engine loop's outboxes with items, flushed at the turn's end
+
+    def sink(self, q: asyncio.Queue) -> Sink:
+        def put(item: StreamChunk | RequestError) -> None:
+            if not self.items:
+                self._dirty.append(self)
+            self.items.append((q, item))
+
+        return put
+
+    def flush(self) -> None:
+        """Hand the items over (a closed loop means its consumers are gone, their aborts on the
+        way: they are dropped)."""
+        items, self.items = self.items, []
+        loop = self._loop()
         try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            if loop is not None:
+                loop.call_soon_threadsafe(_deliver, items)
         except RuntimeError:
             pass
 
-    return sink
+
+def _deliver(items: list) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 def _coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:

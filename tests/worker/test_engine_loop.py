@@ -165,3 +165,44 @@ def test_reads_from_another_thread_wait_for_a_step_boundary():
     seen.clear()
     e.loop.call(lambda: seen.append(threading.current_thread().name))
     assert seen == [threading.current_thread().name]
+
+
+def test_streams_on_one_event_loop_get_one_hand_over_a_step():
+    """Every chunk a step makes for the streams of one event loop crosses threads in one
+    ``call_soon_threadsafe`` (``Outbox``), not one per chunk; every token still arrives."""
+    e = engine()
+    steps = [0]
+    step = e.step
+
+    def counted():
+        steps[0] += 1
+        return step()
+
+    e.step = counted
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        handed = [0]
+        real = loop.call_soon_threadsafe
+
+        def spy(*a, **kw):
+            handed[0] += 1
+            return real(*a, **kw)
+
+        loop.call_soon_threadsafe = spy
+
+        async def one(p, sp):
+            return [t async for c in e.generate(p, sp) for t in c.token_ids]
+
+        got = await asyncio.gather(*(one(p, sp) for p, sp in zip(PROMPTS, PARAMS, strict=True)))
+        return got, handed[0]
+
+    try:
+        got, handed = asyncio.run(run())
+    finally:
+        e.shutdown()
+    want = [c.token_ids for c in engine().generate_batch(PROMPTS, PARAMS)]
+    assert got == want
+    chunks = sum(len(t) for t in want)
+    assert handed <= steps[0] < chunks, (handed, steps[0], chunks)
+    assert_no_leak(e)
