@@ -144,7 +144,30 @@ def main() -> int:
     text = torch_profile(e, device, ps, args.max_tokens)
     (args.out / "torch_ops.txt").write_text(text)
     print(text[-5000:], flush=True)
+
+    kw["cuda_graph_max_batch"] = 0  # eager: every kernel launched on its own, counted
+    e, ps = fresh(4)
+    text = count_kernels(e, device, ps, args.max_tokens, mcfg.num_layers)
+    (args.out / "kernels.txt").write_text(text)
+    print(text, flush=True)
     return 0
+
+
+def count_kernels(e, device: str, ps, max_tokens: int, layers: int) -> str:
+    """Device kernels per eager decode step, and per layer (issue 43: <= 12 a layer)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        steps = decode(e, ps, max_tokens)
+        sync(device)
+    kernels = sum(ev.count for ev in prof.key_averages() if ev.device_type == DeviceType.CUDA)
+    per_step = kernels / max(steps, 1)
+    return (
+        f"eager decode, {steps} steps: {per_step:.1f} device kernels a step, "
+        f"{per_step / layers:.1f} a layer ({layers} layers)\n"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 from radixray.kernels import make_backend
 
 from .cuda_graph import DecodeGraphs, graph_unsupported
+from .fused import fuse_activations, fuse_norms
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
 from .scheduler import Batch
@@ -58,6 +59,7 @@ class ModelRunner:
         )
         model.set_attention_backend(self.attention)
         self.fused_norms = fuse_norms(model, device)  # why not, or None: fused on this device
+        self.fused_act = fuse_activations(model, device)  # (likewise: kernels/triton_act.py)
         self.graphs: DecodeGraphs | None = None  # use_graphs: decode steps replay CUDA graphs
         self.graphs_off: str | None = None  # why decode steps run eagerly, when they do
 
@@ -234,41 +236,6 @@ class ModelRunner:
         wtables = [pool.allocator.window_table(t) for t in tables]
         meta, _ = AttentionMetadata.build(wtables, cached, new, pool.page_size, self.device)
         return WindowKV(meta, pool.window_k, pool.window_v, pool.layer_slots)
-
-
-def fuse_norms(model, device: torch.device) -> str | None:
-    """Route ``model``'s RMSNorms through the Triton kernel (kernels/triton_norm.py) when it
-    can run here and agrees with PyTorch's on a check run now (within two units in the last
-    place); returns why not, or None once fused."""
-    from radixray.kernels.backends import _triton_unavailable
-    from radixray.worker.model.layers import RMSNorm
-
-    dtype = getattr(model, "dtype", None)
-    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        return f"not a 16-bit model on CUDA ({device.type}, {dtype})"
-    if (why := _triton_unavailable(device, dtype, 64)) is not None:
-        return why
-    if not norms or any(m.offset for m in norms):
-        return "the model's norms scale by 1 + w (their own path)"
-    from radixray.kernels.triton_norm import MAX_HIDDEN, rms_norm
-
-    try:
-        norm = max(norms, key=lambda m: m.weight.numel())
-        if norm.weight.numel() > MAX_HIDDEN:
-            return f"hidden size {norm.weight.numel()} > {MAX_HIDDEN}"
-        gen = torch.Generator(device=device).manual_seed(0)  # the global RNG left alone
-        x = torch.randn(33, norm.weight.numel(), device=device, generator=gen).mul_(4).to(dtype)
-        want, got = norm(x).float(), rms_norm(x, norm.weight, norm.eps).float()
-        if not torch.allclose(got, want, rtol=2**-6, atol=1e-6):
-            err = (got - want).abs().max().item()
-            raise AssertionError(f"max difference {err:.3g} from PyTorch's")
-    except Exception as e:  # the eight-kernel path still serves
-        log.warning("fused RMSNorm off: %s: %s", type(e).__name__, e)
-        return f"check failed: {type(e).__name__}: {e}"
-    for m in norms:
-        m.fused = rms_norm
-    return None
 
 
 def resolve_device(device: str) -> torch.device:

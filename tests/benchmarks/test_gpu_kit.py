@@ -186,3 +186,6 @@ def test_profile_step_quick_splits_the_step_and_profiles_it(tmp_path):
     assert ops.startswith("# 5 steps\n## by self CPU time")
     per_step = dict(reversed(line.split()) for line in ops.split("per step")[1].splitlines()[1:])
     assert float(per_step["aten::item"]) == 1.0  # one host sync a step: the sampled tokens
+    # no device kernels on the CPU: the count reads 0 (on CUDA, issue 43's per-layer figure)
+    kernels = (tmp_path / "kernels.txt").read_text()
+    assert re.match(r"eager decode, 5 steps: 0\.0 device kernels a step, 0\.0 a layer", kernels)

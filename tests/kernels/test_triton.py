@@ -28,7 +28,15 @@ pytestmark = [
 
 @pytest.mark.parametrize(
     "group",
-    ["decode", "extend", "store_kv", "non_contiguous or public_api", "sliding_window", "rms_norm"],
+    [
+        "decode",
+        "extend",
+        "store_kv",
+        "non_contiguous or public_api",
+        "sliding_window",
+        "rms_norm",
+        "silu_and_mul",
+    ],
 )
 def test_triton_kernels(group):
     env = {k: v for k, v in os.environ.items() if k != "RADIXRAY_ATTENTION_BACKEND"}

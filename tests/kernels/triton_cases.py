@@ -298,3 +298,44 @@ def test_rms_norm_rows_of_a_strided_view():
     torch.testing.assert_close(got.float(), _torch_rms_norm(q, w, 1e-6).float(), rtol=2**-6, atol=0)
     with pytest.raises(ValueError, match=r"weight must be \[32\] torch.float16"):
         rms_norm(q, w.float(), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("T,H", [(1, 16), (5, 64), (33, 576)])
+def test_add_rms_norm(dtype, T, H):
+    """The residual add and the norm in one kernel (triton_norm.add_rms_norm) against the
+    model's PyTorch add and RMSNorm."""
+    from radixray.kernels.triton_norm import add_rms_norm
+
+    gen = _gen(3 * T + H)
+    x = (torch.randn(T, H, generator=gen) * 4).to(DEVICE, dtype)
+    r = (torch.randn(T, H, generator=gen) * 4).to(DEVICE, dtype)
+    w = (1 + torch.randn(H, generator=gen) / 4).to(DEVICE, dtype)
+    total, normed = add_rms_norm(x, r, w, 1e-5)
+    want = x + r
+    # the sum within one unit in the last place (the interpreter's cast truncates; on a GPU
+    # it rounds, as PyTorch's add), the norm of that sum within two, as rms_norm's
+    torch.testing.assert_close(total.float(), want.float(), rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(
+        normed.float(), _torch_rms_norm(total, w, 1e-5).float(), rtol=2**-6, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="residual must be"):
+        add_rms_norm(x, r[:, :-1], w, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("T,inter", [(1, 8), (4, 100), (3, 1536)])
+def test_silu_and_mul(dtype, T, inter):
+    """The gated MLP's activation in one kernel (triton_act.silu_and_mul) against PyTorch's
+    SiLU and product, each rounded to the dtype: within two units in the last place."""
+    from radixray.kernels.triton_act import silu_and_mul
+
+    gen = _gen(T + inter)
+    gate_up = (torch.randn(T, 2 * inter, generator=gen) * 3).to(DEVICE, dtype)
+    gate, up = gate_up.split(inter, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    got = silu_and_mul(gate_up)
+    assert got.dtype == dtype and got.shape == (T, inter)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-5)
+    with pytest.raises(ValueError, match="gate_up must be"):
+        silu_and_mul(gate_up[:, :-1])

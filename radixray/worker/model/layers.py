@@ -21,9 +21,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.empty(size, device=device), requires_grad=False)
-        # kernels/triton_norm.rms_norm once the model runner has checked it on this device (a
-        # bf16 / fp16 model on CUDA): one kernel for the eight below
+        # kernels/triton_norm.rms_norm and add_rms_norm once the model runner has checked them
+        # on this device (a bf16 / fp16 model on CUDA): one kernel for the eight below
         self.fused = None
+        self.fused_add = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.offset:
@@ -40,6 +41,13 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(s, norm(s))`` for ``s = x + residual``: in one kernel where fused."""
+        if self.fused_add is not None and x.dim() == 2:
+            return self.fused_add(x, residual, self.weight, self.eps)
+        s = x + residual
+        return s, self(s)
 
 
 class RotaryEmbedding(nn.Module):
@@ -101,8 +109,13 @@ class MLP(nn.Module):
         self.gelu = act == "gelu_tanh"
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, device)
         self.down_proj = Linear(intermediate_size, hidden_size, device)
+        # kernels/triton_act.silu_and_mul once the model runner has checked it (SwiGLU, a
+        # 16-bit model on CUDA): the activation and the product in one kernel
+        self.fused_act = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.fused_act is not None and h.dim() == 2:
+            return self.down_proj(self.fused_act(self.gate_up_proj(h)))
         gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(gate * up)

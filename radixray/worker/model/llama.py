@@ -131,8 +131,8 @@ class DecoderLayer(nn.Module):
     def forward(self, h, step: Step, k_cache, v_cache) -> torch.Tensor:
         a = self.self_attn(self.input_layernorm(h), step, k_cache, v_cache)
         if not self.sandwich:
-            h = h + a
-            return h + self.mlp(self.post_attention_layernorm(h))
+            h, normed = self.post_attention_layernorm.add(h, a)
+            return h + self.mlp(normed)
         h = h + self.post_attention_layernorm(a)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
