@@ -3,6 +3,8 @@
 # ~8), every step time-boxed, everything under $OUT (benchmarks/README.md, "Running on a GPU"):
 #
 #     bash benchmarks/gpu/run.sh        # carry [".whl"] (benchmarks/gpu/prepare.sh made it)
+#     bash benchmarks/gpu/run.sh big    # a second call: the machine, then big_check.py (8B and
+#                                       # 0.6B shapes against the card's limits, ~3 minutes)
 #
 # Here, without CUDA (or with RADIXRAY_GPU_DRY=1), it runs the CPU-safe parts with .venv's
 # python and no install, marks the CUDA ones skipped and writes to $OUT or a new /tmp folder:
@@ -75,6 +77,28 @@ EOF
 }
 step env 45 bash -c "$(declare -f env_info); PY=$PY; env_info" > >(tee "$OUT/env.txt")
 
+finish() {
+    echo
+    echo "=== summary ($((SECONDS - T0))s) ==="
+    cat "$SUMMARY"
+    ls -la "$OUT"
+    local status=0
+    grep -q 'rc=[1-9]' "$SUMMARY" && status=1
+    exec >&- 2>&-
+    wait "$TEE" # the log complete before the command returns
+    exit $status
+}
+
+# `run.sh big`: the engine at 8B and 0.6B shapes against the card's limits, on its own
+if [ "${1:-all}" = big ]; then
+    if [ "$DRY" = 1 ]; then
+        step big_check 120 "$PY" benchmarks/gpu/big_check.py --quick --json "$OUT/big_check.json"
+    else
+        step big_check 420 "$PY" benchmarks/gpu/big_check.py --json "$OUT/big_check.json"
+    fi
+    finish
+fi
+
 # (b) the repository's GPU tests (the files that mark any), junit XML kept. A conftest that
 # cannot import (a package the kit lacks) fails collection: then once more without conftests.
 gpu_tests=$(grep -rl "mark.gpu" tests --include='*.py' | sort | tr '\n' ' ')
@@ -117,12 +141,4 @@ else
     step profile_step 90 "$PY" benchmarks/gpu/profile_step.py --batch 8 --out /tmp/profile
 fi
 
-echo
-echo "=== summary ($((SECONDS - T0))s) ==="
-cat "$SUMMARY"
-ls -la "$OUT"
-status=0
-grep -q 'rc=[1-9]' "$SUMMARY" && status=1
-exec >&- 2>&-
-wait "$TEE" # the log complete before the command returns
-exit $status
+finish

@@ -79,6 +79,7 @@ CASES = {
     ),
     "gpu/engine_check.py": (["--json", "{out}/engine_check.json"], "exactness vs CPU: EQUAL", ()),
     "gpu/profile_step.py": (["--out", "{out}"], "forward:", ()),
+    "gpu/big_check.py": (["--json", "{out}/big.json"], "nano-vllm's offline workload", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),

@@ -34,17 +34,21 @@ class LoadedModel(NamedTuple):
     tokenizer: TokenizerProtocol | None
 
 
-def random_hf_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random float32 weights under HF names, the same on every machine (CPU generator).
+def random_hf_state_dict(
+    config: ModelConfig, seed: int = 0, device: str = "cpu", dtype=torch.float32
+) -> dict[str, torch.Tensor]:
+    """Seeded random weights under HF names: by default float32 from a CPU generator, the same
+    on every machine; with ``device`` (and ``dtype``) made there, from that device's generator
+    (an 8B model's 16 GB in seconds on a GPU: benchmarks/gpu/big_check.py).
 
     Scales keep activations O(1) through the layers and spread the logits (std ~3), so greedy
     argmax has clear winners and exactness tests are not decided by float rounding.
     """
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     H, V, I = config.hidden_size, config.vocab_size, config.intermediate_size  # noqa: E741
 
     def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype) * std
 
     def norm_weight() -> torch.Tensor:
         return 1.0 + normal(H, std=0.1)
@@ -66,6 +70,10 @@ def random_hf_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.
         state[p + "mlp.gate_proj.weight"] = normal(I, H, std=H**-0.5)
         state[p + "mlp.up_proj.weight"] = normal(I, H, std=H**-0.5)
         state[p + "mlp.down_proj.weight"] = normal(H, I, std=I**-0.5)
+        if config.qk_norm:
+            D = config.head_dim
+            state[p + "self_attn.q_norm.weight"] = 1.0 + normal(D, std=0.1)
+            state[p + "self_attn.k_norm.weight"] = 1.0 + normal(D, std=0.1)
     return state
 
 
