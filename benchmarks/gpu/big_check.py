@@ -19,6 +19,8 @@ one run, on one card:
   the non-embedding parameters a token, plus causal attention) as a share of the matmul rate
   (issue 43: >= 50% for 1 x 4k).
 - **ttft**: a 4k prompt cold, and with 90% of it cached.
+- **hf**: HF transformers on the same card and weights, decoding with a static cache at batch 1
+  and 8 x 1k, beside radixray's figure (the peer of the same run; eager, no target).
 - **offline** at Qwen3-0.6B's shapes: nano-vllm's ``bench.py`` workload (256 sequences of random
   ids, input and output lengths uniform in 100-1,024, temperature 0.6, EOS ignored): output
   tokens/s (issue 43: >= 13,000 on an H100).
@@ -272,6 +274,52 @@ def offline(loaded, device: str, quick: bool) -> dict:
     return {"sequences": n, "output_tokens": tokens, "seconds": s, "tokens_per_s": tokens / s}
 
 
+def hf_decode(mcfg: ModelConfig, device: str, batch: int, ctx: int, new: int) -> dict:
+    """HF transformers on the same card and the same weights (``random_hf_state_dict``'s, made
+    again from the seed), decoding with a static cache (``cache_implementation="static"``,
+    eager): ms a step, from a full generate less a prefill-only one, medians of 3."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(
+        vocab_size=mcfg.vocab_size,
+        hidden_size=mcfg.hidden_size,
+        intermediate_size=mcfg.intermediate_size,
+        num_hidden_layers=mcfg.num_layers,
+        num_attention_heads=mcfg.num_heads,
+        num_key_value_heads=mcfg.num_kv_heads,
+        head_dim=mcfg.head_dim,
+        rope_theta=mcfg.rope_theta,
+        rms_norm_eps=mcfg.rms_norm_eps,
+        max_position_embeddings=mcfg.max_position_embeddings,
+        tie_word_embeddings=mcfg.tie_word_embeddings,
+    )
+    with torch.device(device):
+        try:
+            hf = LlamaForCausalLM._from_config(hf_cfg, dtype=torch.bfloat16).eval()
+        except TypeError:  # transformers before 4.56 names it torch_dtype
+            hf = LlamaForCausalLM._from_config(hf_cfg, torch_dtype=torch.bfloat16).eval()
+    state = random_hf_state_dict(mcfg, 0, device, torch.bfloat16)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    del state
+    rng = random.Random(batch)
+    x = torch.tensor([ids(rng, ctx, mcfg.vocab_size) for _ in range(batch)], device=device)
+    kw = {"do_sample": False, "cache_implementation": "static", "pad_token_id": 0}
+
+    def gen(model, n: int):
+        with torch.inference_mode():
+            model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+
+    full = timed(lambda: gen(hf, new), device, 3)
+    step_s = (full - timed(lambda: gen(hf, 1), device, 3)) / (new - 1)
+    return {
+        "batch": batch,
+        "context": ctx,
+        "ms_per_step": 1000 * step_s,
+        "tokens_per_s": batch / step_s,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="CPU, tiny model, small sizes")
@@ -322,6 +370,29 @@ def main() -> int:
     del loaded
     if device == "cuda":
         torch.cuda.empty_cache()
+    print(
+        "\nHF transformers, static cache, same weights\n| batch | context | ms/step | "
+        "tokens/s | radixray ms/step |\n|---|---|---|---|---|",
+        flush=True,
+    )
+    out["hf"] = []
+    for b in batches[:2]:
+        try:
+            r = hf_decode(big, device, b, contexts[0], args.steps)
+        except Exception as e:  # the peer's failure is recorded; the rest still runs
+            out["hf"].append({"batch": b, "error": f"{type(e).__name__}: {e}"})
+            print(f"| {b} | {contexts[0]} | failed: {type(e).__name__}: {e} | | |", flush=True)
+            continue
+        ours = next(d for d in out["decode"] if d["batch"] == b and d["context"] == contexts[0])
+        r["radixray_ms_per_step"] = ours["ms_per_step"]
+        out["hf"].append(r)
+        print(
+            f"| {b} | {contexts[0]} | {r['ms_per_step']:.2f} | {r['tokens_per_s']:.0f} | "
+            f"{ours['ms_per_step']:.2f} |",
+            flush=True,
+        )
+        if device == "cuda":
+            torch.cuda.empty_cache()
     out["offline"] = o = offline(load(small, device), device, args.quick)
     print(
         f"\n{small.name}: nano-vllm's offline workload: {o['output_tokens']} tokens in "
