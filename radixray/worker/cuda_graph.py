@@ -139,11 +139,15 @@ class DecodeGraphs:
             rows.append(pages)
             width = max(width, len(pages))
         rows += [[0]] * (size - len(rows))
-        table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
-        self.vec[:, :size].copy_(torch.tensor([ids, pos, slots], dtype=torch.int64))
-        self.seq_lens[:size].copy_(torch.tensor(lens, dtype=torch.int32))
+        # from pinned memory, not waiting for the device (model/upload.py)
+        pin = self.vec.is_cuda
+        table = [r + [0] * (width - len(r)) for r in rows]
+        table = torch.tensor(table, dtype=torch.int32, pin_memory=pin)
+        vec = torch.tensor([ids, pos, slots], dtype=torch.int64, pin_memory=pin)
+        self.vec[:, :size].copy_(vec, non_blocking=True)
+        self.seq_lens[:size].copy_(torch.tensor(lens, dtype=torch.int32, pin_memory=pin), True)
         # columns past ``width`` keep older page ids: a row reads only its own pages
-        self.block_table[:size, :width].copy_(table)
+        self.block_table[:size, :width].copy_(table, non_blocking=True)
 
     def _forward(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(

@@ -27,6 +27,8 @@ import torch
 
 from radixray.protocol import SamplingParams
 
+from .model.upload import upload
+
 __all__ = ["apply_controls", "apply_min_p", "token_counts"]
 
 
@@ -36,10 +38,10 @@ def token_counts(rows: Sequence[Sequence[int]], vocab: int, device) -> torch.Ten
     counts = torch.zeros(len(rows) * vocab, dtype=torch.float32, device=device)
     lengths = [len(r) for r in rows]
     if sum(lengths):
-        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long, device=device)
+        flat = upload([t for r in rows for t in r], torch.long, device)
         base = torch.repeat_interleave(
             torch.arange(len(rows), device=device) * vocab,
-            torch.tensor(lengths, device=device),
+            upload(lengths, torch.long, device),
         )
         counts.index_add_(0, base + flat, torch.ones_like(flat, dtype=torch.float32))
     return counts.view(len(rows), vocab)
@@ -71,8 +73,8 @@ def apply_controls(
     if bias:
         rows, cols, vals = zip(*bias, strict=True)
         logits.index_put_(
-            (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-            torch.tensor(vals, dtype=logits.dtype, device=dev),
+            (upload(rows, torch.long, dev), upload(cols, torch.long, dev)),
+            upload(vals, logits.dtype, dev),
             accumulate=True,
         )
 
@@ -84,8 +86,8 @@ def apply_controls(
             banned += [(i, t) for t in stops if t < vocab]
     if banned:
         rows, cols = zip(*banned, strict=True)
-        idx = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
-        logits.index_put_(idx, torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
+        idx = (upload(rows, torch.long, dev), upload(cols, torch.long, dev))
+        logits.index_put_(idx, upload(float("-inf"), logits.dtype, dev))
 
     if counted is not None:
         pen, counts, seen = counted
@@ -110,7 +112,7 @@ def _penalize(
 
     def column(name: str) -> torch.Tensor:
         values = [getattr(p, name) for p in params]
-        return torch.tensor(values, dtype=logits.dtype, device=dev).unsqueeze(1)
+        return upload(values, logits.dtype, dev).unsqueeze(1)
 
     generated = counts > 0
     if any(p.repetition_penalty != 1.0 for p in params):
@@ -140,12 +142,10 @@ def apply_min_p(
     dev = logits.device
     temps = [max(params[i].temperature, min_temperature) for i in rows]
     mins = [params[i].min_p for i in rows]
-    sub = logits[rows] / torch.tensor(temps, dtype=logits.dtype, device=dev).unsqueeze(1)
+    sub = logits[rows] / upload(temps, logits.dtype, dev).unsqueeze(1)
     sub = sub.clamp(max=torch.finfo(sub.dtype).max)  # +inf (a tiny repetition_penalty): NaN
     probs = torch.softmax(sub, dim=-1)
-    floor = probs.max(dim=-1, keepdim=True).values * torch.tensor(
-        mins, dtype=logits.dtype, device=dev
-    ).unsqueeze(1)
+    floor = probs.max(dim=-1, keepdim=True).values * upload(mins, logits.dtype, dev).unsqueeze(1)
     logits = logits.clone()
     logits[rows] = logits[rows].masked_fill(probs < floor, float("-inf"))
     return logits

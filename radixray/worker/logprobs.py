@@ -11,6 +11,8 @@ import torch
 
 from radixray.protocol import TokenLogprob
 
+from .model.upload import upload
+
 __all__ = ["CHUNK_BYTES", "keep_prompt_logprobs", "token_logprobs", "with_logprobs"]
 
 
@@ -33,8 +35,8 @@ def token_logprobs(
     dev = logits.device
     k = min(max(counts[i] for i in rows), logits.shape[-1])
     every = len(rows) == logits.shape[0]  # (prompt rows all ask: no copy of them)
-    idx = None if every else torch.tensor(rows, device=dev)
-    chosen_ids = torch.tensor([tokens[i] for i in rows], device=dev)[:, None]
+    idx = None if every else upload(rows, torch.long, dev)
+    chosen_ids = upload([tokens[i] for i in rows], torch.long, dev)[:, None]
     # (on an accelerator the caching allocator has no fresh memory to fault in: one pass)
     step = max(1, CHUNK_BYTES // (4 * logits.shape[-1])) if dev.type == "cpu" else len(rows)
     chosen, top_vals, top_ids = [], [], []

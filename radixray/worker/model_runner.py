@@ -13,6 +13,7 @@ from .cuda_graph import DecodeGraphs, graph_unsupported
 from .fused import fuse_activations, fuse_norms
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
+from .model.upload import upload
 from .scheduler import Batch
 
 __all__ = ["ModelRunner", "Prepared", "load_for_engine", "resolve_device"]
@@ -128,7 +129,7 @@ class ModelRunner:
                 fix_dst.append(len(ids))  # a decode of the token the last step sampled
                 fix_src.append(pending_rows[id(req)])
                 ids.append(0)
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        input_ids = upload(ids, torch.int64, self.device)
         rows = [i for i, it in enumerate(items) if it.sample]
         logits_indices = meta.last_token_indices()[rows]
         spans, extra, offset = [], [], 0
@@ -140,9 +141,7 @@ class ModelRunner:
                 extra += range(offset, offset + end - it.start)
             offset += n
         if extra:
-            logits_indices = torch.cat(
-                (logits_indices, torch.tensor(extra, dtype=torch.int64, device=self.device))
-            )
+            logits_indices = torch.cat((logits_indices, upload(extra, torch.int64, self.device)))
         return Prepared(
             batch,
             False,
@@ -184,11 +183,11 @@ class ModelRunner:
         for row in table:
             if len(row) < width:
                 row += [0] * (width - len(row))
-        vec = torch.tensor([ids, pos, slots], dtype=torch.int64).to(self.device)
+        vec = upload([ids, pos, slots], torch.int64, self.device)
         m = len(ids)
         meta = AttentionMetadata(
             slot_mapping=vec[2],
-            block_table=torch.tensor(table, dtype=torch.int32).to(self.device),
+            block_table=upload(table, torch.int32, self.device),
             cu_seqlens_q=torch.arange(m + 1, dtype=torch.int32, device=self.device),
             seq_lens=(vec[1] + 1).to(torch.int32),
             max_seqlen_q=1,
@@ -203,7 +202,7 @@ class ModelRunner:
         the previous step's sampled ids, for the rows ``prepare`` left to the device."""
         fix = None
         if prep.fix is not None:
-            dst, src = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in prep.fix)
+            dst, src = (upload(x, torch.int64, self.device) for x in prep.fix)
             fix = (dst, pending_ids.to(self.device).index_select(0, src))
         if prep.graphs:
             self.prompt_logits = []

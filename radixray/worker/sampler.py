@@ -10,6 +10,7 @@ import torch
 from radixray.protocol import SamplingParams
 
 from .logits_controls import apply_controls, apply_min_p, token_counts
+from .model.upload import upload
 
 __all__ = ["Sampler", "apply_token_bitmask"]
 
@@ -137,7 +138,7 @@ class Sampler:
             drawn = self._draw(
                 logits, rows, [request_ids[i] for i in rows], [params[i] for i in rows]
             )
-            out[torch.tensor(rows, device=out.device)] = drawn
+            out[upload(rows, torch.int64, out.device)] = drawn
         if states is not None:  # the sampled tokens join their requests' counts (no sync)
             one = torch.ones(1, device=out.device)
             for i, (counts, _) in states:
@@ -169,7 +170,7 @@ class Sampler:
         """One token for each of ``rows`` (not greedy): temperature, top-k, top-p, then the
         exponential race, all rows at once."""
         dev = logits.device
-        temps = torch.tensor([max(p.temperature, _MIN_TEMPERATURE) for p in params], device=dev)
+        temps = upload([max(p.temperature, _MIN_TEMPERATURE) for p in params], torch.float32, dev)
         # Below _MIN_TEMPERATURE the distribution is one-hot in float32 anyway; a subnormal
         # temperature would overflow the logits to inf and the softmax to NaN. A tiny
         # repetition_penalty can push a logit to +inf (softmax: NaN): capped.
@@ -178,7 +179,7 @@ class Sampler:
         ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         if min(ks) < vocab:
             top = torch.topk(sub, max(ks), dim=-1).values
-            kth = top.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+            kth = top.gather(1, upload(ks, torch.int64, dev).unsqueeze(1) - 1)
             sub = sub.masked_fill(sub < kth, float("-inf"))
         probs = torch.softmax(sub, dim=-1)
         if any(p.top_p < 1.0 for p in params):
@@ -186,7 +187,8 @@ class Sampler:
             tops = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
             sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
             drop = (
-                torch.cumsum(sorted_p, dim=-1) - sorted_p >= torch.tensor(tops, device=dev)[:, None]
+                torch.cumsum(sorted_p, dim=-1) - sorted_p
+                >= upload(tops, torch.float32, dev)[:, None]
             )
             drop[:, 0] = False  # even a top_p that rounds to 0 in float32 keeps the top token
             probs = torch.zeros_like(probs).scatter_(1, idx, sorted_p.masked_fill(drop, 0.0))

@@ -246,3 +246,36 @@ def test_penalties_and_min_tokens_overlap_and_equal_the_serial_loop():
     finally:
         serial.shutdown()
         over.shutdown()
+
+
+@pytest.mark.gpu
+def test_an_overlapped_launch_never_waits_for_the_device():
+    """On CUDA a decode step's launch (the inputs, the graph's replay, sampling, the ids' copy
+    back) queues work and returns: nothing in it synchronises with the device
+    (``torch.cuda.set_sync_debug_mode`` raises on any call that would), or the host would wait
+    for the step in flight. (Prefill launches are not held to it here.)"""
+    import torch
+
+    e = engine("on", device="cuda", dtype="bfloat16", debug_checks=False)
+    launch = e.overlap._launch
+    checked = [0]
+
+    def strict(batch, *a, **kw):
+        if not all(it.num_tokens == 1 for it in batch.items):
+            return launch(batch, *a, **kw)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(batch, *a, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            checked[0] += 1
+
+    try:
+        greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        want = run(engine("off", device="cuda", dtype="bfloat16"), ["a b c", "d e"], greedy)
+        e.generate_batch(["warm up"], greedy)  # Triton compiles, graphs are captured
+        e.overlap._launch = strict
+        assert run(e, ["a b c", "d e"], greedy) == want
+        assert checked[0] > 10
+    finally:
+        e.shutdown()

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from .upload import upload
+
 __all__ = ["AttentionMetadata", "WindowKV"]
 
 
@@ -94,11 +96,9 @@ class AttentionMetadata:
         width = max((len(p) for p in page_tables), default=0)
         table = [list(p) + [0] * (width - len(p)) for p in page_tables]
         meta = cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_table=torch.tensor(table, dtype=torch.int32, device=device).reshape(
-                len(page_tables), width
-            ),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            slot_mapping=upload(slots, torch.int64, device),
+            block_table=upload(table, torch.int32, device).reshape(len(page_tables), width),
+            cu_seqlens_q=upload(cu, torch.int32, device),
             seq_lens=torch.tensor(
                 [c + n for c, n in zip(num_cached, num_new, strict=True)],
                 dtype=torch.int32,
@@ -106,7 +106,7 @@ class AttentionMetadata:
             ),
             max_seqlen_q=max(num_new, default=0),
         )
-        return meta, torch.tensor(positions, dtype=torch.int64, device=device)
+        return meta, upload(positions, torch.int64, device)
 
 
 class WindowKV(NamedTuple):
