@@ -147,15 +147,17 @@ class OverlapStepper:
     def step(self, start: float) -> list[StreamChunk]:
         e = self.engine
         batch = e.scheduler.schedule()
-        copies = e.cache.take_copies()
-        if not batch.items:
+        if not batch.items:  # (copies the cache recorded wait for the next step, as serially)
             return self.drain()
+        copies = e.cache.take_copies()
         if copies or self.serial_reason(batch):
             out = self.drain()
             self.serial_steps += 1
             batch = Batch([it for it in batch.items if it.req.status is RequestStatus.RUNNING])
             if batch.items:
                 out += e._run(batch, start, copies)
+            elif copies:  # every request of the step ended meanwhile: its copies still run
+                e._run_copies(copies=copies)
             return out
         prev, self.inflight = self.inflight, None
         self.inflight = self._launch(batch, prev, start)
