@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from .request import Request
 
-__all__ = ["Batch", "ScheduledItem", "StepShape"]
+__all__ = ["Batch", "DecodeRows", "ScheduledItem", "StepShape"]
 
 
 class ScheduledItem(NamedTuple):
@@ -31,12 +31,45 @@ class StepShape(NamedTuple):
     prefill_ctx_sum: int  # the context each prefill token attends to, summed
 
 
+class DecodeRows(NamedTuple):
+    """A decode step's inputs, a row per item (``Batch.decode_rows``)."""
+
+    ids: list[int]  # each row's input token (0 for one on the device: ``on_device``)
+    positions: list[int]
+    slots: list[int]  # where each row's KV goes: page * page_size + offset
+    pages: list[list[int]]  # each row's pages up to its position (unpadded)
+    width: int  # the longest row of ``pages``
+    on_device: list[int]  # rows whose token the last step sampled and the host has not read
+
+
 class Batch(NamedTuple):
     items: list[ScheduledItem]
 
     @property
     def num_tokens(self) -> int:
         return sum(it.num_tokens for it in self.items)
+
+    def decode_rows(self, page_size: int) -> DecodeRows:
+        """The inputs of a step whose items are each one token (a decode step), in one pass."""
+        ids, pos, slots, pages, on_device = [], [], [], [], []
+        width = 1
+        for i, it in enumerate(self.items):
+            req, p = it.req, it.start
+            n = len(req.prompt_ids)
+            if p < n:
+                ids.append(req.prompt_ids[p])
+            elif p - n < len(req.output_ids):
+                ids.append(req.output_ids[p - n])
+            else:  # the token the last step sampled, still on the device (Request.pending)
+                ids.append(0)
+                on_device.append(i)
+            k = p // page_size + 1
+            row = req.pages[:k]
+            pos.append(p)
+            slots.append(row[-1] * page_size + p % page_size)
+            pages.append(row)
+            width = max(width, k)
+        return DecodeRows(ids, pos, slots, pages, width, on_device)
 
     def shape(self) -> StepShape:
         decode = decode_ctx = prefill = ctx_sum = 0

@@ -84,13 +84,13 @@ class DecodeGraphs:
         P, W = self.pool.page_size, self.width
         return all(it.num_tokens == 1 and it.sample and it.start < W * P for it in items)
 
-    def run(self, batch, fix=None) -> torch.Tensor:
-        """Logits ``[n, vocab]`` (float32) of the batch's ``n`` decode items, in order.
-        ``fix``: (rows, ids) on the device, the ids of rows whose token the host has not read
-        (``ModelRunner.prepare``)."""
-        n = len(batch.items)
+    def run(self, rows, fix=None) -> torch.Tensor:
+        """Logits ``[n, vocab]`` (float32) of a decode step's ``n`` rows (``Batch.decode_rows``),
+        in order. ``fix``: (rows, ids) on the device, the ids of rows whose token the host has
+        not read (``ModelRunner.prepare``)."""
+        n = len(rows.ids)
         size = next(s for s in self.sizes if s >= n)
-        self._fill(batch.items, size)
+        self._fill(rows, size)
         if fix is not None:
             self.vec[0].index_copy_(0, *fix)
         self.replays += 1
@@ -126,22 +126,15 @@ class DecodeGraphs:
         log.info("captured %d decode graphs (batch %s) in %.2f s", len(todo), todo, seconds)
         return seconds
 
-    def _fill(self, items, size: int) -> None:
+    def _fill(self, rows, size: int) -> None:
         """The step's rows into the static buffers; rows past ``n`` become padding."""
-        P = self.pool.page_size
-        ids, pos, slots, lens = [0] * size, [0] * size, [-1] * size, [1] * size
-        rows, width = [], 1
-        for i, it in enumerate(items):
-            req, p = it.req, it.start
-            ids[i] = req.token_ids(p, p + 1)[0] if p < req.num_prompt + len(req.output_ids) else 0
-            pages = req.pages[: p // P + 1]
-            pos[i], slots[i], lens[i] = p, pages[-1] * P + p % P, p + 1
-            rows.append(pages)
-            width = max(width, len(pages))
-        rows += [[0]] * (size - len(rows))
+        pad = size - len(rows.ids)
+        ids, pos = rows.ids + [0] * pad, rows.positions + [0] * pad
+        slots, lens = rows.slots + [-1] * pad, [p + 1 for p in rows.positions] + [1] * pad
+        width = rows.width
         # from pinned memory, not waiting for the device (model/upload.py)
         pin = self.vec.is_cuda
-        table = [r + [0] * (width - len(r)) for r in rows]
+        table = [r + [0] * (width - len(r)) for r in rows.pages + [[0]] * pad]
         table = torch.tensor(table, dtype=torch.int32, pin_memory=pin)
         vec = torch.tensor([ids, pos, slots], dtype=torch.int64, pin_memory=pin)
         self.vec[:, :size].copy_(vec, non_blocking=True)

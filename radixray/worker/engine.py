@@ -236,10 +236,12 @@ class Engine:
         end gives that step's work back."""
         req = live.req
         req.output_ids.append(tok)
-        if req.first_token_time is None and live.index == 0:  # its TTFT: its first sample's
-            self.meter.record_first_token(req.num_prompt, req.cached_tokens, now - live.queued_at)
         if req.first_token_time is None:
             req.first_token_time = now
+            if live.index == 0:  # a request's TTFT is its first sample's
+                self.meter.record_first_token(
+                    req.num_prompt, req.cached_tokens, now - live.queued_at
+                )
         delta = live.detok.update(req.output_ids)
         reason = req.ends_on(tok, live.detok.stopped, self._stop_ids, self.max_model_len)
         if live.matcher is not None:
@@ -249,8 +251,6 @@ class Engine:
                 req.num_computed = computed
             self.scheduler.finish(req, reason)
             delta += live.detok.flush(req.output_ids)
-        if lp is None and req.params.prompt_logprobs is None:
-            return self._live.end(live, [tok], delta, reason, None, None)
         return self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp))
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:

@@ -9,6 +9,7 @@ import torch
 
 from radixray.kernels import make_backend
 
+from .batch import DecodeRows
 from .cuda_graph import DecodeGraphs, graph_unsupported
 from .fused import fuse_activations, fuse_norms
 from .memory_pool import KVPool
@@ -36,6 +37,7 @@ class Prepared(NamedTuple):
     spans: list = []  # (request, first position, rows) of prompt logits, after the sampled rows
     num_rows: int = 0  # sampled rows
     fix: tuple[list[int], list[int]] | None = None  # input positions, previous step's rows
+    rows: DecodeRows | None = None  # a graph replay's rows (``Batch.decode_rows``)
 
 
 def load_for_engine(config, device: torch.device):
@@ -101,18 +103,14 @@ class ModelRunner:
         token is still on the device (``Request.pending``) gets a placeholder id and its row in
         ``pending_rows`` (by ``id(request)``: its row of the previous step's sampled ids), which
         ``forward`` copies in on the device."""
-        fix_dst, fix_src = [], []
-        if self.replays(batch):
-            if pending_rows:
-                for i, it in enumerate(batch.items):
-                    if it.req.pending:
-                        fix_dst.append(i)
-                        fix_src.append(pending_rows[id(it.req)])
-            return Prepared(batch, True, fix=(fix_dst, fix_src) if fix_dst else None)
         P = self.pool.page_size
         items = batch.items
+        if self.replays(batch):  # the graphs' own buffers take the rows
+            rows = batch.decode_rows(P)
+            return Prepared(batch, True, rows=rows, fix=self._fix(batch, rows, pending_rows))
         if self.pool.window_k is None and all(it.num_tokens == 1 and it.sample for it in items):
-            return self._prepare_decode(batch, pending_rows or {})
+            return self._prepare_decode(batch, pending_rows)
+        fix_dst, fix_src = [], []
         tables, cached, new = [], [], []
         for it in items:
             end = it.start + it.num_tokens
@@ -155,36 +153,21 @@ class ModelRunner:
             (fix_dst, fix_src) if fix_dst else None,
         )
 
-    def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int]) -> Prepared:
+    @staticmethod
+    def _fix(batch: Batch, rows, pending_rows: dict[int, int] | None):
+        """(input rows, previous step's rows) of a decode step's tokens still on the device."""
+        if not rows.on_device:
+            return None
+        return rows.on_device, [pending_rows[id(batch.items[i].req)] for i in rows.on_device]
+
+    def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int] | None) -> Prepared:
         """``prepare`` for a step of one sampled token per item (a decode step): one pass over
         the items and one tensor for ids, positions and slots (the general path builds each
         from lists of lists, a third of the host's time at batch 64)."""
-        P = self.pool.page_size
-        ids, pos, slots, table = [], [], [], []
-        fix_dst, fix_src = [], []
-        width = 1
-        for i, it in enumerate(batch.items):
-            req, p = it.req, it.start
-            n = len(req.prompt_ids)
-            if p < n:
-                ids.append(req.prompt_ids[p])
-            elif p - n < len(req.output_ids):
-                ids.append(req.output_ids[p - n])
-            else:  # the token the last step sampled, still on the device
-                ids.append(0)
-                fix_dst.append(i)
-                fix_src.append(pending_rows[id(req)])
-            k = p // P + 1
-            row = req.pages[:k]
-            pos.append(p)
-            slots.append(row[-1] * P + p % P)
-            table.append(row)
-            width = max(width, k)
-        for row in table:
-            if len(row) < width:
-                row += [0] * (width - len(row))
-        vec = upload([ids, pos, slots], torch.int64, self.device)
-        m = len(ids)
+        rows = batch.decode_rows(self.pool.page_size)
+        table = [r + [0] * (rows.width - len(r)) for r in rows.pages]
+        vec = upload([rows.ids, rows.positions, rows.slots], torch.int64, self.device)
+        m = len(rows.ids)
         meta = AttentionMetadata(
             slot_mapping=vec[2],
             block_table=upload(table, torch.int32, self.device),
@@ -192,9 +175,9 @@ class ModelRunner:
             seq_lens=(vec[1] + 1).to(torch.int32),
             max_seqlen_q=1,
         )
-        rows = torch.arange(m, dtype=torch.int64, device=self.device)
-        fix = (fix_dst, fix_src) if fix_dst else None
-        return Prepared(batch, False, vec[0], vec[1], meta, None, rows, [], m, fix)
+        every = torch.arange(m, dtype=torch.int64, device=self.device)
+        fix = self._fix(batch, rows, pending_rows)
+        return Prepared(batch, False, vec[0], vec[1], meta, None, every, [], m, fix)
 
     @torch.inference_mode()
     def forward(self, prep: Prepared, pending_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,11 +185,11 @@ class ModelRunner:
         the previous step's sampled ids, for the rows ``prepare`` left to the device."""
         fix = None
         if prep.fix is not None:
-            dst, src = (upload(x, torch.int64, self.device) for x in prep.fix)
+            dst, src = upload(list(prep.fix), torch.int64, self.device)  # one transfer
             fix = (dst, pending_ids.to(self.device).index_select(0, src))
         if prep.graphs:
             self.prompt_logits = []
-            return self.graphs.run(prep.batch, fix)
+            return self.graphs.run(prep.rows, fix)
         if fix is not None:
             prep.input_ids.index_copy_(0, *fix)
         logits = self.model(

@@ -120,10 +120,10 @@ class Sampler:
             prompt_ids = empty if prompt_ids is None else prompt_ids
             output_ids = empty if output_ids is None else output_ids
             states = self._penalty_counts(logits, request_ids, params, prompt_ids, output_ids)
-            if states is not None:
-                pen = [i for i, _ in states]
-                counted = (pen, torch.stack([s[0] for _, s in states]))
-                counted += (torch.stack([s[1] for _, s in states]),)
+            if states:  # (rows, output counts, prompt tokens seen), stacked
+                rows, kept = zip(*states, strict=True)
+                counts, seen = zip(*kept, strict=True)
+                counted = (list(rows), torch.stack(counts), torch.stack(seen))
             logits = apply_controls(
                 logits, params, prompt_ids, output_ids, self.eos_ids, counted, num_output
             )
@@ -139,7 +139,7 @@ class Sampler:
                 logits, rows, [request_ids[i] for i in rows], [params[i] for i in rows]
             )
             out[upload(rows, torch.int64, out.device)] = drawn
-        if states is not None:  # the sampled tokens join their requests' counts (no sync)
+        if states:  # the sampled tokens join their requests' counts (no sync)
             one = torch.ones(1, device=out.device)
             for i, (counts, _) in states:
                 counts.index_add_(0, out[i : i + 1], one)
@@ -148,10 +148,8 @@ class Sampler:
     def _penalty_counts(self, logits, request_ids, params, prompt_ids, output_ids):
         """(row, (output counts, prompt tokens seen)) of each row with a penalty: its request's
         counts on the device, made from its tokens the first time (its first sampled token,
-        or after the engine forgot it), or None."""
+        or after the engine forgot it); none without a penalty."""
         pen = [i for i, p in enumerate(params) if p.penalized]
-        if not pen:
-            return None
         vocab, dev = logits.shape[1], logits.device
         out = []
         for i in pen:

@@ -82,11 +82,11 @@ def record_replays(monkeypatch) -> list[tuple[bool, tuple[bool, bool] | None, bo
         handed[0] = (bool(copies), layered)
         return host_copies(self, copies, layered, wait)
 
-    def replay_spy(self, batch, fix=None):
+    def replay_spy(self, rows, fix=None):
         copier = self.pool.copier
         done = copier.forward_layers  # layers whose copies a forward ran so far
         staged = copier.staged()
-        out = run(self, batch, fix)
+        out = run(self, rows, fix)
         replays.append((staged, handed[0], copier.forward_layers != done))
         return out
 
