@@ -162,7 +162,10 @@ class OverlapStepper:
         prev, self.inflight = self.inflight, None
         self.inflight = self._launch(batch, prev, start)
         self.overlapped_steps += 1
-        return self._read(prev, self.inflight) if prev is not None else []
+        out = self._read(prev, self.inflight) if prev is not None else []
+        if not e.scheduler.has_work():  # every request ended: the step in flight is theirs
+            out += self.drain()
+        return out
 
     def drain(self) -> list[StreamChunk]:
         """Read the step in flight, if any (nothing is launched after it)."""
