@@ -4,9 +4,10 @@ The Mooncake workload of the live benchmark (scale 32: one conversation in 10, 3
 Poisson arrivals) on the same 4 fresh ``radixray worker`` processes (tiny model, 768 pages),
 behind 1, 2 and 4 radixray routers (``radixray serve --worker-urls``, policy ttft, each with its
 own index fed by the same workers' events) with the requests spread round-robin over the
-routers, and behind SGLang's router (one instance, cache_aware) as the peer. Per configuration:
-cluster hit rate from the workers' own counters, the busiest worker's share of requests, TTFT
-p50 / p90 / p99, and hit rate and worker shares over time (10 s windows, plotted).
+routers, and behind SGLang's gateway (``smg``, one instance, cache_aware) as the peer. Per
+configuration: cluster hit rate from the workers' own counters, the busiest worker's share of
+requests, TTFT p50 / p90 / p99, and hit rate and worker shares over time (10 s windows,
+plotted).
 
 Late join: 2 routers, the second started in the middle of the run; until it reports ready its
 share of the requests goes to the first. Its hit rate over its first 10 s after ready is set
@@ -38,11 +39,11 @@ from radixray.bench.counters import SETTLE_S, counter_delta, worker_counters
 from radixray.bench.loadgen import LoadConfig, RunResult, run_load
 from radixray.bench.local_cluster import (
     WorkerSpec,
-    sglang_router_available,
     start_radixray_router,
-    start_sglang_router,
+    start_smg_router,
     start_workers,
 )
+from radixray.bench.peer_smg import smg_available
 from radixray.bench.workloads import build_workload
 from radixray.numbers import percentile
 
@@ -121,9 +122,9 @@ def run_config(name: str, n_routers: int, args, wl, load: LoadConfig, late: bool
     try:
         urls = [w.url for w in workers]
         _warm(urls)
-        if name == "sglang":
+        if name == "smg":
             port = args.base_port + 10
-            routers.append(start_sglang_router(port, urls, "cache_aware", logs, port + 10))
+            routers.append(start_smg_router(port, urls, "cache_aware", logs, port + 10))
         else:
             for i in range(n_routers - (1 if late else 0)):
                 port = args.base_port + 10 + i
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--late-after-s", type=float, default=20.0)
     p.add_argument("--base-port", type=int, default=19400)
     p.add_argument("--out", default="/tmp/bench_fleet")
-    p.add_argument("--no-sglang", action="store_true")
+    p.add_argument("--no-smg", action="store_true", help="leave out SGLang's gateway (smg)")
     p.add_argument("--quick", action="store_true", help="a smoke run: seconds of load a config")
     args = p.parse_args(argv)
     if args.quick:
@@ -251,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     print("== radixray x2, the second joining late", flush=True)
     results.append(run_config("radixray x2 (late join)", 2, args, wl, load, late=True))
     print(json.dumps(results[-1].get("late_join")), flush=True)
-    if not args.no_sglang and not sglang_router_available():
-        print("== sglang", flush=True)
-        results.append(run_config("sglang", 1, args, wl, load))
+    if not args.no_smg and not smg_available():
+        print("== smg", flush=True)
+        results.append(run_config("smg", 1, args, wl, load))
     report = {"machine": machine_info(), "args": vars(args), "results": results}
     (out / "bench_fleet.json").write_text(json.dumps(report, indent=1))
     md = table(results)

@@ -1,11 +1,11 @@
 """What a router process costs per request: radixray's (over HTTP workers and over Ray actors)
-beside SGLang's Rust router (PyPI ``sglang-router``), in front of the same workers.
+beside SGLang's model gateway (PyPI ``smg``, its Rust router today), in front of the same workers.
 
 Setup: two ``radixray worker`` processes (tiny random Llama, byte tokenizer, 1 torch thread
 each, page size 16) serve the HTTP targets; ``radixray serve`` starts two Ray actors of the same
 spec for the Ray target. Targets, one at a time under load, in alternating order over repeats:
 
-    sglang     python -m sglang_router.launch_router --policy cache_aware   (HTTP workers)
+    smg        python -m smg.launch_router --policy cache_aware            (HTTP workers)
     http       radixray serve --worker-urls ...     --policy ttft           (HTTP workers)
     ray        radixray serve --workers 2           --policy ttft           (Ray actors)
 
@@ -49,14 +49,14 @@ from radixray.bench.compare import machine_info
 from radixray.bench.local_cluster import (
     Proc,
     WorkerSpec,
-    sglang_router_available,
     start_radixray_ray_router,
     start_radixray_router,
-    start_sglang_router,
+    start_smg_router,
     start_workers,
 )
+from radixray.bench.peer_smg import smg_available
 
-TARGETS = ("sglang", "http", "ray")
+TARGETS = ("smg", "http", "ray")
 SHAPES = {
     "max_tokens=1": {"max_tokens": 1, "stream": False},
     "64-token stream": {"max_tokens": 64, "stream": True, "ignore_eos": True},
@@ -202,8 +202,8 @@ def added_latency(samples: dict) -> dict:
 
 
 def start_target(target: str, urls: list[str], spec: WorkerSpec, port: int, logs: Path) -> Proc:
-    if target == "sglang":
-        return start_sglang_router(port, urls, "cache_aware", logs, port + 100)
+    if target == "smg":
+        return start_smg_router(port, urls, "cache_aware", logs, port + 100)
     if target == "http":
         return start_radixray_router(port, urls, "ttft", spec, logs)
     if target == "ray":
@@ -216,9 +216,9 @@ def run(args) -> dict:
     logs = Path(args.out) / "logs"
     texts = prompts(args.requests)
     targets = list(args.targets)
-    if "sglang" in targets and (why := sglang_router_available()):
-        print(f"skipping sglang: {why}", file=sys.stderr)
-        targets.remove("sglang")
+    if "smg" in targets and (why := smg_available()):
+        print(f"skipping smg: {why}", file=sys.stderr)
+        targets.remove("smg")
     results: dict = {t: {s: [] for s in SHAPES} for t in targets}
     workers = start_workers(2, args.base_port, spec, logs)
     try:
@@ -262,7 +262,7 @@ def summarize(res: dict) -> str:
         "|---|---|---:|---|---:|---:|---:|",
     ]
     names = {
-        "sglang": "SGLang Rust router (cache_aware)",
+        "smg": "SGLang's gateway smg (cache_aware)",
         "http": "radixray, HTTP workers",
         "ray": "radixray, Ray actors",
     }
@@ -294,7 +294,7 @@ def summarize(res: dict) -> str:
         for s, ms in shapes.items()
     }
     for s in SHAPES:
-        for num, den, label in (("http", "sglang", "HTTP / SGLang"), ("ray", "http", "Ray / HTTP")):
+        for num, den, label in (("http", "smg", "HTTP / smg"), ("ray", "http", "Ray / HTTP")):
             if (num, s) in med and (den, s) in med:
                 ratios.append(f"{s}: {label} = {_ratio(med[num, s], med[den, s])}")
     return "\n".join(lines + [""] + [f"- {r}" for r in ratios])

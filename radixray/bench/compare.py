@@ -1,6 +1,6 @@
-"""Side by side on the same workers: radixray's router and SGLang's router, one run each.
+"""Side by side on the same workers: radixray's router and SGLang's (``smg``), one run each.
 
-For every workload and every target (``radixray:ttft``, ``sglang:cache_aware``, ...) the same
+For every workload and every target (``radixray:ttft``, ``smg:cache_aware``, ...) the same
 ``num_workers`` ``radixray worker`` processes are started fresh (cold caches, same config), the
 router is started in front of them, the workload is replayed with the same load settings, and
 the cluster hit rate is read from the workers' own counters before and after.
@@ -35,11 +35,11 @@ from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_requ
 from .local_cluster import (
     Proc,
     WorkerSpec,
-    sglang_router_available,
     start_radixray_router,
-    start_sglang_router,
+    start_smg_router,
     start_workers,
 )
+from .peer_smg import smg_available, smg_version
 from .report import (
     breakdown_table,
     markdown_table,
@@ -73,8 +73,8 @@ DEFAULT_TARGETS = (
     "radixray:ttft",
     "radixray:cache_aware",
     "radixray:round_robin",
-    "sglang:cache_aware",
-    "sglang:round_robin",
+    "smg:cache_aware",
+    "smg:round_robin",
 )
 
 
@@ -116,12 +116,6 @@ def machine_info() -> dict:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    try:
-        from importlib.metadata import version
-
-        sglang_version = version("sglang-router")
-    except Exception:  # not installed: reported as such
-        sglang_version = None
     return {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
@@ -129,7 +123,7 @@ def machine_info() -> dict:
         "load_avg_at_start": os.getloadavg(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "sglang_router": sglang_version,
+        "smg": smg_version(),
         "git_commit": commit,
     }
 
@@ -139,7 +133,7 @@ def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_
     port = cfg.base_port + 20 + i
     if t.router == "radixray":
         return start_radixray_router(port, urls, t.policy, t.worker_spec(cfg.worker), log_dir)
-    return start_sglang_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i)
+    return start_smg_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i)
 
 
 async def _probe(targets: dict[str, str], body: dict, rounds: int, seed: int) -> dict[str, list]:
@@ -222,7 +216,7 @@ def _run_one(
         urls = [w.url for w in workers]
         _warm(urls, model)
         router = _start_router(target, i, urls, cfg, log_dir / target)
-        time.sleep(1.0)  # the radixray router's first polls; SGLang's health checks
+        time.sleep(1.0)  # the radixray router's first polls; smg's health checks
         before = asyncio.run(worker_counters(urls))
         if cfg.step_logs:
             seen = asyncio.run(worker_steps(None, urls))
@@ -362,11 +356,11 @@ def run_compare(cfg: CompareConfig) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     targets = cfg.targets
-    why_not = sglang_router_available()
+    why_not = smg_available()
     skipped = []
     if why_not:
-        skipped = [t for t in targets if t.startswith("sglang:")]
-        targets = tuple(t for t in targets if not t.startswith("sglang:"))
+        skipped = [t for t in targets if t.startswith("smg:")]
+        targets = tuple(t for t in targets if not t.startswith("smg:"))
         print(f"skipping {skipped}: {why_not}", flush=True)
     report: dict = {
         "machine": machine_info(),

@@ -1,5 +1,5 @@
 """Start and stop the processes of a live benchmark: ``radixray worker`` processes, radixray's
-router in front of them (``radixray serve --worker-urls``) and SGLang's router.
+router in front of them (``radixray serve --worker-urls``) and SGLang's (``smg``).
 
 Every process is ours: started with ``subprocess.Popen``, logged to a file, stopped by its pid
 (terminate, then kill after a grace period). Nothing else is ever signalled.
@@ -19,13 +19,15 @@ import httpx
 
 from radixray.worker.engine_config import EngineConfig
 
+from .peer_smg import smg_command
+
 __all__ = [
     "Proc",
     "WorkerSpec",
     "start_workers",
     "start_radixray_router",
     "start_radixray_ray_router",
-    "start_sglang_router",
+    "start_smg_router",
 ]
 
 LOCAL = "127.0.0.1"
@@ -199,53 +201,15 @@ def start_radixray_ray_router(
     )
 
 
-def start_sglang_router(
+def start_smg_router(
     port: int,
     worker_urls: list[str],
-    policy: str,
+    policy_spec: str,
     log_dir: Path,
     prometheus_port: int,
     timeout_s: float = 120.0,
 ) -> Proc:
-    """SGLang's Rust router (PyPI ``sglang-router``), flags as in docs/peers/sglang_router.md."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        LOCAL,
-        "--port",
-        str(port),
-        "--worker-urls",
-        *worker_urls,
-        "--policy",
-        policy,
-        "--prometheus-host",
-        LOCAL,
-        "--prometheus-port",
-        str(prometheus_port),
-        "--log-level",
-        "warn",
-        "--worker-startup-check-interval",
-        "1",
-        "--worker-startup-timeout-secs",
-        str(int(timeout_s)),
-        "--health-check-interval-secs",
-        "5",
-        "--disable-retries",
-        "--disable-circuit-breaker",
-        "--shutdown-grace-period-secs",
-        "2",
-    ]
-    return _spawn_router(
-        f"sglang-{policy}", cmd, log_dir, port, "/readiness", len(worker_urls), timeout_s
-    )
-
-
-def sglang_router_available() -> str | None:
-    """None when ``sglang_router`` imports here, else why not."""
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError as e:
-        return f"sglang-router is not installed ({e}); pip install sglang-router"
-    return None
+    """SGLang's model gateway (PyPI ``smg``), as ``peer_smg.smg_command`` starts it."""
+    name = f"smg-{policy_spec.replace(':', '-').replace(',', '-')}"
+    cmd = smg_command(port, worker_urls, policy_spec, prometheus_port, timeout_s)
+    return _spawn_router(name, cmd, log_dir, port, "/readiness", len(worker_urls), timeout_s)

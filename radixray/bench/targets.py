@@ -2,7 +2,8 @@
 
 ``ROUTER:POLICY[@KEY=VALUE,...]``: ``radixray:ttft``, ``radixray:ttft:tiers=false`` (the policy
 spec is everything after the first colon, as ``radixray serve --policy`` takes it),
-``sglang:cache_aware``, ``radixray:ttft@host-pages=0``. What follows ``@`` changes the workers
+``smg:cache_aware``, ``smg:cache_aware:cache-threshold=0.5`` (SGLang's gateway with its flags,
+``peer_smg.smg_args``), ``radixray:ttft@host-pages=0``. What follows ``@`` changes the workers
 that target's runs start (each run starts fresh workers anyway), so that targets which differ in
 the workers' configuration, not only in the router, run side by side in one comparison: every
 other target keeps the comparison's own worker flags.
@@ -13,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .local_cluster import WorkerSpec
+from .peer_smg import smg_args
 
 __all__ = ["Target", "parse_target", "ROUTERS", "WORKER_KEYS"]
 
-ROUTERS = ("radixray", "sglang")
+ROUTERS = ("radixray", "smg")
 
 
 def _pages(key: str, text: str) -> int:
@@ -54,9 +56,11 @@ def parse_target(spec: str) -> Target:
     router, _, policy = head.partition(":")
     if router not in ROUTERS or not policy:
         raise ValueError(
-            f"target must be radixray:<policy> or sglang:<policy> "
+            f"target must be radixray:<policy> or smg:<policy> "
             f"(then @host-pages=N,...), got {spec!r}"
         )
+    if router == "smg":
+        smg_args(policy)  # ValueError naming a bad smg option
     worker: dict = {}
     if at:
         for part in tail.split(","):

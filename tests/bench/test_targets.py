@@ -9,6 +9,7 @@ from radixray.bench import bench_cli
 from radixray.bench.compare import CompareConfig
 from radixray.bench.loadgen import LoadConfig, RequestResult, RunResult
 from radixray.bench.local_cluster import WorkerSpec
+from radixray.bench.peer_smg import smg_command
 from radixray.bench.report import median_table, summarize, tier_table
 from radixray.bench.targets import parse_target
 
@@ -18,10 +19,24 @@ def test_a_target_names_router_policy_spec_and_worker_overrides():
     assert (t.router, t.policy, t.worker) == ("radixray", "ttft:tiers=false", {})
     t = parse_target("radixray:ttft@host-pages=0")
     assert (t.router, t.policy, t.worker) == ("radixray", "ttft", {"host_pages": 0})
-    t = parse_target("sglang:cache_aware@host-pages=96,num-pages=48")
-    assert (t.router, t.policy) == ("sglang", "cache_aware")
+    t = parse_target("smg:cache_aware@host-pages=96,num-pages=48")
+    assert (t.router, t.policy) == ("smg", "cache_aware")
     assert t.worker == {"host_pages": 96, "num_pages": 48}
-    assert t.name == "sglang:cache_aware@host-pages=96,num-pages=48"
+    assert t.name == "smg:cache_aware@host-pages=96,num-pages=48"
+
+
+def test_an_smg_target_carries_its_flags_to_the_command_line():
+    t = parse_target("smg:cache_aware:cache-threshold=0.5,max-tree-size=49152@num-pages=768")
+    assert (t.router, t.policy, t.worker) == (
+        "smg",
+        "cache_aware:cache-threshold=0.5,max-tree-size=49152",
+        {"num_pages": 768},
+    )
+    cmd = smg_command(9000, ["http://127.0.0.1:9001"], t.policy, 9100, timeout_s=30)
+    assert cmd[cmd.index("--policy") + 1] == "cache_aware"
+    assert cmd[cmd.index("--cache-threshold") + 1] == "0.5"
+    assert cmd[cmd.index("--max-tree-size") + 1] == "49152"
+    assert cmd[cmd.index("--worker-urls") + 1] == "http://127.0.0.1:9001"
 
 
 @pytest.mark.parametrize(
@@ -33,6 +48,10 @@ def test_a_target_names_router_policy_spec_and_worker_overrides():
         ("radixray:ttft@host-pages", "'host-pages'"),
         ("radixray:ttft@host-pages=-1", "host-pages must be an int >= 0"),
         ("radixray:ttft@host-pages=two", "host-pages must be an int >= 0"),
+        ("sglang:cache_aware", "radixray:<policy> or smg:<policy>"),
+        ("smg:cache_aware:cache-threshold=2", "cache-threshold must be a number in"),
+        ("smg:cache_aware:tree=3", "KEY one of"),
+        ("smg:cache_aware:balance-rel-threshold=0.5", "balance-rel-threshold must be a num"),
     ],
 )
 def test_bad_targets_are_refused_with_what_is_wrong(spec, words):

@@ -69,8 +69,8 @@ CASES = {
     "bench_sim_window.py": (["--out", "{out}/window.json"], "| window-blind |", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
-    "bench_router.py": (["--out", "{out}", "--targets", "sglang", "http"], "|", (integration,)),
-    "bench_fleet.py": (["--out", "{out}", "--no-sglang"], "|", (integration,)),
+    "bench_router.py": (["--out", "{out}", "--targets", "smg", "http"], "|", (integration,)),
+    "bench_fleet.py": (["--out", "{out}", "--no-smg"], "|", (integration,)),
     "bench_serving.py": (["--out-dir", "{out}"], "bench_serving.json", (integration,)),
     "bench_sim_vs_live.py": (
         ["--out-dir", "{out}"],
