@@ -124,6 +124,18 @@ class Dispatcher:
         self.policy.on_dispatch(decision, request)
         return decision, record
 
+    def first_token(self, record: DecisionRecord, request_id: Hashable) -> None:
+        """The request's first token arrived from its worker (told to a policy that has the
+        hook: one written to the contract before it may not)."""
+        hook = getattr(self.policy, "on_first_token", None)
+        if hook is not None:
+            hook(request_id, record.worker_id)
+
+    def abandon(self, record: DecisionRecord, request_id: Hashable) -> None:
+        """The request ended without an answer (an error, an abort): the policy forgets it,
+        with no misprediction counted."""
+        self.policy.on_complete(request_id, record.worker_id, 0)
+
     def complete(self, record: DecisionRecord, request_id: Hashable, actual_cached: int) -> bool:
         """The request finished with ``actual_cached`` tokens reused on its worker. Returns
         True when that fell short of the prediction (the caller resyncs that worker)."""

@@ -244,6 +244,7 @@ class RoutedRequest:
                 self._leave_tally()
                 raise
             self._tally.first_token(self.request_id)
+            router.dispatch.first_token(record, self.request_id)
             record.ttft_s = time.monotonic() - self.started
             self.first, self._agen = first, agen
             return
@@ -313,6 +314,7 @@ class RoutedRequest:
         if final is None:
             rec.finish_reason = "abort" if error and error.startswith("aborted") else "error"
             rec.error = error
+            router.dispatch.abandon(rec, self.request_id)
         else:
             rec.finish_reason = final.finish_reason
             rec.completion_tokens = self._completion_tokens

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         default=DEFAULT_POLICIES,
         help="comma-separated policies, each a name or a spec with arguments such as "
-        f"'cache_aware:fallback=smallest_cache'; or 'all' ({', '.join(policy_names())})",
+        f"'cache_aware_v03:fallback=smallest_cache'; or 'all' ({', '.join(policy_names())})",
     )
     p.add_argument("--seed", type=int, default=SimConfig.seed)
     p.add_argument("--json", dest="json_path", help="write {policy: {metric: value}} here")

@@ -206,9 +206,11 @@ class _Run:
     # ------------------------------------------------------------------ callbacks from workers
 
     def _on_first_token(self, req: SimRequest, cached: int, now: float) -> None:
-        rec = self.records[self.pos_of[req.rid]]
+        i = self.pos_of[req.rid]
+        rec = self.records[i]
         rec.first_token = now
         rec.cached = cached
+        self.dispatch.first_token(self.decisions[i], req.rid)
         b = self.workers[rec.worker].breakdown.pop(str(req.rid), None)
         if b is not None:
             rec.wait_s, rec.forward_s, rec.copy_s = b[0] - rec.arrival, b[1], b[2]

@@ -140,7 +140,7 @@ class WorkerServer:
         if path == "/debug/cache":
             load, counters = self.host.engine.report()
             return 200, sglang_compat.cache_page(self.host.worker_id, load, counters)
-        return sglang_compat.probe(path, self)
+        return sglang_compat.probe(path, self, query)
 
     def _steps(self, query: bytes) -> tuple[int, object]:
         """The engine's step log after the first ``since`` steps (``?since=N``, default 0):

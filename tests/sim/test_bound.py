@@ -64,10 +64,10 @@ def test_no_request_beats_its_bound_under_load(traces, policy):
 def test_the_bound_is_in_the_table_and_the_json(traces, tmp_path, capsys):
     out = tmp_path / "o.json"
     argv = ["--trace", str(traces[0]), "--workers", "3", "--pages", "256", "--speedup", "8"]
-    argv += ["--policies", "round_robin,cache_aware:fallback=smallest_cache", "--no-progress"]
+    argv += ["--policies", "round_robin,cache_aware_v03:fallback=smallest_cache", "--no-progress"]
     assert main([*argv, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"round_robin", "cache_aware:fallback=smallest_cache"}
+    assert set(data) == {"round_robin", "cache_aware_v03:fallback=smallest_cache"}
     for s in data.values():
         assert 0 < s["bound_p50"] <= s["bound_p90"] <= s["bound_p99"] <= s["ttft_p99"]
         assert s["excess_p50"] == pytest.approx(max(0.0, s["ttft_p50"] - s["bound_p50"]))

@@ -17,14 +17,15 @@ from .base import (
     policy_names,
     register_policy,
 )
-from .cache_aware import CacheAware
+from .cache_aware import CacheAwareV03
 from .hashing import ConsistentHash
 from .kv_cost import KvCost
 from .load import LeastLoad, PowerOfTwo, RandomPolicy, RoundRobin
+from .smg import SmgCacheAware, SmgCacheAwareEvents
 from .ttft import PredictedTTFT
 
 __all__ = [
-    "CacheAware",
+    "CacheAwareV03",
     "ConsistentHash",
     "Decision",
     "KvCost",
@@ -36,6 +37,8 @@ __all__ = [
     "RandomPolicy",
     "RoundRobin",
     "RoutingRequest",
+    "SmgCacheAware",
+    "SmgCacheAwareEvents",
     "WorkerState",
     "healthy",
     "make_policy",

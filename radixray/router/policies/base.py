@@ -13,7 +13,9 @@ decision, records the optimistic index entry and tells the policy through the op
 hooks:
 
 - ``on_dispatch(decision, request)``: the request was sent to ``decision.worker_id``;
-- ``on_complete(request_id, worker_id, cached_tokens)``: it finished, with its actual reuse.
+- ``on_first_token(request_id, worker_id)``: its prefill is done (its first token arrived);
+- ``on_complete(request_id, worker_id, cached_tokens)``: it finished, with its actual reuse, or
+  failed (cached 0).
 
 Policies keep only their own small state (a round-robin counter, an rng, a hash ring); every rate
 they use comes from :class:`WorkerState` (measured by the workers), never from a constant here.
@@ -255,6 +257,9 @@ class Policy(ABC):
     def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:  # noqa: B027
         """The request was sent where ``decision`` says (optional hook)."""
 
+    def on_first_token(self, request_id: Hashable, worker_id: Hashable) -> None:  # noqa: B027
+        """The request's first token arrived: its prefill is done (optional hook)."""
+
     def on_complete(  # noqa: B027
         self, request_id: Hashable, worker_id: Hashable, cached_tokens: int
     ) -> None:
@@ -288,7 +293,7 @@ def make_policy(name: str, **kwargs) -> Policy:
     """Build a registered policy by name; kwargs go to its constructor.
 
     ``name`` may carry constructor arguments as a spec, ``"name:key=value:key=value"`` (e.g.
-    ``"cache_aware:fallback=smallest_cache"``, what ``radixray sim --policies`` and the notebook
+    ``"cache_aware_v03:fallback=smallest_cache"``, what ``radixray sim --policies`` and the notebook
     take); values are read as int, float, true/false/none, else a string, and win over
     ``kwargs``. A policy built from a spec with arguments is named by the whole spec, so that
     two variants of one policy stay apart in a report.

@@ -1,4 +1,7 @@
-"""cache_aware: the SGLang router's rule (sgl-router ``cache_aware`` policy), over our index.
+"""cache_aware_v03: SGLang's router's rule as ``sglang-router`` 0.3 (January 2026) decided.
+
+Kept one release beside ``cache_aware`` (smg 1.13.0's rule, ``smg.py``) for the simulator's
+old-vs-new table; delete it after.
 
 Per request, with ``load`` = outstanding requests per healthy worker::
 
@@ -29,11 +32,11 @@ from collections.abc import Sequence
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 
-__all__ = ["CacheAware", "CacheAwareSmallestCache"]
+__all__ = ["CacheAwareV03", "CacheAwareSmallestCache"]
 
 
-@register_policy("cache_aware")
-class CacheAware(Policy):
+@register_policy("cache_aware_v03")
+class CacheAwareV03(Policy):
     def __init__(
         self,
         seed: int | None = 0,
@@ -58,20 +61,20 @@ class CacheAware(Policy):
         hi, lo = max(loads), min(loads)
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             best = live[loads.index(lo)]
-            return Decision(best.worker_id, "cache_aware: imbalanced -> shortest queue")
+            return Decision(best.worker_id, "cache_aware_v03: imbalanced -> shortest queue")
         matched = index.match(request.block_hashes) if request.block_hashes else {}
         top = max(live, key=lambda w: (matched.get(w.worker_id, 0), -w.load))
         top_blocks = matched.get(top.worker_id, 0)
         cached = top_blocks * index.page_size
         scores = {w.worker_id: matched.get(w.worker_id, 0) for w in live}
         if request.num_tokens and cached / request.num_tokens > self.cache_threshold:
-            return Decision(top.worker_id, "cache_aware: longest match", cached, scores)
+            return Decision(top.worker_id, "cache_aware_v03: longest match", cached, scores)
         if self.fallback == "least_load":
             best = live[loads.index(lo)]
-            reason = "cache_aware: low match -> least load"
+            reason = "cache_aware_v03: low match -> least load"
         else:
             best = min(live, key=lambda w: index.num_blocks(w.worker_id))
-            reason = "cache_aware: low match -> smallest cache"
+            reason = "cache_aware_v03: low match -> smallest cache"
         return Decision(
             best.worker_id,
             reason,
@@ -81,7 +84,7 @@ class CacheAware(Policy):
 
 
 @register_policy("cache_aware_smallest_cache")
-class CacheAwareSmallestCache(CacheAware):
+class CacheAwareSmallestCache(CacheAwareV03):
     """SGLang's cache_aware before PR #14650: a low match goes to the smallest cache."""
 
     def __init__(self, seed: int | None = 0, **kwargs):

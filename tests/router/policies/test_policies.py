@@ -20,9 +20,12 @@ from radixray.router.policies import (
 P = 16
 ALL = [
     "cache_aware",
+    "cache_aware_events",
     "cache_aware_smallest_cache",
+    "cache_aware_v03",
     "consistent_hash",
     "kv_cost",
+    "kv_cost_summed",
     "least_load",
     "power_of_two",
     "random",
@@ -64,7 +67,7 @@ def index_with(**held) -> ApproxIndex:
 def test_registry_lists_names_on_a_miss():
     assert policy_names() == ALL
     with pytest.raises(
-        ValueError, match="valid names: cache_aware, cache_aware_smallest_cache, consistent_hash"
+        ValueError, match="valid names: cache_aware, cache_aware_events, cache_aware_smallest_cache"
     ):
         make_policy("nope")
 
@@ -135,15 +138,15 @@ def test_consistent_hash_is_sticky_and_bounded():
 
 
 def test_cache_aware_balanced_longest_match():
-    pol = make_policy("cache_aware")
+    pol = make_policy("cache_aware_v03")
     idx = index_with(w1=4, w2=6)
     d = pol.choose(req(8), [ws(i, running=1) for i in range(4)], idx)
     assert d.worker_id == 2 and d.predicted_cached_tokens == 6 * P
-    assert d.reason == "cache_aware: longest match"
+    assert d.reason == "cache_aware_v03: longest match"
 
 
 def test_cache_aware_match_tie_goes_to_less_loaded():
-    pol = make_policy("cache_aware")
+    pol = make_policy("cache_aware_v03")
     idx = index_with(w1=6, w2=6)
     d = pol.choose(req(8), [ws(0), ws(1, running=3), ws(2, running=2), ws(3)], idx)
     assert d.worker_id == 2
@@ -155,42 +158,42 @@ def test_cache_aware_low_match_goes_to_least_load_and_the_old_variant_to_smalles
     idx.insert(3, [11])
     idx.insert(2, [12, 13])
     states = [ws(0, 2), ws(1, 2), ws(2, 1), ws(3, 2)]
-    d = make_policy("cache_aware").choose(req(8), states, idx)  # SGLang since PR #14650
-    assert d.worker_id == 2 and d.reason == "cache_aware: low match -> least load"
+    d = make_policy("cache_aware_v03").choose(req(8), states, idx)  # SGLang since PR #14650
+    assert d.worker_id == 2 and d.reason == "cache_aware_v03: low match -> least load"
     # before it: the smallest cache (worker 3 holds one block), whatever its load
     for old in (
         make_policy("cache_aware_smallest_cache"),
-        make_policy("cache_aware:fallback=smallest_cache"),
+        make_policy("cache_aware_v03:fallback=smallest_cache"),
     ):
         d = old.choose(req(8), states, idx)
-        assert d.worker_id == 3 and d.reason == "cache_aware: low match -> smallest cache"
+        assert d.worker_id == 3 and d.reason == "cache_aware_v03: low match -> smallest cache"
 
 
 def test_policy_specs_pass_arguments_and_name_the_variant():
-    pol = make_policy("cache_aware:fallback=smallest_cache:cache_threshold=0.5", seed=3)
+    pol = make_policy("cache_aware_v03:fallback=smallest_cache:cache_threshold=0.5", seed=3)
     assert (pol.fallback, pol.cache_threshold, pol.name) == (
         "smallest_cache",
         0.5,
-        "cache_aware:fallback=smallest_cache:cache_threshold=0.5",
+        "cache_aware_v03:fallback=smallest_cache:cache_threshold=0.5",
     )
     assert make_policy("cache_aware").name == "cache_aware"
     old = make_policy("cache_aware_smallest_cache:cache_threshold=0.9")
     assert (old.fallback, old.cache_threshold) == ("smallest_cache", 0.9)
     assert make_policy("ttft:seed=none").name == "ttft:seed=none"
-    with pytest.raises(ValueError, match="policy 'cache_aware' has no parameter 'fallbak'; its "
+    with pytest.raises(ValueError, match="policy 'cache_aware_v03' has no parameter 'fallbak'; its "
                        "parameters: seed, cache_threshold"):  # fmt: skip
-        make_policy("cache_aware:fallbak=least_load")
+        make_policy("cache_aware_v03:fallbak=least_load")
     with pytest.raises(ValueError, match="expected key=value after ':', got 'oops'"):
-        make_policy("cache_aware:oops")
+        make_policy("cache_aware_v03:oops")
     with pytest.raises(ValueError, match="fallback must be 'smallest_cache' or 'least_load'"):
-        make_policy("cache_aware:fallback=biggest")
+        make_policy("cache_aware_v03:fallback=biggest")
     with pytest.raises(ValueError, match="unknown routing policy 'nope'"):
         make_policy("nope:x=1")
 
 
 def test_cache_aware_imbalance_needs_both_thresholds():
     idx = index_with(w1=8)
-    pol = make_policy("cache_aware", balance_abs_threshold=4, balance_rel_threshold=1.5)
+    pol = make_policy("cache_aware_v03", balance_abs_threshold=4, balance_rel_threshold=1.5)
     # max - min = 9 > 4 and 10 > 1.5 * 1: imbalanced -> shortest queue despite the match.
     d = pol.choose(req(8), [ws(0, 1), ws(1, 10), ws(2, 3), ws(3, 2)], idx)
     assert d.worker_id == 0 and "imbalanced" in d.reason
@@ -202,8 +205,8 @@ def test_cache_aware_imbalance_needs_both_thresholds():
     assert d.worker_id == 1
 
 
-def test_kv_cost_exact_costs():
-    pol = make_policy("kv_cost")
+def test_kv_cost_summed_exact_costs():
+    pol = make_policy("kv_cost_summed")
     idx = index_with(w1=6)
     workers = [ws(0, queued=0, decode=0), ws(1, queued=32, decode=32), ws(2, queued=160)]
     d = pol.choose(req(8), workers, idx)
@@ -213,10 +216,11 @@ def test_kv_cost_exact_costs():
     # tie at 16.
     assert d.scores == {0: 16.0, 1: 16.0, 2: 36.0}
     picks = {
-        make_policy("kv_cost", seed=s).choose(req(8), workers, idx).worker_id for s in range(30)
+        make_policy("kv_cost_summed", seed=s).choose(req(8), workers, idx).worker_id
+        for s in range(30)
     }
     assert picks == {0, 1}
-    heavy = make_policy("kv_cost", overlap_score_weight=2.0)
+    heavy = make_policy("kv_cost_summed", overlap_score_weight=2.0)
     assert heavy.choose(req(8), workers, idx).worker_id == 1  # 2 * 4 + 12 = 20 < 2 * 8 + 8
 
 
