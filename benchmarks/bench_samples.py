@@ -1,22 +1,29 @@
-"""``n`` samples of one prompt: one request with ``n`` against ``n`` separate requests.
+"""``n`` samples of one prompt: one request with ``n`` against SGLang's fan-out, emulated.
 
 On the engine (no HTTP), on a cold cache (a fresh random prompt each run), with the prompt of
 ``--prompt-len`` tokens:
 
-* ``n=1``: one request; its TTFT is the bound.
+* ``n=1``: one request; its TTFT is the bound (16-token pages, radixray's default).
 * ``n=N``: one request with ``n=N`` (radixray: one prefill, the forks' first tokens in its step).
-* ``N requests, dedupe``: N requests sent together, the way a client without ``n`` (or a peer
-  that fans ``n`` out, as SGLang does) gets them: the engine defers the copies while the first
-  computes the shared pages, then they match them and compute their partial page.
-* ``N requests, at once``: the same with in-flight deduplication off and a step budget that
-  admits all N together (N x the prompt): every copy computes the whole prompt in the same
-  step, as an engine without in-flight sharing does with the budget to batch them.
+* ``n=1, page 1``: ``n=1`` on an engine with 1-token pages: the bound of the emulation below.
+* ``N requests, SGLang fan-out (emulated, page 1)``: what SGLang's tokenizer manager does with
+  ``n > 1``: a prefill of the prompt alone (SGLang sends it with ``max_new_tokens=0``; here one
+  token, the same forward), awaited, then N requests of one sample each, sent together. SGLang's
+  default page size is 1, so every prompt token but the last is reusable: the emulation runs
+  on an engine with 1-token pages, where each copy matches all but the last prompt token and
+  computes that one (N + the prompt in all). It is radixray's engine doing SGLang's steps, not
+  SGLang: the steps' cost is ours.
+* ``N requests, no sharing`` (only with ``--unshared``): N copies on an engine with in-flight
+  sharing off and a step budget of N x the prompt, all computing the whole prompt in one step.
+  No current engine does this (vLLM V1 shares prefix blocks within a batch, SGLang fans out as
+  above): a reference row, never the peer.
 
 The variants take turns within each run (the order rotating), so a machine whose speed drifts
 weighs on all of them alike. Reported per variant, medians over ``--runs``: the time until all
-N samples have their first token (with ``max_tokens=1``) and its ratio to n=1's TTFT, the
-prompt tokens the engine computed, and the output tokens/s of a whole request with
-``--decode-tokens`` per sample (its prefill included).
+N samples have their first token (with ``max_tokens=1``) and its ratio to n=1's TTFT at the
+same page size, the prompt tokens the engine computed, and the output tokens/s of a whole
+request with ``--decode-tokens`` per sample (its prefill, and the fan-out's prefix request,
+included).
 
     .venv/bin/python benchmarks/bench_samples.py                # SmolLM2, 1,024 tokens, n = 8
     .venv/bin/python benchmarks/bench_samples.py --quick        # tiny model, 64 tokens, n = 4
@@ -34,6 +41,21 @@ from radixray.protocol import RequestError, SamplingParams
 from radixray.worker import Engine, EngineConfig
 
 _IDS = itertools.count()
+
+N1, NN, N1_PAGE1, FANOUT, UNSHARED = (
+    "n=1",
+    "n=N",
+    "n=1, page 1",
+    "N requests, SGLang fan-out (emulated, page 1)",
+    "N requests, no sharing (no current engine does this)",
+)
+# variant -> (engine, the variant whose TTFT bounds it)
+ENGINE = {N1: "page16", NN: "page16", N1_PAGE1: "page1", FANOUT: "page1", UNSHARED: "unshared"}
+BOUND = {N1: N1, NN: N1, N1_PAGE1: N1_PAGE1, FANOUT: N1_PAGE1, UNSHARED: N1}
+
+
+def _label(variant: str, n: int) -> str:
+    return variant.replace("n=N", f"n={n}").replace("N requests", f"{n} requests")
 
 
 def _prompt(rng: random.Random, vocab: int, length: int) -> list[int]:
@@ -62,28 +84,88 @@ def _first_token_all(engine: Engine, prompts: list[list[int]], params: SamplingP
     return took
 
 
-VARIANTS = ("n=1", "n=N", "N requests, dedupe", "N requests, at once")
+def _first_tokens(eng: Engine, variant: str, prompt: list[int], n: int) -> float:
+    """Seconds until all samples of ``variant`` on ``prompt`` have their first token."""
+    one = SamplingParams(max_tokens=1, temperature=1.0, seed=1)
+    if variant in (N1, N1_PAGE1):
+        return _first_token_all(eng, [prompt], one)
+    if variant == NN:
+        return _first_token_all(eng, [prompt], one.replace(n=n))
+    t0 = time.perf_counter()
+    if variant == FANOUT:  # SGLang's prefix request, awaited before the copies are sent
+        eng.generate_batch([prompt], one)
+    prefix_s = time.perf_counter() - t0
+    return prefix_s + _first_token_all(eng, [prompt] * n, one)
 
 
-def _one_run(args, engines: dict[bool, Engine], variant: str, rng: random.Random) -> tuple:
+def _tokens_per_s(eng: Engine, variant: str, prompt: list[int], n: int, tokens: int) -> float:
+    """Output tokens/s of the whole of ``variant`` with ``tokens`` per sample."""
+    dec = SamplingParams(max_tokens=tokens, temperature=1.0, seed=1, ignore_eos=True)
+    t0 = time.perf_counter()
+    if variant in (N1, N1_PAGE1):
+        outs = eng.generate_batch([prompt], dec)
+    elif variant == NN:
+        outs = eng.generate_batch([prompt], dec.replace(n=n))
+    else:
+        if variant == FANOUT:
+            eng.generate_batch([prompt], dec.replace(max_tokens=1))  # not counted as output
+        outs = eng.generate_batch([prompt] * n, dec)
+    return sum(c.completion_tokens for c in outs) / (time.perf_counter() - t0)
+
+
+def _one_run(args, engines: dict[str, Engine], variant: str, rng: random.Random) -> tuple:
     """One cold run of ``variant``: (seconds to all first tokens, prompt tokens computed,
     output tokens/s of a second request run whole with ``--decode-tokens`` per sample)."""
-    eng = engines[variant != "N requests, at once"]
-    vocab, n = eng.model_config.vocab_size, args.n
-    one = SamplingParams(max_tokens=1, temperature=1.0, seed=1)
-    if variant == "n=1":
-        copies, params = 1, one
-    elif variant == "n=N":
-        copies, params = 1, one.replace(n=n)
-    else:
-        copies, params = n, one
+    eng = engines[ENGINE[variant]]
+    vocab = eng.model_config.vocab_size
     before = eng.meter.prefill_tokens
-    first = _first_token_all(eng, [_prompt(rng, vocab, args.prompt_len)] * copies, params)
+    first = _first_tokens(eng, variant, _prompt(rng, vocab, args.prompt_len), args.n)
     computed = eng.meter.prefill_tokens - before
-    dec = params.replace(max_tokens=args.decode_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    outs = eng.generate_batch([_prompt(rng, vocab, args.prompt_len)] * copies, dec)
-    return first, computed, sum(c.completion_tokens for c in outs) / (time.perf_counter() - t0)
+    prompt = _prompt(rng, vocab, args.prompt_len)
+    return first, computed, _tokens_per_s(eng, variant, prompt, args.n, args.decode_tokens)
+
+
+def _engines(args) -> dict[str, Engine]:
+    def make(page_size: int, dedupe: bool, budget: int) -> Engine:
+        cfg = EngineConfig(
+            model=args.model,
+            device="cpu",
+            page_size=page_size,
+            max_batch_tokens=max(1024, budget),
+            dedupe_in_flight=dedupe,
+            seed=0,
+        )
+        return Engine(cfg)
+
+    out = {"page16": make(16, True, args.prompt_len), "page1": make(1, True, args.prompt_len)}
+    if args.unshared:
+        out["unshared"] = make(16, False, args.prompt_len * args.n)
+    return out
+
+
+def _print_table(args, rows: dict[str, dict]) -> None:
+    print()
+    print(
+        "| variant | all first tokens (s) | / n=1 TTFT (same page size) | prompt tokens computed "
+        "| tokens/s |"
+    )
+    print("|---|---|---|---|---|")
+    for variant, r in rows.items():
+        base = rows[BOUND[variant]]["first_all_s"]
+        print(
+            f"| {_label(variant, args.n)} | {r['first_all_s']:.3f} | "
+            f"{r['first_all_s'] / base:.2f}x | {r['prefill_tokens']:.0f} | "
+            f"{r['tokens_per_s']:.1f} |"
+        )
+    mine, peer = rows[NN], rows[FANOUT]
+    print(
+        f"\nheadline: n={args.n} has all first tokens at "
+        f"{mine['first_all_s'] / rows[N1]['first_all_s']:.2f}x n=1's TTFT; SGLang's fan-out, "
+        f"emulated on this engine at SGLang's default page size 1, at "
+        f"{peer['first_all_s'] / rows[N1_PAGE1]['first_all_s']:.2f}x (computing "
+        f"{peer['prefill_tokens']:.0f} prompt tokens against {mine['prefill_tokens']:.0f}); "
+        f"output {mine['tokens_per_s'] / peer['tokens_per_s']:.2f}x the emulation's tokens/s"
+    )
 
 
 def main() -> None:
@@ -93,34 +175,28 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument(
+        "--unshared", action="store_true", help="add the no-sharing reference row (no peer)"
+    )
     ap.add_argument("--quick", action="store_true", help="tiny model, 64 tokens, n=4, 2 runs")
     args = ap.parse_args()
     if args.quick:
         args.model, args.prompt_len, args.n, args.runs, args.decode_tokens = "tiny", 64, 4, 2, 4
-    engines = {
-        dedupe: Engine(
-            EngineConfig(
-                model=args.model,
-                device="cpu",
-                max_batch_tokens=max(1024, args.prompt_len * (1 if dedupe else args.n)),
-                dedupe_in_flight=dedupe,
-                seed=0,
-            )
-        )
-        for dedupe in (True, False)
-    }
+    engines = _engines(args)
     rng = random.Random(0)
     for eng in engines.values():  # warm up: first-call costs out of the numbers
         eng.generate_batch([_prompt(rng, eng.model_config.vocab_size, args.prompt_len)])
     print(
         f"model {args.model}, prompt {args.prompt_len} tokens, N = {args.n}, "
-        f"{args.runs} runs, cold cache; medians",
+        f"{args.runs} runs, cold cache; medians. The fan-out row is an emulation: radixray's "
+        "engine taking SGLang's steps at SGLang's default page size (1)",
         flush=True,
     )
-    got: dict[str, list[tuple]] = {v: [] for v in VARIANTS}
+    variants = [v for v in ENGINE if ENGINE[v] in engines]
+    got: dict[str, list[tuple]] = {v: [] for v in variants}
     for run in range(args.runs):
-        for k in range(len(VARIANTS)):
-            variant = VARIANTS[(run + k) % len(VARIANTS)]
+        for k in range(len(variants)):
+            variant = variants[(run + k) % len(variants)]
             got[variant].append(_one_run(args, engines, variant, rng))
         print(f"  run {run + 1}/{args.runs} done", flush=True)
     rows = {
@@ -131,16 +207,7 @@ def main() -> None:
         }
         for v, runs in got.items()
     }
-    base = rows["n=1"]["first_all_s"]
-    print()
-    print("| variant | all first tokens (s) | / n=1 TTFT | prompt tokens computed | tokens/s |")
-    print("|---|---|---|---|---|")
-    for variant, r in rows.items():
-        print(
-            f"| {variant.replace('N', str(args.n))} | {r['first_all_s']:.3f} | "
-            f"{r['first_all_s'] / base:.2f}x | {r['prefill_tokens']:.0f} | "
-            f"{r['tokens_per_s']:.1f} |"
-        )
+    _print_table(args, rows)
     for eng in engines.values():
         eng.shutdown()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -58,6 +59,20 @@ def _workload_kwargs(args, name: str) -> dict:
         "system_chars": args.system_chars,
         "max_tokens": args.chat_max_tokens,
     }
+
+
+def _cpus(text: str) -> tuple[int, ...]:
+    """``0``, ``1,3`` or ``1-3`` -> the cores, each one this machine has."""
+    cores: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.partition("-")
+        if not (lo.isdigit() and (not dash or hi.isdigit())):
+            raise argparse.ArgumentTypeError(f"expected cores like 0, 1,3 or 1-3, got {text!r}")
+        cores += range(int(lo), int(hi if dash else lo) + 1)
+    have = os.sched_getaffinity(0)
+    if not cores or not set(cores) <= have:
+        raise argparse.ArgumentTypeError(f"cores {text!r}: this process may use {sorted(have)}")
+    return tuple(cores)
 
 
 def _load_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -132,6 +147,8 @@ def _cmd_compare(args, argv: list[str]) -> int:
         repeats=args.repeats,
         command="radixray bench " + shlex.join(argv),
         step_logs=args.step_logs,
+        router_cpus=args.router_cpus,
+        worker_cpus=args.worker_cpus,
     )
     report = run_compare(cfg)
     for name, w in report["workloads"].items():
@@ -195,6 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--probe-requests", type=int, default=100)
     c.add_argument(
         "--repeats", type=int, default=2, help="runs per target, in alternating target order"
+    )
+    c.add_argument(
+        "--router-cpus",
+        type=_cpus,
+        default=(),
+        help="cores the router under test runs on, e.g. 0 (with --worker-cpus: a core of its "
+        "own, as a deployment places it); default: any",
+    )
+    c.add_argument(
+        "--worker-cpus",
+        type=_cpus,
+        default=(),
+        help="cores the workers and the load generator run on, e.g. 1 or 1-3; default: any",
     )
     c.add_argument("--out-dir", default="/tmp/bench_serving")
     c.add_argument(

@@ -93,6 +93,10 @@ class CompareConfig:
     # keep every worker's step log of each run (``/debug/steps``): what bench_sim_vs_live.py fits
     # the simulator's timing to
     step_logs: bool = False
+    # The cores the router under test runs on, and the workers (with the load generator): a
+    # router on a core of its own, as a deployment places it (empty: every process anywhere).
+    router_cpus: tuple[int, ...] = ()
+    worker_cpus: tuple[int, ...] = ()
 
     def __post_init__(self):
         for t in self.targets:
@@ -131,9 +135,11 @@ def machine_info() -> dict:
 def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_dir: Path) -> Proc:
     t = parse_target(target)
     port = cfg.base_port + 20 + i
+    cpus = cfg.router_cpus or None
     if t.router == "radixray":
-        return start_radixray_router(port, urls, t.policy, t.worker_spec(cfg.worker), log_dir)
-    return start_smg_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i)
+        spec = t.worker_spec(cfg.worker)
+        return start_radixray_router(port, urls, t.policy, spec, log_dir, cpus=cpus)
+    return start_smg_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i, cpus=cpus)
 
 
 async def _probe(targets: dict[str, str], body: dict, rounds: int, seed: int) -> dict[str, list]:
@@ -171,7 +177,9 @@ def _added_latency(samples: dict[str, list]) -> dict[str, dict]:
 def _measure_added_latency(
     wl: BenchWorkload, cfg: CompareConfig, targets: tuple[str, ...], log_dir: Path
 ) -> dict[str, dict]:
-    workers = start_workers(cfg.num_workers, cfg.base_port, cfg.worker, log_dir / "probe")
+    workers = start_workers(
+        cfg.num_workers, cfg.base_port, cfg.worker, log_dir / "probe", cpus=cfg.worker_cpus or None
+    )
     routers: list[Proc] = []
     try:
         urls = [w.url for w in workers]
@@ -210,7 +218,9 @@ def _run_one(
     """One run on fresh workers: the load run and the workers' counter deltas."""
     model = _served_name(cfg.worker.model)
     spec = parse_target(target).worker_spec(cfg.worker)
-    workers = start_workers(cfg.num_workers, cfg.base_port, spec, log_dir / target)
+    workers = start_workers(
+        cfg.num_workers, cfg.base_port, spec, log_dir / target, cpus=cfg.worker_cpus or None
+    )
     router = None
     try:
         urls = [w.url for w in workers]
@@ -352,9 +362,12 @@ def run_compare(cfg: CompareConfig) -> dict:
 
     With ``repeats`` > 1 the targets run in alternating order (forward, backward, ...) so that
     slow drifts of a shared machine's background load fall on every target alike; each
-    target's repeats are pooled (requests together, worker counters summed)."""
+    target's repeats are pooled (requests together, worker counters summed). With
+    ``worker_cpus`` the load generator (this process) runs on the workers' cores."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.worker_cpus:
+        os.sched_setaffinity(0, cfg.worker_cpus)
     targets = cfg.targets
     why_not = smg_available()
     skipped = []
@@ -369,6 +382,7 @@ def run_compare(cfg: CompareConfig) -> dict:
         "worker": asdict(cfg.worker),
         "targets": list(targets),
         "repeats": cfg.repeats,
+        "layout": {"router_cpus": list(cfg.router_cpus), "worker_cpus": list(cfg.worker_cpus)},
         "skipped_targets": dict.fromkeys(skipped, why_not),
         "workloads": {},
     }

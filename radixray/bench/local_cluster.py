@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 LOCAL = "127.0.0.1"
+CPUs = tuple[int, ...] | None  # the cores a process may run on (None: any)
 # The workers' internal routes take this token; the radixray routers started here send it. One
 # per benchmark process, passed to the processes it starts through their environment.
 CLUSTER_TOKEN = secrets.token_urlsafe(24)
@@ -88,7 +89,9 @@ class WorkerSpec:
         return a + list(self.extra)
 
 
-def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> Proc:
+def _spawn(name: str, cmd: list[str], log_dir: Path, url: str, cpus: CPUs = None) -> Proc:
+    """Start ``cmd`` logging to ``log_dir/name.log``; ``cpus``: the cores it may run on (all
+    when None), set in the child before it starts."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     env = dict(
@@ -97,8 +100,14 @@ def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> Proc:
         RADIXRAY_CLUSTER_TOKEN=CLUSTER_TOKEN,
     )
     with log.open("w") as f:
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         p = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=pin,  # noqa: PLW1509 (only sched_setaffinity, no locks taken)
         )
     return Proc(name, url, p, log)
 
@@ -111,9 +120,10 @@ def _spawn_router(
     ready_path: str,
     num_workers: int,
     timeout_s: float,
+    cpus: CPUs = None,
 ) -> Proc:
     """Start a router and wait until it reports every worker healthy (stop it if it fails)."""
-    proc = _spawn(name, cmd, log_dir, f"http://{LOCAL}:{port}")
+    proc = _spawn(name, cmd, log_dir, f"http://{LOCAL}:{port}", cpus)
     try:
         wait_ready(proc, ready_path, timeout_s, lambda j: j.get("healthy_workers") == num_workers)
     except BaseException:
@@ -151,7 +161,12 @@ def _serve_cmd(port: int, policy: str, *args: str) -> list[str]:
 
 
 def start_workers(
-    n: int, base_port: int, spec: WorkerSpec, log_dir: Path, timeout_s: float = 180.0
+    n: int,
+    base_port: int,
+    spec: WorkerSpec,
+    log_dir: Path,
+    timeout_s: float = 180.0,
+    cpus: CPUs = None,
 ) -> list[Proc]:
     procs = []
     try:
@@ -160,7 +175,7 @@ def start_workers(
             cmd = _radixray(
                 "worker", "--host", LOCAL, "--port", str(port), "--worker-id", f"w{i}", *spec.args()
             )
-            procs.append(_spawn(f"worker-{i}", cmd, log_dir, f"http://{LOCAL}:{port}"))
+            procs.append(_spawn(f"worker-{i}", cmd, log_dir, f"http://{LOCAL}:{port}", cpus))
         for p in procs:
             wait_ready(p, "/health", timeout_s)
     except BaseException:
@@ -177,12 +192,12 @@ def start_radixray_router(
     spec: WorkerSpec,
     log_dir: Path,
     timeout_s: float = 120.0,
+    cpus: CPUs = None,
 ) -> Proc:
     cmd = _serve_cmd(port, policy, "--model", spec.model, "--page-size", str(spec.page_size))
     cmd += ["--worker-urls", *worker_urls]
-    return _spawn_router(
-        f"radixray-{policy}", cmd, log_dir, port, "/health", len(worker_urls), timeout_s
-    )
+    name = f"radixray-{policy}"
+    return _spawn_router(name, cmd, log_dir, port, "/health", len(worker_urls), timeout_s, cpus)
 
 
 def start_radixray_ray_router(
@@ -208,8 +223,10 @@ def start_smg_router(
     log_dir: Path,
     prometheus_port: int,
     timeout_s: float = 120.0,
+    cpus: CPUs = None,
 ) -> Proc:
     """SGLang's model gateway (PyPI ``smg``), as ``peer_smg.smg_command`` starts it."""
     name = f"smg-{policy_spec.replace(':', '-').replace(',', '-')}"
     cmd = smg_command(port, worker_urls, policy_spec, prometheus_port, timeout_s)
-    return _spawn_router(name, cmd, log_dir, port, "/readiness", len(worker_urls), timeout_s)
+    n = len(worker_urls)
+    return _spawn_router(name, cmd, log_dir, port, "/readiness", n, timeout_s, cpus)

@@ -137,3 +137,18 @@ def test_median_table_takes_medians_over_repeats_and_sums_refusals():
     assert line == want
     two = median_table([row | {"per_repeat": reps[:2]}]).splitlines()[-1]
     assert "| 2 | 40.0% |" in two and "| 500 | 1000 |" in two  # even count: the mean of the two
+
+
+def test_compare_cli_places_the_router_and_the_workers_on_cores(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(
+        bench_cli, "run_compare", lambda cfg: seen.setdefault("cfg", cfg) and {"workloads": {}}
+    )
+    monkeypatch.setattr(bench_cli.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    argv = ["compare", "--workloads", "mooncake", "--router-cpus", "0", "--worker-cpus", "1-3"]
+    assert bench_cli.main(argv) == 0
+    assert (seen["cfg"].router_cpus, seen["cfg"].worker_cpus) == ((0,), (1, 2, 3))
+    for bad, words in (("5", "this process may use [0, 1, 2, 3]"), ("a-b", "expected cores")):
+        with pytest.raises(SystemExit):
+            bench_cli.main(["compare", "--router-cpus", bad])
+        assert words in capsys.readouterr().err
