@@ -75,6 +75,22 @@ def _cpus(text: str) -> tuple[int, ...]:
     return tuple(cores)
 
 
+def _layout_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--router-cpus",
+        type=_cpus,
+        default=(),
+        help="cores the router under test runs on, e.g. 0 (with --worker-cpus: a core of its "
+        "own, as a deployment places it); default: any",
+    )
+    p.add_argument(
+        "--worker-cpus",
+        type=_cpus,
+        default=(),
+        help="cores the workers and the load generator run on, e.g. 1 or 1-3; default: any",
+    )
+
+
 def _load_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     g = p.add_argument_group("load")
     g.add_argument("--max-duration", type=float, default=240.0, help="seconds per run")
@@ -213,19 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--repeats", type=int, default=2, help="runs per target, in alternating target order"
     )
-    c.add_argument(
-        "--router-cpus",
-        type=_cpus,
-        default=(),
-        help="cores the router under test runs on, e.g. 0 (with --worker-cpus: a core of its "
-        "own, as a deployment places it); default: any",
-    )
-    c.add_argument(
-        "--worker-cpus",
-        type=_cpus,
-        default=(),
-        help="cores the workers and the load generator run on, e.g. 1 or 1-3; default: any",
-    )
+    _layout_args(c)
     c.add_argument("--out-dir", default="/tmp/bench_serving")
     c.add_argument(
         "--step-logs",

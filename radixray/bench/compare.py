@@ -35,9 +35,11 @@ from .loadgen import LoadConfig, RequestResult, RunResult, run_load, stream_requ
 from .local_cluster import (
     Proc,
     WorkerSpec,
+    served_name,
     start_radixray_router,
     start_smg_router,
     start_workers,
+    warm,
 )
 from .peer_smg import smg_available, smg_version
 from .report import (
@@ -186,7 +188,7 @@ def _measure_added_latency(
         for i, t in enumerate(targets):
             routers.append(_start_router(t, i, urls, cfg, log_dir / "probe"))
         points = {"direct": urls[0]} | {t: r.url for t, r in zip(targets, routers, strict=True)}
-        body = wl.sessions[0].request_body(_served_name(cfg.worker.model), 0, [])
+        body = wl.sessions[0].request_body(served_name(cfg.worker.model), 0, [])
         samples = asyncio.run(_probe(points, body, cfg.probe_requests, seed=1))
         return _added_latency(samples)
     finally:
@@ -194,29 +196,11 @@ def _measure_added_latency(
             p.stop()
 
 
-def _served_name(model: str) -> str:
-    if model in ("tiny", "smollm2"):
-        return model
-    return Path(model).stem if Path(model).is_file() else Path(model).name
-
-
-def _warm(urls: list[str], model: str) -> None:
-    """One short request per worker (first-step costs), outside the measured window."""
-
-    async def go():
-        async with httpx.AsyncClient(timeout=120) as client:
-            for i, u in enumerate(urls):
-                body = {"model": model, "prompt": f"warm-up {i} " * 4, "max_tokens": 4}
-                await stream_request(client, u, body, RequestResult("warm", 0, 0.0), 120)
-
-    asyncio.run(go())
-
-
 def _run_one(
     wl: BenchWorkload, target: str, i: int, load: LoadConfig, cfg: CompareConfig, log_dir: Path
 ) -> tuple[RunResult, dict]:
     """One run on fresh workers: the load run and the workers' counter deltas."""
-    model = _served_name(cfg.worker.model)
+    model = served_name(cfg.worker.model)
     spec = parse_target(target).worker_spec(cfg.worker)
     workers = start_workers(
         cfg.num_workers, cfg.base_port, spec, log_dir / target, cpus=cfg.worker_cpus or None
@@ -224,7 +208,7 @@ def _run_one(
     router = None
     try:
         urls = [w.url for w in workers]
-        _warm(urls, model)
+        warm(urls, model)
         router = _start_router(target, i, urls, cfg, log_dir / target)
         time.sleep(1.0)  # the radixray router's first polls; smg's health checks
         before = asyncio.run(worker_counters(urls))

@@ -7,6 +7,7 @@ Every process is ours: started with ``subprocess.Popen``, logged to a file, stop
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import subprocess
@@ -19,6 +20,7 @@ import httpx
 
 from radixray.worker.engine_config import EngineConfig
 
+from .loadgen import RequestResult, stream_request
 from .peer_smg import smg_command
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "start_radixray_router",
     "start_radixray_ray_router",
     "start_smg_router",
+    "served_name",
+    "warm",
 ]
 
 LOCAL = "127.0.0.1"
@@ -230,3 +234,21 @@ def start_smg_router(
     cmd = smg_command(port, worker_urls, policy_spec, prometheus_port, timeout_s)
     n = len(worker_urls)
     return _spawn_router(name, cmd, log_dir, port, "/readiness", n, timeout_s, cpus)
+
+
+def served_name(model: str) -> str:
+    if model in ("tiny", "smollm2"):
+        return model
+    return Path(model).stem if Path(model).is_file() else Path(model).name
+
+
+def warm(urls: list[str], model: str) -> None:
+    """One short request per worker (first-step costs), outside the measured window."""
+
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            for i, u in enumerate(urls):
+                body = {"model": model, "prompt": f"warm-up {i} " * 4, "max_tokens": 4}
+                await stream_request(client, u, body, RequestResult("warm", 0, 0.0), 120)
+
+    asyncio.run(go())
