@@ -82,6 +82,7 @@ CASES = {
     "gpu/big_check.py": (["--json", "{out}/big.json"], "nano-vllm's offline workload", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
+    "studies/live_regimes.py": (["--out", "{out}"], "| mooncake@4 | radixray", (integration,)),
     "studies/sim_capacity_bound.py": ([], "ttft excess_p50", (needs_trace,)),
     "studies/sim_excess_breakdown.py": ([], "| ttft |", (needs_trace,)),
     "studies/sim_hit_moves.py": ([], "| ttft | 0.", (needs_trace,)),
