@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint format serve bench notebook clean
+.PHONY: install test test-fast lint format serve bench notebook grpc-stubs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,17 @@ notebook: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cache_index.py
+
+# The protobuf modules of the gRPC service SGLang's gateway calls (radixray worker --grpc-port),
+# generated from our .proto files and committed: regenerate after editing a .proto. Marked for
+# ruff (generated code) and formatted, so that `make lint` and `make format` leave them as made.
+# (No --grpc_python_out: grpc_sglang/service.py binds the methods from the service descriptor.)
+GRPC_DIR := radixray/worker/grpc_sglang
+grpc-stubs: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. \
+		$(GRPC_DIR)/smg_common.proto $(GRPC_DIR)/sglang_scheduler.proto
+	for f in $(GRPC_DIR)/*_pb2.py; do sed -i '1i # ruff: noqa' $$f; done
+	$(VENV)/bin/ruff format $(GRPC_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -252,6 +252,14 @@ def cmd_worker(args) -> int:
         print(f"radixray worker: cannot start: {e}", file=sys.stderr, flush=True)
         return 2
     app = WorkerServer(host, token=token)
+    grpc_server = None
+    if args.grpc_port is not None:
+        from radixray.worker.grpc_sglang import start_beside_http
+
+        grpc_server = start_beside_http(host, app.meta, args.host, args.grpc_port)
+        if grpc_server is None:
+            host.shutdown()
+            return 2
 
     def ready():
         print(f"radixray worker {worker_id} on http://{args.host}:{args.port}", flush=True)
@@ -259,6 +267,8 @@ def cmd_worker(args) -> int:
     try:
         serve_uvicorn(app, args.host, args.port, ready)
     finally:
+        if grpc_server is not None:
+            grpc_server.stop()
         host.shutdown()
     return 0
 
@@ -331,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--host", default="127.0.0.1")
     w.add_argument("--port", type=int, default=9001)
+    w.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve SGLang's gRPC scheduler service on this port (same engine): smg's "
+        "event-driven cache-aware routing (smg --worker-urls grpc://HOST:PORT; docs/peers/smg.md)",
+    )
     _engine_args(w)
     _cluster_token_arg(w)
     sub.add_parser("sim", help="trace-driven routing simulator (see radixray sim --help)")

@@ -134,6 +134,17 @@ def machine_info() -> dict:
     }
 
 
+def _grpc_ports(cfg: CompareConfig) -> tuple[int, ...]:
+    """The workers' gRPC ports (served only for an ``smg-grpc`` target's runs)."""
+    return tuple(cfg.base_port + 60 + k for k in range(cfg.num_workers))
+
+
+def _workers(cfg: CompareConfig, spec: WorkerSpec, log_dir: Path, targets) -> list[Proc]:
+    grpc = _grpc_ports(cfg) if any(t.startswith("smg-grpc:") for t in targets) else ()
+    cpus = cfg.worker_cpus or None
+    return start_workers(cfg.num_workers, cfg.base_port, spec, log_dir, cpus=cpus, grpc_ports=grpc)
+
+
 def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_dir: Path) -> Proc:
     t = parse_target(target)
     port = cfg.base_port + 20 + i
@@ -141,6 +152,8 @@ def _start_router(target: str, i: int, urls: list[str], cfg: CompareConfig, log_
     if t.router == "radixray":
         spec = t.worker_spec(cfg.worker)
         return start_radixray_router(port, urls, t.policy, spec, log_dir, cpus=cpus)
+    if t.router == "smg-grpc":  # smg's event-driven index: the workers over gRPC
+        urls = [f"grpc://127.0.0.1:{p}" for p in _grpc_ports(cfg)]
     return start_smg_router(port, urls, t.policy, log_dir, cfg.base_port + 40 + i, cpus=cpus)
 
 
@@ -179,9 +192,7 @@ def _added_latency(samples: dict[str, list]) -> dict[str, dict]:
 def _measure_added_latency(
     wl: BenchWorkload, cfg: CompareConfig, targets: tuple[str, ...], log_dir: Path
 ) -> dict[str, dict]:
-    workers = start_workers(
-        cfg.num_workers, cfg.base_port, cfg.worker, log_dir / "probe", cpus=cfg.worker_cpus or None
-    )
+    workers = _workers(cfg, cfg.worker, log_dir / "probe", targets)
     routers: list[Proc] = []
     try:
         urls = [w.url for w in workers]
@@ -202,9 +213,7 @@ def _run_one(
     """One run on fresh workers: the load run and the workers' counter deltas."""
     model = served_name(cfg.worker.model)
     spec = parse_target(target).worker_spec(cfg.worker)
-    workers = start_workers(
-        cfg.num_workers, cfg.base_port, spec, log_dir / target, cpus=cfg.worker_cpus or None
-    )
+    workers = _workers(cfg, spec, log_dir / target, (target,))
     router = None
     try:
         urls = [w.url for w in workers]
@@ -356,8 +365,8 @@ def run_compare(cfg: CompareConfig) -> dict:
     why_not = smg_available()
     skipped = []
     if why_not:
-        skipped = [t for t in targets if t.startswith("smg:")]
-        targets = tuple(t for t in targets if not t.startswith("smg:"))
+        skipped = [t for t in targets if t.startswith(("smg:", "smg-grpc:"))]
+        targets = tuple(t for t in targets if not t.startswith(("smg:", "smg-grpc:")))
         print(f"skipping {skipped}: {why_not}", flush=True)
     report: dict = {
         "machine": machine_info(),

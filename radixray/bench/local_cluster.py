@@ -171,7 +171,10 @@ def start_workers(
     log_dir: Path,
     timeout_s: float = 180.0,
     cpus: CPUs = None,
+    grpc_ports: tuple[int, ...] = (),
 ) -> list[Proc]:
+    """``grpc_ports``: worker i also serves SGLang's gRPC scheduler service on the i-th (smg's
+    event-driven routing: ``grpc://127.0.0.1:PORT``); none by default."""
     procs = []
     try:
         for i in range(n):
@@ -179,6 +182,8 @@ def start_workers(
             cmd = _radixray(
                 "worker", "--host", LOCAL, "--port", str(port), "--worker-id", f"w{i}", *spec.args()
             )
+            if i < len(grpc_ports):
+                cmd += ["--grpc-port", str(grpc_ports[i])]
             procs.append(_spawn(f"worker-{i}", cmd, log_dir, f"http://{LOCAL}:{port}", cpus))
         for p in procs:
             wait_ready(p, "/health", timeout_s)

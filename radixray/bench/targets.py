@@ -3,7 +3,9 @@
 ``ROUTER:POLICY[@KEY=VALUE,...]``: ``radixray:ttft``, ``radixray:ttft:tiers=false`` (the policy
 spec is everything after the first colon, as ``radixray serve --policy`` takes it),
 ``smg:cache_aware``, ``smg:cache_aware:cache-threshold=0.5`` (SGLang's gateway with its flags,
-``peer_smg.smg_args``), ``radixray:ttft@host-pages=0``. What follows ``@`` changes the workers
+``peer_smg.smg_args``), ``smg-grpc:cache_aware`` (smg's event-driven mode: the workers also
+serve gRPC, smg is given their ``grpc://`` addresses and indexes their KV events),
+``radixray:ttft@host-pages=0``. What follows ``@`` changes the workers
 that target's runs start (each run starts fresh workers anyway), so that targets which differ in
 the workers' configuration, not only in the router, run side by side in one comparison: every
 other target keeps the comparison's own worker flags.
@@ -18,7 +20,7 @@ from .peer_smg import smg_args
 
 __all__ = ["Target", "parse_target", "ROUTERS", "WORKER_KEYS"]
 
-ROUTERS = ("radixray", "smg")
+ROUTERS = ("radixray", "smg", "smg-grpc")
 
 
 def _pages(key: str, text: str) -> int:
@@ -56,10 +58,10 @@ def parse_target(spec: str) -> Target:
     router, _, policy = head.partition(":")
     if router not in ROUTERS or not policy:
         raise ValueError(
-            f"target must be radixray:<policy> or smg:<policy> "
+            f"target must be radixray:<policy>, smg:<policy> or smg-grpc:<policy> "
             f"(then @host-pages=N,...), got {spec!r}"
         )
-    if router == "smg":
+    if router in ("smg", "smg-grpc"):
         smg_args(policy)  # ValueError naming a bad smg option
     worker: dict = {}
     if at:

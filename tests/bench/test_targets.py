@@ -48,7 +48,7 @@ def test_an_smg_target_carries_its_flags_to_the_command_line():
         ("radixray:ttft@host-pages", "'host-pages'"),
         ("radixray:ttft@host-pages=-1", "host-pages must be an int >= 0"),
         ("radixray:ttft@host-pages=two", "host-pages must be an int >= 0"),
-        ("sglang:cache_aware", "radixray:<policy> or smg:<policy>"),
+        ("sglang:cache_aware", "radixray:<policy>, smg:<policy> or smg-grpc:<policy>"),
         ("smg:cache_aware:cache-threshold=2", "cache-threshold must be a number in"),
         ("smg:cache_aware:tree=3", "KEY one of"),
         ("smg:cache_aware:balance-rel-threshold=0.5", "balance-rel-threshold must be a num"),
