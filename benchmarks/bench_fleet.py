@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: seconds of load a config")
     args = p.parse_args(argv)
     if args.quick:
-        # a smoke run: 1 router and 2 with the late join (the table needs x1), 60 requests at 10/s
-        args.limit, args.rate, args.late_after_s, args.routers = 60, 10.0, 3.0, [1]
+        # a smoke run: 1 router and 2 with the late join (the table needs x1), 40 requests at 10/s
+        args.limit, args.rate, args.late_after_s, args.routers = 40, 10.0, 2.0, [1]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wl = build_workload("mooncake", limit=args.limit)
