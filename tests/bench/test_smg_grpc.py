@@ -22,7 +22,7 @@ from radixray.worker.grpc_sglang import sglang_scheduler_pb2 as pb
 from radixray.worker.grpc_sglang.service import SERVICE
 from radixray.worker.grpc_sglang.tokenizer_files import byte_tokenizer_json
 
-from ..router.serving import free_port
+from ..router.serving import free_port, free_ports
 
 pytestmark = [pytest.mark.integration]
 
@@ -83,7 +83,7 @@ def cached(answer: dict) -> int:
 def test_smg_event_driven_routing_over_grpc(tmp_path):
     assert smg_available() is None  # smg is a dev dependency: its absence is a failure here
     spec = WorkerSpec(model="tiny", page_size=PAGE, num_pages=256)
-    base = free_port()
+    base = free_ports(2)
     grpc_ports = _ports(2, {base, base + 1})
     workers = start_workers(2, base, spec, tmp_path, grpc_ports=grpc_ports)
     grpc_urls = [f"grpc://127.0.0.1:{p}" for p in grpc_ports]
@@ -95,10 +95,14 @@ def test_smg_event_driven_routing_over_grpc(tmp_path):
         answer = complete(router.url, "hello smg", 3)
         assert answer["usage"]["completion_tokens"] == 3
         assert answer["usage"]["prompt_tokens"] == len(b"hello smg")  # a byte a token
-        # Greedy: the tokens the worker's service generates for those ids, decoded by the
+        # Greedy: the tokens a worker's service generates for those ids, decoded by the
         # tokenizer it streamed (HF's decode: an invalid UTF-8 run is one U+FFFD per byte token).
-        ids = greedy_ids(grpc_ports[0], list(b"hello smg"), 3)
-        assert answer["choices"][0]["text"] == Tokenizer.from_str(byte_tokenizer_json()).decode(ids)
+        # Asked of both workers: the one smg did not pick computes the prompt cold, as smg's
+        # worker did (the other reuses its cached pages, and a random tiny model's near-tied
+        # logits may then pick another token).
+        tok = Tokenizer.from_str(byte_tokenizer_json())
+        direct = {tok.decode(greedy_ids(p, list(b"hello smg"), 3)) for p in grpc_ports}
+        assert answer["choices"][0]["text"] in direct, (answer["choices"][0]["text"], direct)
         # Each worker gets long prefixes of its own straight over HTTP: smg routed none of them.
         docs = {(i, j): f"[{i}.{j}] a document held by worker {i}. " * 8 for i in W for j in D}
         for (i, _), doc in docs.items():

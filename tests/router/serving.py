@@ -53,6 +53,27 @@ def free_port() -> int:
     return port
 
 
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports free now (``start_workers`` takes base, base + 1,
+    ...): ``free_port`` vouches for one port only."""
+    while True:
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+
+
 class LiveApp:
     """``with LiveApp(asgi_app) as url:`` serves the app on 127.0.0.1 until the block ends."""
 
