@@ -87,7 +87,14 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
 
     with cf.ThreadPoolExecutor(4) as pool:
         first = list(pool.map(lambda p: ask(p, 0), range(4)))
-    later = [ask(p, q) for q in (1, 2) for p in range(4)]
+    later = []
+    for q in (1, 2):
+        for p in range(4):
+            # One at a time, on a fleet the router sees idle again: the affinity under test is
+            # where ttft sends a prefix when nothing else is running (back to back, the last
+            # request's worker may still look busy in its latest report, and moving is right).
+            time.sleep(0.5)
+            later.append(ask(p, q))
     home = {p: w for p, w, _ in first}
     assert len(set(home.values())) == 2, home  # distinct prefixes spread over both replicas
     page = args["page_size"]
