@@ -63,8 +63,11 @@ class _HostWeighted(Policy):
     def overlap(self, request: RoutingRequest, index) -> tuple[dict, dict]:
         """(worker -> overlap blocks, host-weighted; the index's ``match_tiers`` answer)."""
         tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
-        hw = self.host_block_weight
-        return {w: dev + hw * (both - dev) for w, (dev, both) in tiers.items()}, tiers
+        return {w: self.weigh(dev, both) for w, (dev, both) in tiers.items()}, tiers
+
+    def weigh(self, device: int, both: int) -> float:
+        """Blocks of overlap: the device's whole, the host tier's at ``host_block_weight``."""
+        return device + self.host_block_weight * (both - device)
 
 
 @register_policy("kv_cost")
@@ -128,8 +131,7 @@ class KvCost(_HostWeighted):
     def on_dispatch(self, decision: Decision, request: RoutingRequest) -> None:
         self._release(request.request_id)  # a retry: the failed attempt's booking goes
         wid = decision.worker_id
-        dev, both = (decision.tiers or {}).get(wid, (0, 0))
-        overlap = dev + self.host_block_weight * (both - dev)
+        overlap = self.weigh(*(decision.tiers or {}).get(wid, (0, 0)))
         prefill = max(0.0, request.num_tokens - overlap * self._page_size)
         blocks = self._blocks(request)
         self._active.setdefault(wid, Counter()).update(blocks)
