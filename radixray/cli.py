@@ -12,6 +12,7 @@ import sys
 
 from radixray.api.server import serve_uvicorn
 from radixray.router.cli_args import add_router_arguments, router_settings
+from radixray.router.policies import make_policy
 from radixray.settings import add_arguments, from_args
 
 __all__ = ["main", "build_parser"]
@@ -363,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:  # a setting no engine accepts stops here, before Ray or a model starts
+    try:  # a setting no engine (or policy) accepts stops here, before Ray or a model starts
         _engine_config(args, None)
+        if args.cmd == "serve":
+            make_policy(router_settings(args, args.policy).policy)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(

@@ -212,3 +212,30 @@ def test_host_pages_flag(cmd, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--host-pages must be an int >= 0" in err and "host_pages" not in err
+
+
+def test_ttft_settings_are_serve_and_sim_flags_that_reach_the_policy(capsys):
+    """``--ttft-*`` flags (TTFTConfig) land in the router's policy spec; a spec's own arguments
+    win over them; a value out of range is a usage error naming the field."""
+    from radixray.cli import main
+    from radixray.router.cli_args import router_settings
+    from radixray.router.policies import make_policy
+    from radixray.router.policies.ttft import TTFTConfig
+    from radixray.sim.sim_cli import build_parser as sim_parser
+
+    parser = build_parser()
+    assert "--ttft-margin" in parser._subparsers._group_actions[0].choices["serve"].format_help()
+    args = parser.parse_args(["serve", "--ttft-margin", "0.1", "--no-ttft-tiers"])
+    policy = router_settings(args, args.policy).policy
+    assert policy == "ttft:margin=0.1:tiers=False"
+    built = make_policy(policy)
+    assert built.config == TTFTConfig(margin=0.1, tiers=False)
+    own = router_settings(args, "ttft:margin=0").policy  # the spec's own argument wins
+    assert make_policy(own).config.margin == 0
+    assert router_settings(args, "kv_cost").policy == "kv_cost"  # other policies: untouched
+    assert router_settings(parser.parse_args(["serve"]), "ttft").policy == "ttft"
+    assert "--ttft-memory" in sim_parser().format_help()
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--ttft-margin", "2"])
+    assert e.value.code == 2
+    assert "margin must be in [0, 1), got 2.0" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """How much of a simulated comparison is the seed: the same cells with the simulator's and the
 policies' seeds 0..N-1 (tie-breaks, kv_cost's and ttft's random choices). bench_sim.py reports
 seed 0; a ratio between two policies is only as good as its spread over seeds, so a variant of a
-policy is judged here (``--policies ttft,kv_cost,ttft:rho_max=0.7``).
+policy is judged here (``--policies ttft,kv_cost,ttft:margin=0``).
 
     .venv/bin/python benchmarks/studies/sim_seed_spread.py \\
         [--seeds 4] [--policies ttft,cache_aware,kv_cost]

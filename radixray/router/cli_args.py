@@ -9,6 +9,7 @@ import socket
 from radixray.api.response_store import ResponseStoreConfig
 from radixray.settings import add_arguments, from_args
 
+from .policies.ttft import TTFTConfig, with_settings
 from .service import RouterSettings
 
 __all__ = ["add_router_arguments", "router_settings"]
@@ -34,6 +35,7 @@ def add_router_arguments(p: argparse.ArgumentParser) -> None:
         "prefill on the least-queued worker; 0 = no limit (default %(default)s)",
     )
     add_arguments(p, ResponseStoreConfig)
+    add_arguments(p.add_argument_group("the ttft policy (TTFTConfig)"), TTFTConfig)
 
 
 def _seconds_or_off(text: str) -> float:
@@ -50,7 +52,7 @@ def _seconds_or_off(text: str) -> float:
 def router_settings(args, policy: str) -> RouterSettings:
     """The RouterSettings the flags describe."""
     return RouterSettings(
-        policy=policy,
+        policy=with_settings(policy, from_args(TTFTConfig, args)),
         page_size=args.page_size,
         admin_token=args.admin_token,
         enable_debug=not args.no_debug,

@@ -73,12 +73,25 @@ class DecisionRecord:
     # pooled over its performance class): what its time predictions and headroom rest on.
     prefill_tokens_per_s: float | None = None
     prefill_overhead_s: float | None = None
+    # For a policy whose score is a sum of named terms (ttft): each candidate's terms in
+    # seconds, in ``term_names`` order, and the term that separated the winner from the
+    # runner-up (docs/ttft_policy.md, "Reading a decision").
+    terms: dict | None = None
+    term_names: tuple = ()
+    decided_by: str | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["scores"] = {
             str(k): round(v, 6) if isinstance(v, float) else v for k, v in self.scores.items()
         }
+        if self.terms is not None:
+            names = self.term_names
+            d["terms"] = {
+                str(k): {n: round(v, 6) for n, v in zip(names, vs, strict=True)}
+                for k, vs in self.terms.items()
+            }
+        del d["term_names"]
         return d
 
 
@@ -187,4 +200,7 @@ class Dispatcher:
             captured_host_tokens=captured - captured_device,
             prefill_tokens_per_s=st.prefill_tokens_per_s if st else None,
             prefill_overhead_s=st.prefill_overhead_s if st else None,
+            terms=d.terms,
+            term_names=d.term_names,
+            decided_by=d.decided_by,
         )

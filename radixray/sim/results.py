@@ -145,6 +145,10 @@ class RequestRecord:
     wait_s: float = math.nan
     forward_s: float = math.nan
     copy_s: float = math.nan
+    # the term of the policy's cost that separated the winner from the runner-up (ttft), and
+    # with SimConfig.explain each candidate's terms: worker -> {term: seconds}
+    decided_by: str | None = None
+    terms: dict | None = None
 
     @property
     def ttft(self) -> float:
@@ -247,6 +251,15 @@ class RunResult:
             "oversize_requests": self.oversize,
             "sim_wall_s": self.wall_s,
         }
+
+    def goodput(self, slo_s: float) -> float:
+        """The share of all arrivals whose first token came within ``slo_s`` of their arrival at
+        the router (queueing and prefill included); a refused request is a miss, whether or not
+        its client would retry."""
+        if not self.records:
+            return 0.0
+        good = sum(1 for r in self.records if r.reason != REFUSED and r.ttft <= slo_s)
+        return good / len(self.records)
 
     def per_worker(self) -> dict[str, list]:
         n = len(self.busy_time)

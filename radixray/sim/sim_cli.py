@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.router.policies import make_policy, policy_names
+from radixray.router.policies.ttft import TTFTConfig, with_settings
+from radixray.settings import add_arguments, from_args
 from radixray.worker.scheduler import PACKINGS, PREFILL_ORDERS
 
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated policies, each a name or a spec with arguments such as "
         f"'cache_aware_v03:fallback=smallest_cache'; or 'all' ({', '.join(policy_names())})",
     )
+    add_arguments(p.add_argument_group("the ttft policy (TTFTConfig)"), TTFTConfig)
     p.add_argument("--seed", type=int, default=SimConfig.seed)
     p.add_argument("--json", dest="json_path", help="write {policy: {metric: value}} here")
     p.add_argument("--plot", dest="plot_path", help="write a PNG: hit rate, TTFT CDF, load")
@@ -240,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return calibrate(argv[1:])
     args = build_parser().parse_args(argv)
     names = policy_names() if args.policies == "all" else args.policies.split(",")
+    try:
+        names = [with_settings(name, from_args(TTFTConfig, args)) for name in names]
+    except ValueError as e:
+        print(f"error: --ttft-*: {e}", file=sys.stderr)
+        return 2
     for name in names:
         try:
             make_policy(name)

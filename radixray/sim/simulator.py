@@ -82,6 +82,9 @@ class SimConfig:
     window: int = 0
     window_pages: int = 0
     window_index: bool = True
+    # keep each request's candidate terms on its record (RequestRecord.terms; memory: a dict a
+    # request), not only the term that decided
+    explain: bool = False
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -291,6 +294,8 @@ class _Run:
             decision.reason,
             available=rec.available_tokens,
             captured=rec.captured_tokens,
+            decided_by=rec.decided_by,
+            terms=_named(rec) if self.cfg.explain else None,
         )
         w = self.workers[wid]
         self._after_step(w, w.enqueue(req, hs, now), now)
@@ -374,6 +379,13 @@ class _Run:
                 "copy_seconds": sum(w.copy_seconds for w in self.workers),
             },
         )
+
+
+def _named(rec: DecisionRecord) -> dict | None:
+    """A decision's candidate terms as worker -> {term: seconds} (None: the policy has none)."""
+    if rec.terms is None:
+        return None
+    return {w: dict(zip(rec.term_names, v, strict=True)) for w, v in rec.terms.items()}
 
 
 def simulate(

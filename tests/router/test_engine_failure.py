@@ -7,6 +7,8 @@ import time
 
 import httpx
 
+from radixray.router.policies.ttft import TERMS
+
 from .serving import LiveServer, inprocess_service
 
 
@@ -46,6 +48,11 @@ def test_requests_on_a_failing_engine_are_retried_elsewhere_and_it_leaves_routin
             assert set(served) == {other}
             decisions = http.get(f"{url}/debug/decisions?limit=50").json()["decisions"]
             failed = [d for d in decisions if d["worker_id"] == home and d["error"]]
+            # ttft (the default) explains each decision: every candidate's terms, by name
+            for d in decisions:
+                assert d["worker_id"] in d["terms"] and d["terms"].keys() <= {"w0", "w1"}
+                assert all(list(t) == list(TERMS) for t in d["terms"].values()), d
+                assert d["decided_by"] in (*TERMS, "tie", "margin", "alone"), d
             assert failed and all(
                 "engine step failed" in d["error"] or "engine stopped" in d["error"] for d in failed
             ), failed

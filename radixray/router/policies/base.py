@@ -24,6 +24,7 @@ Nothing in this package imports the simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import random
 from abc import ABC, abstractmethod
@@ -173,7 +174,10 @@ class Decision:
     ``headroom``: the fleet's spare capacity as the policy estimates it (``Headroom``: ``1 -
     rho``, <= 0 when saturated), None for policies that do not estimate it. ``tiers``: the
     index's ``match_tiers`` answer the policy read for this request, handed on so that the
-    decision record does not walk the index again (None: the policy did not read it)."""
+    decision record does not walk the index again (None: the policy did not read it).
+    ``terms``: for a policy whose score is a sum of named terms (``ttft``), worker id -> the
+    terms' values in ``term_names`` order, and ``decided_by`` the term that separated the
+    winner from the runner-up (None for other policies)."""
 
     worker_id: Hashable
     reason: str
@@ -181,6 +185,9 @@ class Decision:
     scores: dict = field(default_factory=dict)
     headroom: float | None = None
     tiers: dict | None = None
+    terms: dict | None = None
+    term_names: tuple[str, ...] = ()
+    decided_by: str | None = None
 
 
 class NoHealthyWorker(RuntimeError):
@@ -320,8 +327,10 @@ def make_policy(name: str, **kwargs) -> Policy:
 
 
 def _init_params(cls: type) -> list[str]:
-    """The keyword arguments ``cls(...)`` takes, through subclasses that pass ``**kwargs`` on."""
-    names: list[str] = []
+    """The keyword arguments ``cls(...)`` takes, through subclasses that pass ``**kwargs`` on,
+    and the fields of its ``settings_class`` (a config dataclass it takes by field name)."""
+    config = getattr(cls, "settings_class", None)
+    names: list[str] = [f.name for f in dataclasses.fields(config)] if config else []
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue

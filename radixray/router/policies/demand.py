@@ -1,26 +1,11 @@
 """``PrefixDemand``: how often recent arrivals asked for a prefix, for ttft's margin.
 
-ttft's margin (``ttft:margin=D``, 0.2 by default; docs/ttft_policy.md, "A margin that knows a
-copy's return") keeps a request on its prefix's holder unless a move saves more than ``D`` of the
-holder's cost: the cost model's error is of that order, and a move inside it recomputes a prefix
-for nothing. But a move is also how a prefix gets a second copy, and a copy of a prefix asked for
-more often than its holders can serve pays for itself on every later request. The margin must
-hold only where no copy is wanted.
-
-This window answers which. Each arrival is keyed by the deepest block any worker holds of its
-prompt (its longest cached prefix, the one a move would recompute); ``share(key)`` is the share of
-the last ``window`` arrivals with that key, the current one included. Against the prefix's holders
-the rule is ``share * workers <= holders``: a prefix asked for no more often than its holders'
-share of the workers is served by them (a conversation's own history, asked for once a turn);
-one asked for more (a system prompt every request shares, held by one worker) is
-under-replicated, and a copy of it pays.
-
-A request that extends a prefix deeper than another's counts under its own deepest block, not
-the shorter one: what a move would copy is the deepest, and a request that finds its own
-history cached goes where that history is, whichever copies of the shorter prefix exist.
-
-A ``deque`` and a dict of counts: constant time an arrival. Not thread-safe (one router's event
-loop calls it).
+The margin keeps a request on its prefix's holder unless a move saves more than a share of the
+holder's cost; but a copy of a prefix asked for more often than its holders serve pays for
+itself, so the margin holds only where no copy is wanted. Each arrival is keyed by the deepest
+block any worker holds of its prompt (what a move would recompute); a prefix is
+under-replicated when its share of the last ``window`` arrivals times the workers exceeds its
+holders (docs/ttft_policy.md, "The margin"). Not thread-safe (one router's event loop calls it).
 """
 
 from __future__ import annotations

@@ -1,45 +1,13 @@
 """``Headroom``: how close the fleet is to saturation, from what the router already measures.
 
-Each routed request brings the fleet an amount of prefill work, in worker-seconds, which the
-caller passes: its uncached tokens ``u`` (the prompt less what its chosen worker holds) over that
-worker's measured prefill rate, plus the step's fixed cost (ttft's default), or plus its share of
-the steps they take, ``u / (B - r)`` steps of the worker's step budget ``B`` less its ``r``
-running decodes, each at the step's fixed cost (``ttft:work_steps=true``;
-``step_cost.prefill_seconds(..., whole=False)``). Work arriving per second, over the
-worker-seconds the fleet has per second, is its utilisation::
-
-    rho      = E[work per request] / (E[time between arrivals] * workers)
-    headroom = 1 - rho                    (<= 0: work arrives faster than the fleet does it)
-
-Both means are moving averages over ``memory`` arrivals, so ``rho`` follows the offered load of
-the last ``memory`` requests. It counts work, not busy workers: a worker decoding one request
-is "busy" for the whole of its answer and yet has almost all its prefill capacity free (the
-busy fraction read 0.82-1.0 on Mooncake at loads from 2.5x to 4x, where the spare prefill
-capacity went from about half to none; docs/ttft_policy.md, "Near saturation").
-
-The work is what the router *placed*, with its own reuse: a policy that recomputes prefixes
-raises its own ``rho``, as it should. One fixed cost a request is an upper bound when several
-short prompts share a step, and the fit's intercept holds the decodes that ride along with
-prefill chunks: on the ``cpu`` timing preset the estimate crosses 1 between 3x and 4x Mooncake,
-a little before the best policy's queue stops draining (4x-4.5x). Counted by steps, a short
-prompt pays only its share of a step's fixed cost and a worker whose decodes eat its budget
-pays more steps: the estimate crosses 1 between 4x and 4.5x there, and on 64-token steps with
-decodes exactly where the fleet saturates (one fixed cost a request read 0.67 there). The
-earlier reading is what ttft's reuse weight wants (docs/ttft_policy.md, "Queue time in steps").
-
+Each routed request brings the fleet prefill work, in worker-seconds (its uncached tokens at its
+worker's fitted rate plus a step's fixed cost). Work arriving per second over the worker-seconds
+the fleet has per second is its utilisation, ``rho``; ``headroom = 1 - rho`` (<= 0: work arrives
+faster than the fleet does it). Both means are moving averages over ``memory`` arrivals.
 ``reuse_weight`` is the M/M/1 mean number in system, ``rho / (1 - rho)``: how many requests a
-second of extra work delays. ``rho`` is clipped below ``1 - 1 / memory``: an average over
-``memory`` arrivals cannot tell a headroom smaller than that from none, and past it the weight
-is ``memory - 1``, every request the estimate remembers.
-
-Per worker (``waiting``): the requests waiting on it, averaged over about ``memory`` arrivals
-per worker. Measured, where the work this router placed is not a worker's own load (each request
-is charged a whole step's fixed cost, so it over-counts a worker that shares its steps). A
-saturated fleet can hold a worker whose queue stays empty while the others' grow: its prefixes
-are in low demand and the busy ones are held elsewhere, so no request reaches it without a
-recomputation, and work placed there delays the few requests queued on it, not the fleet. ttft
-scales the headroom's weight on a worker by its mean queue over the fleet's (docs/ttft_policy.md,
-"A worker outside the queue").
+second of extra work delays (docs/ttft_policy.md, "Recompute"). Per worker (``waiting_all``),
+the requests waiting on it averaged over about ``memory`` arrivals per worker: ttft scales the
+weight on a worker by its share of the fleet's mean queue.
 """
 
 from __future__ import annotations

@@ -12,10 +12,12 @@ from radixray.cache_index import ApproxIndex
 from radixray.router.dispatch import Dispatcher
 from radixray.router.policies import RoutingRequest, WorkerState, make_policy
 from radixray.router.policies.headroom import Headroom
+from radixray.router.policies.ttft import TERMS
 from radixray.router.prometheus_metrics import RouterMetrics
 from radixray.sim import SimConfig, SimRequest, Workload, simulate, timing_preset
 
 P = 16
+RECOMPUTE = TERMS.index("recompute")
 
 
 def test_headroom_is_offered_work_over_capacity():
@@ -84,73 +86,35 @@ def test_ttft_headroom_against_a_simulated_fleet_of_known_capacity(load):
     assert policy.headroom == pytest.approx(1.0 - load, abs=0.03)
 
 
-@pytest.mark.parametrize("load, per_step", [(0.5, 1), (2.0, 2)])
-def test_headroom_by_steps_against_a_fleet_of_known_capacity(load, per_step):
-    """Work counted by steps (``ttft:work_steps=true``): at half the fleet's one-prompt-a-step
-    capacity each prompt has a step to itself; at twice it the queue packs two prompts into each
-    512-token step, which pays its fixed cost once, and the estimate sees that capacity."""
-    timing = timing_preset("cpu")
-    step = timing.step_time(0, 0, 256, 256 * 255 // 2)  # one request's prefill, alone
-    workers = 4
-    capacity = workers / step  # requests per second the fleet prefills one a step
-    policy = make_policy("ttft", work_steps=True)
-    cfg = SimConfig(num_workers=workers, num_pages=1024, page_size=P, timing=timing)
-    simulate(_cold_fleet_workload(load * capacity), policy, cfg)
-    packed = timing.step_time(0, 0, 256 * per_step, per_step * 256 * 255 // 2) / per_step
-    assert policy.capacity.rho == pytest.approx(load * packed / step, abs=0.03)
-
-
-def _decoding_workload(rate: float, n: int = 400) -> Workload:
-    """Distinct 256-token prompts with 24-token answers: on 64-token steps the decodes of the
-    answers take a good share of every step's budget."""
-    reqs = [SimRequest(i, i / rate, ((i + 1, 256),), 24) for i in range(n)]
-    return Workload("decoding", reqs, P)
-
-
-def _run_decoding(rate: float, steps: bool) -> tuple[float, float]:
-    """(the headroom estimate's rho at the end, the mean wait of the last 100 requests)."""
-    policy = make_policy("ttft", work_steps=steps)
-    timing = timing_preset("cpu", max_batch_tokens=64)
-    cfg = SimConfig(num_workers=4, num_pages=1024, page_size=P, timing=timing)
-    records = simulate(_decoding_workload(rate), policy, cfg).records
-    return policy.capacity.rho, sum(r.wait_s for r in records[-100:]) / 100
-
-
-def test_headroom_by_steps_crosses_one_where_a_small_budget_fleet_saturates():
-    """Four workers on 64-token steps, with decodes taking their share of each step: the queue
-    drains at 4.4 requests/s and grows at 4.6 (the waits of the last requests). Counted by steps
-    the estimate reads the edge (rho 0.95, then over 1); counted as one step's fixed cost per
-    request it read a third of the fleet spare at 4.4."""
-    rho, wait = _run_decoding(4.4, steps=True)
-    assert wait < 0.2 and 0.85 < rho < 1.0
-    rho, wait = _run_decoding(4.6, steps=True)
-    assert wait > 1.0 and rho > 1.0
-    rho_before, _ = _run_decoding(4.4, steps=False)
-    assert rho_before < 0.75
-
-
 def req(k: int, at: float) -> RoutingRequest:
     return RoutingRequest(k, 8 * P, list(range(1000, 1008)), None, at)
 
 
 def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
     """Worker 1 holds 6 of the prompt's 8 pages behind 300 queued tokens; worker 0 is empty.
-    With headroom, moving costs 128 + L * 96 tokens against 300 + 32 staying: spread while
-    L < 2.1, keep the prefix beyond. Only worker 1 is busy, so the busy-worker rule alone keeps
-    L at 1/3 whatever the arrival rate. (The fleet's weight everywhere: ``spare=False``; with
-    it, a worker's weight is scaled by its share of the fleet's mean queue, the next test.)"""
+    Moving costs 128 tokens + L * 96 against 300 + 32 staying: spread while L < 2.1, keep the
+    prefix beyond. Only worker 1 is busy, so the busy-worker rule alone keeps L near 1/3
+    whatever the arrival rate (recompute 0.32 s: moving would cost 1.60 s, staying 3.32 s).
+    Saturated, the headroom's weight is its clip, 63 (rho at 1 - 1/64; no worker waits, so it
+    is the fleet's weight everywhere): worker 0's recompute term is 63 * 0.96 = 60.48 s, and the
+    prefix stays."""
     idx, workers = _held_by_worker_1()
-    new, old = make_policy("ttft", spare=False), make_policy("ttft", headroom=False)
+    policy = make_policy("ttft")
     for k in range(100):  # one request every 10 s: 1.3 s of work each, the fleet nearly idle
-        picks = {p.choose(req(k, 10.0 * k), workers, idx).worker_id for p in (new, old)}
-        assert picks <= {0, 2, 3}
-    assert new.headroom > 0.9
+        d = policy.choose(req(k, 10.0 * k), workers, idx)
+        assert d.worker_id in (0, 2, 3)
+    assert policy.headroom > 0.9
+    assert d.terms[0][RECOMPUTE] < 0.96 / 2  # L under a half
+    assert d.terms[1] == pytest.approx((3.0, 0.32, 0, 0, 0, 0), abs=1e-9)
     t = 1000.0
     for k in range(100, 700):  # one every 0.05 s: more than the fleet does, prefix kept or not
         t += 0.05
-        d = new.choose(req(k, t), workers, idx)
-        assert old.choose(req(k, t), workers, idx).worker_id != 1  # blind to saturation
+        d = policy.choose(req(k, t), workers, idx)
     assert d.headroom < 0 and d.worker_id == 1 and d.reason == "ttft: best match"
+    assert d.terms[0] == pytest.approx((0, 1.28, 0, 63 * 0.96, 0, 0), abs=1e-9)
+    assert d.decided_by == "recompute"
+    # the busy-worker rule's weight alone, 1/3, would move it: 1.28 + 0.32 < 3.32
+    assert d.scores[0] - d.terms[0][RECOMPUTE] + 0.96 / 3 < d.scores[1]
 
 
 @pytest.mark.parametrize("queued_elsewhere", [False, True])
@@ -158,20 +122,30 @@ def test_ttft_recomputes_on_a_worker_outside_the_fleets_queue(queued_elsewhere):
     """The fleet saturated, worker 1 holding the prefix with 20 requests waiting. Where the
     other workers' queues stay empty (their prefixes in low demand, nothing else can reach
     them), work placed there delays no one queued: the headroom's weight on a worker is scaled
-    by its share of the fleet's mean queue, and ttft recomputes there (``spare=False``: the
-    fleet's weight everywhere keeps it on worker 1). Where they queue as much as worker 1 they
-    are in the fleet's queue and the prefix stays."""
+    by its share of the fleet's mean queue, 0 there, leaving the busy-worker rule's rho / (1 -
+    rho) at rho = 1/4, 1/3: recompute 0.32 s, and ttft recomputes there (1.60 s against 3.32 s;
+    the fleet's weight, 63, would price the recompute at 60.48 s). Where they queue as much as
+    worker 1 they are in the fleet's queue, their weight is the fleet's 63 and the prefix
+    stays."""
     idx, workers = _held_by_worker_1(waiting=20)
     if queued_elsewhere:
         workers = [replace(w, running=1, waiting=20) for w in workers]
-    new, blind = make_policy("ttft"), make_policy("ttft", spare=False)
+    policy = make_policy("ttft")
     t = 0.0
     for k in range(1000):  # one every 0.01 s: 1.3 s of work a move, the fleet saturated
         t += 0.01
-        d = new.choose(req(k, t), workers, idx)
-        b = blind.choose(req(k, t), workers, idx)
-    assert d.headroom < 0 and b.worker_id == 1
-    assert (d.worker_id != 1) is not queued_elsewhere
+        d = policy.choose(req(k, t), workers, idx)
+    assert d.headroom < 0
+    assert d.terms[1] == pytest.approx((3.0, 0.32, 0, 0, 0, 0), abs=1e-9)
+    if queued_elsewhere:
+        assert d.worker_id == 1 and d.decided_by == "recompute"
+        assert d.terms[0] == pytest.approx((0, 1.28, 0, 63 * 0.96, 0, 0), abs=1e-9)
+    else:
+        assert d.worker_id != 1
+        rho = policy.rho
+        assert rho == pytest.approx(0.25, abs=1e-6)
+        assert d.terms[0] == pytest.approx((0, 1.28, 0, rho / (1 - rho) * 0.96, 0, 0), abs=1e-9)
+        assert d.scores[0] - d.terms[0][RECOMPUTE] + 63 * 0.96 > d.scores[1]
 
 
 @pytest.mark.parametrize("saturated", [False, True])
@@ -180,10 +154,10 @@ def test_ttft_copies_a_replicated_prefix_to_a_worker_outside_the_queue(saturated
     queued; worker 3 lacks them, 2 requests and 50 tokens queued. The fleet saturated (one
     arrival every 0.01 s, 0.32 s of work each), worker 3's mean queue is under the fleet's: a
     copy of a prefix most workers hold counts as held there, as on an idle worker, and the
-    request goes to worker 3 (50 + 32 tokens against 500 + 32). ``replicate=False``: the copy
-    is priced at worker 3's share of the headroom's weight, max(4, 63 * 2 / 15.5) = 8.1, 178 +
-    8.1 * 96 tokens: it stays with the holders. Below saturation (one arrival a second) the
-    busy-worker rule's 4 keeps it there too (178 + 4 * 96 tokens against 532)."""
+    request goes to worker 3 (wait 0.50 s + prefill 0.32 s, no recompute term, against 5.00 +
+    0.32). Below saturation (one arrival a second) worker 3 computes the prefix itself, at the
+    busy-worker rule's weight 4 (rho capped at 0.8): wait 0.50 + prefill 1.28 + recompute 4 *
+    0.96 = 5.62 s against 5.32: it stays with the holders, which tie."""
     idx = ApproxIndex(P, 1 << 16)
     for w in range(4):
         idx.add_worker(w)
@@ -192,15 +166,19 @@ def test_ttft_copies_a_replicated_prefix_to_a_worker_outside_the_queue(saturated
     room = {"prefill_tokens_per_s": 100.0, "free_pages": 100, "total_pages": 100}
     workers = [WorkerState(w, 1, 20, queued_prefill_tokens=500, **room) for w in range(3)]
     workers.append(WorkerState(3, 1, 2, queued_prefill_tokens=50, **room))
-    new, old = make_policy("ttft"), make_policy("ttft", replicate=False)
+    policy = make_policy("ttft")
     gap = 0.01 if saturated else 1.0
     for k in range(1000):
-        d, b = (p.choose(req(k, gap * k), workers, idx) for p in (new, old))
-    assert (d.headroom < 0) is saturated and b.worker_id != 3
-    assert (d.worker_id == 3) is saturated
+        d = policy.choose(req(k, gap * k), workers, idx)
+    assert (d.headroom < 0) is saturated
+    assert d.terms[0] == pytest.approx((5.0, 0.32, 0, 0, 0, 0), abs=1e-9)
     if saturated:
-        assert d.scores[3] == pytest.approx((50 + 32) / 100)
-        assert b.scores[3] == pytest.approx((50 + 128 + 63 * 2 / 15.5 * 96) / 100, rel=1e-3)
+        assert d.worker_id == 3 and d.scores[3] == pytest.approx((50 + 32) / 100)
+        assert d.terms[3] == pytest.approx((0.5, 0.32, 0, 0, 0, 0), abs=1e-9)
+        assert d.predicted_cached_tokens == 0 and d.decided_by == "wait"
+    else:
+        assert d.worker_id in (0, 1, 2) and d.decided_by == "tie"
+        assert d.terms[3] == pytest.approx((0.5, 1.28, 0, 4 * 0.96, 0, 0), abs=1e-9)
 
 
 def _held_by_worker_1(waiting: int = 0):

@@ -9,8 +9,11 @@ import pytest
 
 from radixray.cache_index import BlockRemoved, BlockStored
 from radixray.router.policies import make_policy
+from radixray.router.policies.ttft import TERMS
 
 from .test_policies import P, index_with, req, ws
+
+EVICT = TERMS.index("evict")
 
 
 def _tiered_index():
@@ -102,13 +105,13 @@ def test_ttft_prices_what_a_placement_evicts_into_a_host_tier_at_its_load_time()
     full = {"free_pages": 0, "total_pages": 100}
     tiered = replace(ws(0), load_tokens_per_s=10_000.0, **full)
     plain = replace(ws(1), **full)
-    d = _ttft(ewma_requests=2).choose(req(8), [tiered, plain], idx)
+    d = _ttft(memory=2).choose(req(8), [tiered, plain], idx)
     h = 0.5 * (32 / 128)
     assert d.worker_id == 0
     assert d.scores[0] == pytest.approx((128 - 32) / 500 + h * 96 / 10_000)
     assert d.scores[1] == pytest.approx((128 - 32 + h * 96) / 500)
     # tier-blind: the host copies are invisible, so a demotion is priced as a loss too
-    blind = _ttft(ewma_requests=2, tiers=False).choose(req(8), [tiered, plain], idx)
+    blind = _ttft(memory=2, tiers=False).choose(req(8), [tiered, plain], idx)
     assert blind.scores[0] == pytest.approx(blind.scores[1])
 
 
@@ -116,9 +119,9 @@ def test_ttft_prices_what_a_full_host_tier_must_drop_as_lost():
     """As above, but worker 1 has 2 free pages (it pushes out 64 cached tokens, not 96). Worker
     0's 96 are demoted as far as its host tier has room (free pages, or host copies it drops
     losing nothing: what it reports as free); what does not fit pushes as many tokens out of
-    the host tier, lost (a recompute, at the lost-block rate: h before any loss), with
-    ``host_room`` (the default). With room it wins; full, it loses; with ``host_room`` off (the
-    rule before) every demotion is priced as fitting."""
+    the host tier, lost (a recompute, at the lost-block rate: h before any loss): the evict
+    term, h * lost / 500 + h * (96 - lost) / 10,000. With room it wins; full, it loses, by the
+    evict term (h * 96 / 500 where a fitting demotion would cost h * 96 / 10,000)."""
     idx = index_with(w0=2, w1=2)
     host = {"load_tokens_per_s": 10_000.0, "free_pages": 0, "total_pages": 100}
     plain = replace(ws(1), free_pages=2, total_pages=100)
@@ -126,20 +129,18 @@ def test_ttft_prices_what_a_full_host_tier_must_drop_as_lost():
     w1 = (96 + h * 64) / 500
     for host_free, lost in ((100, 0), (3, 48), (0, 96)):
         tiered = replace(ws(0), host_free_pages=host_free, host_total_pages=100, **host)
-        d = _ttft(ewma_requests=2, host_room=True).choose(req(8), [tiered, plain], idx)
+        d = _ttft(memory=2).choose(req(8), [tiered, plain], idx)
         assert d.scores[0] == pytest.approx((96 + h * lost) / 500 + h * (96 - lost) / 10_000)
         assert d.scores[1] == pytest.approx(w1)
-        assert d.worker_id == (1 if lost == 96 else 0)
+        evict = h * lost / 500 + h * (96 - lost) / 10_000
+        assert d.terms[0] == pytest.approx((0, 96 / 500, 0, 0, evict, 0), abs=1e-12)
+        assert d.terms[1] == pytest.approx((0, 96 / 500, 0, 0, h * 64 / 500, 0), abs=1e-12)
+        assert d.worker_id == (1 if lost == 96 else 0) and d.decided_by == "evict"
     # a worker that does not report its host tier's size: every demotion fits, as before
     unsized = replace(ws(0), **host)
-    d = _ttft(ewma_requests=2, host_room=True).choose(req(8), [unsized, plain], idx)
+    d = _ttft(memory=2).choose(req(8), [unsized, plain], idx)
     assert d.worker_id == 0 and d.scores[0] == pytest.approx(96 / 500 + h * 96 / 10_000)
-    # the default prices the full host tier's drops; host_room off (the rule before,
-    # docs/ttft_policy.md) prices a full host tier as one with room
-    full = replace(ws(0), host_free_pages=0, host_total_pages=100, **host)
-    assert _ttft(ewma_requests=2).choose(req(8), [full, plain], idx).worker_id == 1
-    d = _ttft(ewma_requests=2, host_room=False).choose(req(8), [full, plain], idx)
-    assert d.worker_id == 0 and d.scores[0] == pytest.approx(96 / 500 + h * 96 / 10_000)
+    assert d.terms[0][EVICT] == pytest.approx(h * 96 / 10_000, abs=1e-12)
 
 
 def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
@@ -154,12 +155,15 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     h, stale = 0.5 * (32 / 128), 0.5 * 32  # f = 0.5 of the fleet's pages in use
 
     def choose(idx, **kw):
-        policy = _ttft(ewma_requests=2, **kw)
+        policy = _ttft(memory=2, **kw)
         return policy.choose(req(8), [full, queued], idx)
 
     idx = index_with(w1=2)
     d = choose(idx)  # nothing lost yet: the prior, h
     assert d.worker_id == 1 and d.scores[0] == pytest.approx((128 + h * stale + h * 128) / 500)
+    terms = (0, 128 / 500, 0, h * stale / 500, h * 128 / 500, 0)
+    assert d.terms[0] == pytest.approx(terms, abs=1e-12)
+    assert d.terms[1] == pytest.approx((40 / 500, 96 / 500, 0, 0, 0, 0), abs=1e-12)
     assert d.scores[1] == pytest.approx((40 + 96) / 500)
     assert idx.lost.capacity == 200  # the horizon: the fleet's pages
     cold = list(range(5000, 15_000))
@@ -169,7 +173,11 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     r = idx.lost.rate(h)
     assert r < 0.01 and d.worker_id == 0
     assert d.scores[0] == pytest.approx((128 + h * stale + r * 128) / 500)
-    assert choose(idx, lost=False).worker_id == 1  # the rule before: every token at h
+    # the evict term at the lost-block rate; at h (0.032 s) it would keep the request off
+    # worker 0, and the queue is now what separates them
+    assert d.terms[0][EVICT] == pytest.approx(r * 128 / 500, abs=1e-12)
+    assert d.scores[0] - d.terms[0][EVICT] + h * 128 / 500 > d.scores[1]
+    assert d.decided_by == "wait"
     idx.apply(3, [BlockStored(cold[:9_800], None, [], P)])  # lost beyond the horizon
     assert idx.lost.total_returns == 0
     idx.apply(3, [BlockStored(cold[9_800:], None, [], P)])  # the last 200: computed again

@@ -1,15 +1,19 @@
-"""ttft's two rules about copies of a prefix (docs/ttft_policy.md, "Copies of a prefix"): moving
-a request off the only worker that holds its prefix leaves that copy stale, which costs cache
-room once the fleet's caches are full; a header that most workers hold counts as held by an
-idle worker that lacks it, so the workers still without it are not kept out of new
-conversations; and a request waits behind the queued work the scheduler admits before it."""
+"""ttft's two rules about copies of a prefix (docs/ttft_policy.md): moving a request off the only
+worker that holds its prefix leaves that copy stale, which costs cache room once the fleet's
+caches are full (the ``recompute`` term's ``stale`` share); a header that a quarter of the
+workers hold counts as held by an idle worker that lacks it, so the workers still without it
+are not kept out of new conversations."""
 
 from __future__ import annotations
 
-from radixray.router.policies import Decision, RoutingRequest, WorkerState, make_policy
-from radixray.router.policies.waiting import Waiting
+import pytest
+
+from radixray.router.policies import RoutingRequest, WorkerState, make_policy
+from radixray.router.policies.ttft import TERMS
 
 from .test_policies import P, index_with
+
+WAIT, PREFILL, LOAD, RECOMPUTE, EVICT, DECODE = range(6)
 
 
 def req(k: int = 0) -> RoutingRequest:
@@ -31,44 +35,52 @@ def worker(wid, queued=0, running=0, free=0):
 def test_ttft_prices_the_stale_copy_a_move_leaves_when_caches_are_full():
     """Worker 1 alone holds 6 of the 8 pages, behind 200 queued tokens; every cache is full.
     With the reuse share h at 0.75 (96 of 128 tokens found cached, arrival after arrival) and
-    L = 0: staying costs 200 + 32 + 0.75 * 32 = 256 tokens; moving to an empty queue 128 + 0.75
-    * 128 = 224, plus 0.75 * 96 = 72 for worker 1's copy left stale (296): it stays. Without the
-    stale charge it moves; with free pages (caches not full) the stale copy costs nothing."""
+    L = 0, at 100 tokens/s: staying costs wait 2.00 + prefill 0.32 + evict 0.75 * 32 * 0.01 =
+    0.24, 2.56 s; moving to an empty queue prefill 1.28 + evict 0.75 * 1.28 = 0.96, plus the
+    stale copy left on worker 1, recompute (0 + h * 1.0 of the pages in use) * 96 * 0.01 =
+    0.72: 2.96 s, and it stays. Without the stale copy's 0.72 s the move (2.24 s) would win.
+    With free pages everywhere the stale copy costs nothing (recompute 0) and it moves."""
     idx = index_with(w1=6)
     full = [worker(0), worker(1, queued=200, running=1), worker(2), worker(3)]
-    new = make_policy("ttft", reuse_weight=0.0)
-    old = make_policy("ttft", reuse_weight=0.0, stale=False)
+    policy = make_policy("ttft", reuse_weight=0.0)
     for k in range(1000):
-        d_new, d_old = new.choose(req(k), full, idx), old.choose(req(k), full, idx)
-    h = new.reuse
-    assert abs(h - 0.75) < 1e-6 and old.reuse == h
-    assert d_new.worker_id == 1 and d_new.reason == "ttft: best match"
-    assert abs(d_new.scores[1] - (232 + 32 * h) / 100) < 1e-9  # 2.56 s
-    assert abs(d_new.scores[0] - (128 + 128 * h + 96 * h) / 100) < 1e-9  # 2.96 s
-    assert d_old.worker_id in (0, 2, 3)
-    assert abs(d_old.scores[d_old.worker_id] - (128 + 128 * h) / 100) < 1e-9  # 2.24 s
+        d = policy.choose(req(k), full, idx)
+    h = policy.reuse
+    assert abs(h - 0.75) < 1e-6
+    assert d.worker_id == 1 and d.reason == "ttft: best match"
+    assert d.term_names == TERMS
+    assert d.terms[1] == pytest.approx((2.0, 0.32, 0, 0, h * 0.32, 0), abs=1e-9)
+    assert d.terms[0] == pytest.approx((0, 1.28, 0, h * 0.96, h * 1.28, 0), abs=1e-9)
+    assert abs(d.terms[0][RECOMPUTE] - 0.72) < 1e-6  # 0.75 * 96 / 100
+    assert abs(d.scores[1] - (232 + 32 * h) / 100) < 1e-9  # 2.56 s
+    assert abs(d.scores[0] - (128 + 128 * h + 96 * h) / 100) < 1e-9  # 2.96 s
+    assert d.scores[0] - d.terms[0][RECOMPUTE] < d.scores[1]  # the stale copy keeps it there
+    assert d.decided_by == "prefill"  # 0.96 s more prefill elsewhere, the largest gap
     # Caches with room: nothing is evicted, nothing goes stale that costs room; it moves.
     roomy = [worker(0, free=100), worker(1, 200, 1, free=100), worker(2, free=100)]
-    assert new.choose(req(), roomy, idx).worker_id in (0, 2)
+    d = policy.choose(req(), roomy, idx)
+    assert d.worker_id in (0, 2)
+    assert d.terms[0] == pytest.approx((0, 1.28, 0, 0, 0, 0), abs=1e-12)
+    assert d.terms[0][RECOMPUTE] == 0.0 and d.terms[0][EVICT] == 0.0
+    assert d.decided_by == "tie"  # workers 0 and 2 cost the same
 
 
 def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
     """Workers 0, 1 and 2 hold a 4-page header of the 8-page prompt, each behind 30 queued
     tokens; worker 3 is idle and has never seen it. Counted as held there, it costs 64 tokens
-    (0.64 s) against 30 + 64 (0.94 s): new conversations go to it. Held by two workers of four
-    (more than a quarter) the same; by one, it is that worker's own (a conversation's history);
-    and ``shared=false`` restores the rule that kept the idle worker out (1.28 s there)."""
+    (0.64 s, no recompute term) against 30 + 64 (0.94 s): new conversations go to it, and the
+    queue is what separates them. Held by two workers of four (more than a quarter) the same; by
+    one, it is that worker's own (a conversation's history); and on a busy worker 3 the header
+    is its own to compute (prefill 1.28 s and its recompute term)."""
     fleet = [worker(w, 30, 1, 100) for w in range(3)] + [worker(3, 0, 0, 100)]
     idx = index_with(w0=4, w1=4, w2=4)
     d = make_policy("ttft").choose(req(), fleet, idx)
     assert d.worker_id == 3 and abs(d.scores[3] - 0.64) < 1e-9
     assert abs(d.scores[0] - 0.94) < 1e-9
+    assert d.terms[3] == pytest.approx((0, 0.64, 0, 0, 0, 0), abs=1e-12)
+    assert d.terms[0] == pytest.approx((0.30, 0.64, 0, 0, 0, 0), abs=1e-9)
+    assert d.decided_by == "wait"
     assert d.predicted_cached_tokens == 0  # what the chosen worker holds, reported as it is
-    former = {
-        make_policy("ttft:shared=false", seed=s).choose(req(), fleet, idx).worker_id
-        for s in range(20)
-    }
-    assert former == {0, 1, 2}
     one = index_with(w0=4)  # one holder: a conversation's own history, not a shared header
     assert make_policy("ttft").choose(req(), fleet, one).worker_id == 0
     two = index_with(w0=4, w1=4)  # two of four: more than a quarter, shared
@@ -79,46 +91,6 @@ def test_ttft_an_idle_worker_counts_a_header_most_workers_hold_as_held():
     assert majority.choose(req(), fleet, idx).worker_id == 3
     # the header on a busy worker that lacks it is still its own to compute
     busy = [*fleet[:3], worker(3, 0, 1, 100)]
-    assert make_policy("ttft").choose(req(), busy, idx).worker_id in (0, 1, 2)
-
-
-def test_waiting_counts_only_the_queued_work_a_request_waits_behind():
-    """Three requests placed on worker 0: the first running (50 tokens of its prefill left), two
-    waiting, 120 tokens with nothing cached and 100 with 64 cached; the queue reads 50 + 120 + 36
-    (a worker counts what its waiting requests will compute, net of its cache). The
-    scheduler admits by longest cached prefix: a request with 64 cached waits behind 50 + 36,
-    one with none behind 50 + 120 + 36."""
-    q = Waiting()
-    for rid, tokens, cached in ((1, 100, 0), (2, 120, 0), (3, 100, 64)):
-        q.placed(0, rid, tokens, cached)
-    w = WorkerState(0, running=1, waiting=2, queued_prefill_tokens=206)
-    assert q.ahead(w, 64) == 86 and q.ahead(w, 96) == 50 and q.ahead(w, 0) == 206
-    # more waiting than this router placed (another router's requests): the whole queue
-    assert q.ahead(WorkerState(0, running=1, waiting=4, queued_prefill_tokens=400), 64) == 400
-    q.finished(0, 2)
-    assert q.in_flight(0) == 2
-    assert q.ahead(WorkerState(0, waiting=2, queued_prefill_tokens=136), 64) == 36
-    small = Waiting(cap=2)
-    for rid in range(5):
-        small.placed(0, rid, 10, 0)
-    assert small.in_flight(0) == 2
-
-
-def test_ttft_keeps_a_prefix_whose_holder_queues_only_shorter_matches():
-    """Worker 1 holds 6 of 8 pages; its 300 queued tokens are two requests this router placed
-    there with nothing cached. Admitted by longest prefix, the new request goes ahead of both:
-    staying costs its own 32 tokens, not 332, and it stays; charged the whole queue (lpm=false)
-    it moves to an idle worker (128 tokens)."""
-    idx = index_with(w1=6)
-    room = {"free_pages": 100, "total_pages": 100, "prefill_tokens_per_s": 100.0}
-    workers = [WorkerState(w, **room) for w in (0, 2, 3)]
-    workers.insert(1, WorkerState(1, running=2, waiting=2, queued_prefill_tokens=300, **room))
-    picks = {}
-    for lpm in (True, False):
-        pol = make_policy("ttft", lpm=lpm, reuse_weight=0.0)
-        for rid in (101, 102):  # earlier placements, 150 tokens each, nothing cached
-            pol.on_dispatch(Decision(1, "earlier", 0), RoutingRequest(rid, 150, [7, rid], None))
-        picks[lpm] = pol.choose(req(), workers, idx)
-    assert picks[True].worker_id == 1 and abs(picks[True].scores[1] - 0.32) < 1e-9
-    assert picks[False].worker_id in (0, 2, 3) and abs(picks[False].scores[1] - 3.32) < 1e-9
-    pol.on_complete(101, 1, 0)
+    d = make_policy("ttft").choose(req(), busy, idx)
+    assert d.worker_id in (0, 1, 2)
+    assert abs(d.terms[3][PREFILL] - 1.28) < 1e-9 and d.terms[3][RECOMPUTE] > 0
