@@ -12,7 +12,7 @@ as the machine is shared and noisy):
 
 - choose: ``policy.choose`` alone (its index match included);
 - choose + insert: ``policy.choose``, the index entry of the request's blocks on the chosen worker
-  and ``policy.on_dispatch`` / ``on_complete`` (what benchmarks/README.md's "Remeasured
+  and ``policy.on_dispatch`` / ``on_complete`` (what benchmarks/HISTORY.md's "Remeasured
   2026-12-04" timed for ttft: 23 us there, 5 us ~450 commits earlier);
 - decide: the same through the router's ``Dispatcher.decide``, which adds the decision record and
   the herding alarm (the live router's default window of 64).

@@ -1,5 +1,5 @@
 """Where a tiered worker's time goes: one engine, the live benchmark's requests, with and
-without a host tier (benchmarks/README.md, "Live host tiers: where the time went").
+without a host tier (benchmarks/HISTORY.md, "Live host tiers: where the time went").
 
     python benchmarks/bench_tier_steps.py                  # 3 interleaved runs per setting
     python benchmarks/bench_tier_steps.py --profile /tmp/p # also cProfile each setting once

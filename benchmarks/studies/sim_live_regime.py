@@ -1,6 +1,6 @@
 """Does the live saturation run's gap reproduce in the simulator?
 
-The live comparison past saturation (benchmarks/README.md, "Live: past saturation") runs four
+The live comparison past saturation (benchmarks/HISTORY.md, "Live: past saturation") runs four
 tiny-model workers with 4-token steps on two shared cores; this replays its requests (the
 Mooncake replay at scale 32 as the load generator builds it, each prompt tokenized as the
 workers tokenize it, the load generator's own Poisson arrival times for the first 30 s) on four

@@ -64,7 +64,7 @@ def settle_gc(young: int = YOUNG_GC_THRESHOLD) -> None:
     generation every ``young`` allocations instead of 700. A request allocates hundreds of
     short-lived objects, so at the default the collector ran several times a request, each time
     walking young objects and now and then the whole heap: ~5% of a router's CPU samples, none
-    after (benchmarks/README.md, "Quiet remeasurement"). The older generations keep their
+    after (benchmarks/HISTORY.md, "Quiet remeasurement"). The older generations keep their
     thresholds; what is frozen is never collected, so this runs once, after start-up."""
     gc.collect()
     gc.freeze()

@@ -77,7 +77,7 @@ class EngineStats:
         # a queued request waits for the scheduling, sampling and streaming out too, and the
         # rate the queue drains at is tokens per period (on the tiny CPU model past saturation
         # the period was 1.16-1.18x the forward, and a fit of the forward read the fleet's
-        # capacity that much too high: benchmarks/README.md, "Live: at and past saturation").
+        # capacity that much too high: benchmarks/HISTORY.md, "Live: at and past saturation").
         if prefill_tokens and period > 0:
             self.prefill_cost.update(prefill_tokens, period)
         elif decode_tokens and period > 0:
