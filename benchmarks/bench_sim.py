@@ -23,6 +23,7 @@ from pathlib import Path
 
 from radixray.sim import SimConfig, hot_prefix, load_mooncake, simulate, timing_preset
 from radixray.sim.plot import plot_results
+from radixray.worker.scheduler_config import PREFILL_ORDERS
 
 # Every variant a peer offers; the best of them is the baseline. cache_aware and
 # cache_aware_events are SGLang's gateway (smg 1.13.0) in its text and event-driven modes,
@@ -162,7 +163,10 @@ def main(argv=None) -> int:
     p.add_argument("--timing", default="cpu")
     p.add_argument("--event-delay", type=float, default=0.05)
     p.add_argument(
-        "--prefill-order", choices=("fcfs", "shortest"), default="fcfs", help="workers' scheduler"
+        "--prefill-order",
+        choices=PREFILL_ORDERS,
+        default=SimConfig.prefill_order,
+        help="the workers' prefill order (default: the engine's)",
     )
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--out", default="/tmp/bench_sim.json", help="JSON of every cell")

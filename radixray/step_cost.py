@@ -185,6 +185,12 @@ def step_fixed_s(overhead_s: float, running: int, decode_step_s: float) -> float
     return max(overhead_s, decode_step_s) if running else overhead_s
 
 
+def _per_step(budget: int, running: int) -> float:
+    """Prefill tokens a step holds: the budget less one token per running decode (at least one);
+    a budget of 0 (not reported) holds whatever is queued."""
+    return max(1, budget - running) if budget > 0 else math.inf
+
+
 def prefill_seconds(
     queued: float,
     own: float,
@@ -193,28 +199,19 @@ def prefill_seconds(
     overhead_s: float,
     tokens_per_s: float,
     decode_step_s: float = 0.0,
-    whole: bool = True,
 ) -> float:
     """Seconds until ``queued`` prefill tokens already on a worker and ``own`` more are computed,
     by the worker's engine steps.
 
     A step's token budget (``budget``, the scheduler's ``max_batch_tokens``) goes first to one
     token for each of the ``running`` decoding requests, then to prefill chunks, so the tokens
-    take ``ceil((queued + own) / (budget - running))`` steps (at least one token a step), each
-    costing ``step_fixed_s`` besides its tokens at ``tokens_per_s``. ``whole=False`` counts the
-    fraction of steps instead: the worker time the tokens take from a worker whose steps are
-    full (the capacity they use, ``Headroom``). ``budget`` 0 (not reported): one step's fixed
-    cost, and with ``whole`` a decode step while it decodes, whatever the queue (the rules
-    before the budget was reported). Nothing to compute: 0.
+    take ``ceil((queued + own) / (budget - running))`` steps (at least one), each costing
+    ``step_fixed_s`` besides its tokens at ``tokens_per_s``. Nothing to compute: 0.
     """
     tokens = queued + own
     if tokens <= 0:
         return 0.0
-    if budget <= 0:
-        decode = decode_step_s if running and whole else 0.0
-        return overhead_s + tokens / tokens_per_s + decode
-    per_step = max(1, budget - running)
-    steps = math.ceil(tokens / per_step) if whole else tokens / per_step
+    steps = max(1, math.ceil(tokens / _per_step(budget, running)))
     return steps * step_fixed_s(overhead_s, running, decode_step_s) + tokens / tokens_per_s
 
 
@@ -229,13 +226,10 @@ def queue_wait_seconds(
     """Seconds before a new request's first step starts behind ``queued`` prefill tokens: the
     ``floor(queued / (budget - running))`` steps that run before it (its first chunk rides in
     the step that computes the queue's last tokens, on the budget they leave), each at
-    ``step_fixed_s``, and the queued tokens at ``tokens_per_s``. ``budget`` 0 (not reported):
-    one step's fixed cost and the tokens (the rule before). Nothing queued: 0."""
+    ``step_fixed_s``, and the queued tokens at ``tokens_per_s``. Nothing queued: 0."""
     if queued <= 0:
         return 0.0
-    if budget <= 0:
-        return overhead_s + queued / tokens_per_s
-    steps = queued // max(1, budget - running)
+    steps = queued // _per_step(budget, running)
     return steps * step_fixed_s(overhead_s, running, decode_step_s) + queued / tokens_per_s
 
 
@@ -243,10 +237,6 @@ def token_seconds(
     running: int, budget: int, overhead_s: float, tokens_per_s: float, decode_step_s: float = 0.0
 ) -> float:
     """Seconds one more prefill token takes from a worker whose steps are full: ``1 /
-    tokens_per_s`` and its share of a step's fixed cost, ``step_fixed_s / (budget - running)``
-    (``prefill_seconds(..., whole=False)`` per token). ``budget`` 0 (not reported): the rate
-    alone."""
-    if budget <= 0:
-        return 1.0 / tokens_per_s
+    tokens_per_s`` and its share of a step's fixed cost, ``step_fixed_s / (budget - running)``."""
     fixed = step_fixed_s(overhead_s, running, decode_step_s)
-    return 1.0 / tokens_per_s + fixed / max(1, budget - running)
+    return 1.0 / tokens_per_s + fixed / _per_step(budget, running)

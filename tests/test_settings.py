@@ -220,7 +220,7 @@ def test_ttft_settings_are_serve_and_sim_flags_that_reach_the_policy(capsys):
     from radixray.cli import main
     from radixray.router.cli_args import router_settings
     from radixray.router.policies import make_policy
-    from radixray.router.policies.ttft import TTFTConfig
+    from radixray.router.policies.ttft_config import TTFTConfig
     from radixray.sim.sim_cli import build_parser as sim_parser
 
     parser = build_parser()

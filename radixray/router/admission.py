@@ -11,14 +11,12 @@ Two limits, checked in this order before a request is routed (``request_path.py`
   engine steps that run before the request's first (``step_cost.queue_wait_seconds``: each
   step's budget less the decodes it carries, each step's fixed cost, the tokens at the pooled
   prefill fit). Measured against the simulator deep in a queue, where this limit acts, that is
-  0.99x the wait; one step's fixed cost whatever the queue (``steps=False``, the rule before
-  the queue was counted net of the cache) is 0.61x (benchmarks/README.md, "Queued work net of
-  the cache"). When even that worker would make it wait longer than
-  ``max_queue_s``, every placement would, so the request is refused and told to come back when
-  that worker's backlog beyond the limit has drained at its rate (``retry_after``), instead of
-  joining a queue that only grows: past saturation (the policy's ``headroom`` <= 0, shown on
-  ``/metrics``) work arrives faster than the fleet computes it, and a request admitted into that
-  queue waits longer than its client does.
+  0.99x the wait (benchmarks/HISTORY.md, "Queued work net of the cache"). When even that
+  worker would make it wait longer than ``max_queue_s``, every placement would, so the request
+  is refused and told to come back when that worker's backlog beyond the limit has drained at
+  its rate (``retry_after``), instead of joining a queue that only grows: past saturation (the
+  policy's ``headroom`` <= 0, shown on ``/metrics``) work arrives faster than the fleet computes
+  it, and a request admitted into that queue waits longer than its client does.
 
 The delay limit needs measured rates: before any worker has reported a prefill step the router
 knows only a nominal prior (``PRIOR_PREFILL_TPS``), which says nothing about seconds, so only
@@ -38,17 +36,11 @@ from .policies import WorkerState
 __all__ = ["Admission", "queue_wait_s", "retry_after"]
 
 
-def worker_wait_s(w: WorkerState, steps: bool = True) -> float:
-    """Seconds of prefill queued on ``w`` ahead of a new request (0 when nothing is): by the
-    engine steps that run before its first (``step_cost.queue_wait_seconds``: each step's
-    budget less the decodes it carries, each step's fixed cost); ``steps=False``: the queue at
-    its fit and one step's fixed cost."""
-    return w.queue_wait_s(steps)
-
-
-def queue_wait_s(states: Iterable[WorkerState], steps: bool = True) -> float | None:
-    """The shortest queueing delay any of ``states`` offers a new request (None: no worker)."""
-    return min((worker_wait_s(w, steps) for w in states), default=None)
+def queue_wait_s(states: Iterable[WorkerState]) -> float | None:
+    """The shortest queueing delay any of ``states`` offers a new request, by the engine steps
+    that run before its first (``WorkerState.queue_wait_s``, which ttft's ``wait`` term reads
+    too); None: no worker."""
+    return min((w.queue_wait_s() for w in states), default=None)
 
 
 def retry_after(wait_s: float, max_queue_s: float, floor_s: int = 1) -> int:

@@ -9,7 +9,7 @@ import socket
 from radixray.api.response_store import ResponseStoreConfig
 from radixray.settings import add_arguments, from_args
 
-from .policies.ttft import TTFTConfig, with_settings
+from .policies.ttft_config import TTFTConfig, with_settings
 from .service import RouterSettings
 
 __all__ = ["add_router_arguments", "router_settings"]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.router.policies import make_policy, policy_names
-from radixray.router.policies.ttft import TTFTConfig, with_settings
+from radixray.router.policies.ttft_config import TTFTConfig, with_settings
 from radixray.settings import add_arguments, from_args
 from radixray.worker.scheduler import PACKINGS, PREFILL_ORDERS
 

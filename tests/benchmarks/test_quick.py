@@ -53,7 +53,6 @@ CASES = {
     "bench_kernels.py": ([], "speed-up", ()),
     "bench_sim.py": (["--out", "{out}/bench_sim.json"], "hot_prefix", (needs_trace,)),
     "bench_sim_load.py": (["--out", "{out}/load.json"], "sustainable rate", (needs_trace,)),
-    "bench_sim_steps.py": (["--out", "{out}/steps.json"], "by steps", (needs_trace,)),
     "bench_sim_tiers.py": (["--out", "{out}/tiers.json"], "excess p50 vs all-device", ()),
     "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
     "bench_structured.py": ([], "| llguidance |", ()),

@@ -109,3 +109,11 @@ def test_cell_split_keeps_code_spans_whole():
     assert _slug("Against smg 1.13.0 (2026-12-06, the current figure)") == (
         "against-smg-1130-2026-12-06-the-current-figure"
     )
+
+
+def test_ttft_policy_doc_within_its_limit():
+    """docs/ttft_policy.md is read in one sitting: the formula once, a paragraph per term."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "ttft_policy.md"
+    lines = doc.read_text().splitlines()
+    assert len(lines) <= 250, f"docs/ttft_policy.md has {len(lines)} lines (limit 250)"
+    assert sum(line.startswith("cost_w = ") for line in lines) == 1  # the formula, once

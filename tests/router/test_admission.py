@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from radixray.protocol import Overloaded
-from radixray.router.admission import Admission, queue_wait_s, retry_after, worker_wait_s
+from radixray.router.admission import Admission, queue_wait_s, retry_after
 from radixray.router.policies import WorkerState
 from radixray.router.service import RouterSettings
 
@@ -18,11 +18,11 @@ def state(wid: str, queued: int, rate: float = 1000.0, overhead: float = 0.02) -
 
 
 def test_the_wait_is_the_shortest_queue_at_each_workers_fit():
-    assert worker_wait_s(state("a", 0)) == 0.0  # nothing queued: no step to wait for either
-    assert worker_wait_s(state("a", 3000)) == pytest.approx(0.02 + 3.0)
+    assert state("a", 0).queue_wait_s() == 0.0  # nothing queued: no step to wait for either
+    assert state("a", 3000).queue_wait_s() == pytest.approx(3.0)  # no budget: no step before
     # a slower worker with less queued can be the shorter wait
-    fleet = [state("a", 3000), state("b", 1000, rate=500.0), state("c", 8000, rate=4000.0)]
-    assert queue_wait_s(fleet) == pytest.approx(0.02 + 2.0)
+    fleet = [state("a", 3000), state("b", 1000, rate=500.0), state("c", 8000, rate=3200.0)]
+    assert queue_wait_s(fleet) == pytest.approx(2.0)
     assert queue_wait_s([]) is None
 
 

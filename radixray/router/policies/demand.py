@@ -30,14 +30,10 @@ class PrefixDemand:
         """One arrival, keyed by the deepest block any worker holds of its prompt (None: no
         worker holds any of it; it counts in the window, under no prefix)."""
         order, counts = self._order, self._counts
-        if len(order) == self.window:
-            old = order.popleft()
-            if old is not None:
-                left = counts[old] - 1
-                if left:
-                    counts[old] = left
-                else:
-                    del counts[old]
+        if len(order) == self.window and (old := order.popleft()) is not None:
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
         order.append(key)
         if key is not None:
             counts[key] = counts.get(key, 0) + 1

@@ -5,9 +5,9 @@ worker's fitted rate plus a step's fixed cost). Work arriving per second over th
 the fleet has per second is its utilisation, ``rho``; ``headroom = 1 - rho`` (<= 0: work arrives
 faster than the fleet does it). Both means are moving averages over ``memory`` arrivals.
 ``reuse_weight`` is the M/M/1 mean number in system, ``rho / (1 - rho)``: how many requests a
-second of extra work delays (docs/ttft_policy.md, "Recompute"). Per worker (``waiting_all``),
-the requests waiting on it averaged over about ``memory`` arrivals per worker: ttft scales the
-weight on a worker by its share of the fleet's mean queue.
+second of extra work delays (docs/ttft_policy.md, "recompute"). Per worker (``waiting_all``),
+the requests waiting on it averaged over about ``memory`` arrivals per worker: while the fleet is
+saturated, ttft lets a worker whose mean queue is under the fleet's count a shared prefix as held.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ class Headroom:
         if memory < 2:
             raise ValueError(f"memory must be >= 2 arrivals, got {memory}")
         self.memory = memory
-        # Both start at 0 and take each arrival's sample together, so their ratio weighs every
-        # arrival alike (no first sample standing in for the whole window).
+        # both from 0, sampled together: their ratio weighs every arrival alike
         self._work = Ewma(1.0 / memory, initial=0.0)  # worker-seconds per request
         self._gap = Ewma(1.0 / memory, initial=0.0)  # seconds between arrivals, x workers
         self._last: float | None = None
@@ -77,8 +76,7 @@ class Headroom:
     @property
     def headroom(self) -> float:
         """``1 - rho``: the share of the fleet's prefill capacity left; <= 0 when saturated."""
-        rho = self.rho
-        return 1.0 - rho if rho != float("inf") else float("-inf")
+        return 1.0 - self.rho
 
     @property
     def saturated(self) -> bool:
@@ -88,10 +86,8 @@ class Headroom:
 
     @property
     def reuse_weight(self) -> float:
-        """``rho / (1 - rho)``, with ``rho`` clipped below ``1 - 1 / memory``; 0 until
-        ``memory`` arrivals were seen (a cold start's first prompts, all misses arriving
-        together, would read as saturation and pile the first cached prefix's requests onto
-        one worker)."""
+        """``rho / (1 - rho)``, ``rho`` clipped below ``1 - 1 / memory``; 0 until ``memory``
+        arrivals were seen (a cold start's misses, arriving together, would read as saturation)."""
         if self.seen < self.memory:
             return 0.0
         rho = min(self.rho, 1.0 - 1.0 / self.memory)

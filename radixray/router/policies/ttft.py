@@ -11,99 +11,38 @@ the simulator's records show them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from radixray.numbers import Ewma
-from radixray.settings import setting
 
 from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
 from .demand import PrefixDemand
 from .headroom import Headroom
+from .ttft_config import TTFTConfig
 
-__all__ = ["TERMS", "PredictedTTFT", "TTFTConfig", "with_settings"]
+__all__ = ["TERMS", "PredictedTTFT"]
 
-# The cost's terms, in seconds, in the order ``Decision.terms`` lists them.
-TERMS = ("wait", "prefill", "load", "recompute", "evict", "decode")
+TERMS = ("wait", "prefill", "load", "recompute", "evict", "decode")  # seconds, in this order
 # The busy-worker estimate of utilisation is capped here (its reuse weight at 4): past it a
 # worker with one decoding request reads as busy, and the weight held requests on their prefix
 # behind long queues (docs/ttft_policy.md, "Recompute").
 RHO_MAX = 0.8
 
 
-@dataclass(frozen=True)
-class TTFTConfig:
-    """ttft's settings (``radixray serve`` and ``radixray sim`` flags ``--ttft-*``; a policy spec
-    ``ttft:margin=0.1`` sets them too)."""
-
-    reuse_weight: float | None = setting(
-        None,
-        "seconds of others' delay charged per second of a prefix recomputed off its holder "
-        "(none: measured from the fleet's load; 0: the request's own TTFT alone)",
-        flag="--ttft-reuse-weight",
-        type=float,
-    )
-    memory: int = setting(64, "arrivals the load and reuse estimates average over",
-                          flag="--ttft-memory")  # fmt: skip
-    min_match: float = setting(
-        0.01, "a cached prefix under this share of the prompt counts as none",
-        flag="--ttft-min-match",
-    )  # fmt: skip
-    margin: float = setting(
-        0.2,
-        "a move off the longest prefix's holder must save more than this share of the holder's "
-        "cost, unless the prefix is asked for more often than its holders serve (0: off)",
-        flag="--ttft-margin",
-    )
-    shared_share: float = setting(
-        0.25,
-        "an idle worker counts as held the prefix that this share of the workers hold",
-        flag="--ttft-shared-share",
-    )
-    tiers: bool = setting(
-        True, "price host-tier copies at their load-back (off: the tier-blind rule)",
-        flag="--ttft-tiers",
-    )  # fmt: skip
-
-    def __post_init__(self):
-        """ValueError naming the first setting out of its range."""
-        if self.reuse_weight is not None and self.reuse_weight < 0:
-            raise ValueError(f"reuse_weight must be >= 0 or None, got {self.reuse_weight}")
-        if self.memory < 2:
-            raise ValueError(f"memory must be >= 2 arrivals, got {self.memory}")
-        for name, low, high in (("min_match", 0, 1), ("margin", 0, 1)):
-            if not low <= getattr(self, name) < high:
-                raise ValueError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
-        if not 0 < self.shared_share < 1:
-            raise ValueError(f"shared_share must be in (0, 1), got {self.shared_share}")
-
-    def spec(self) -> str:
-        """The policy spec these settings make: ``ttft`` and each one off its default."""
-        default = TTFTConfig()
-        changed = [f"{k}={v}" for k, v in asdict(self).items() if getattr(default, k) != v]
-        return ":".join(["ttft", *changed])
-
-
-def with_settings(policy: str, config: TTFTConfig) -> str:
-    """``policy`` (a spec) with the settings of ``config`` that are off their defaults, if it
-    is ttft; the spec's own arguments win over them (``ttft:margin=0`` over ``--ttft-margin``)."""
-    base, *own = policy.split(":")
-    return ":".join([base, *config.spec().split(":")[1:], *own]) if base == "ttft" else policy
-
-
 @dataclass(slots=True)
 class _Inputs:
     """What one request sets for every worker's cost: its tokens, the longest prefix any worker
-    holds (``c_best``) and the one a share of them hold (``c_shared``), the reuse share, the
-    evicted-and-asked-again rate, the stale copy's weight, the workers outside a saturated
-    fleet's queue, and the tokens its answer decodes."""
+    holds (``c_best``) and the one a share of them hold (``c_shared``), the reuse weight ``L``,
+    the reuse share, the evicted-and-asked-again rate, the workers outside a saturated fleet's
+    queue, and the tokens its answer decodes."""
 
     n: int
     page_size: int
     c_best: int
     c_shared: int
+    weight: float
     reuse: float
     evicted: float
-    stale: float
     outside: frozenset
     answer: float
 
@@ -122,7 +61,7 @@ class PredictedTTFT(Policy):
         self.demand = PrefixDemand() if c.margin else None
 
     @property
-    def rho(self) -> float:
+    def rho(self) -> float:  # the busy share of workers arrivals see
         return self._rho.value
 
     @property
@@ -135,27 +74,25 @@ class PredictedTTFT(Policy):
     def reuse(self) -> float:
         return self._reuse.value
 
-    def _weights(self, live: Sequence[WorkerState]) -> tuple[list[float], frozenset]:
-        """``L_w`` of each worker of ``live`` and the workers outside a saturated fleet's queue
-        (their mean queue under the fleet's), from the load measured before this arrival."""
+    def _weight(self, live: Sequence[WorkerState]) -> tuple[float, frozenset]:
+        """``L``, the requests a second of recomputed prefill delays, from the load measured
+        before this arrival (the larger of the busy-worker and the offered-work estimates), and
+        the workers outside a saturated fleet's queue (their mean queue under the fleet's)."""
         n = len(live)
         rho = min(self._rho.update(sum(1 for w in live if w.running or w.waiting) / n), RHO_MAX)
-        if self.config.reuse_weight is not None:
-            return [self.config.reuse_weight] * n, frozenset()
-        busy = rho / (1.0 - rho)
-        fleet = max(busy, self.capacity.reuse_weight)
+        if self.config.reuse_weight is not None:  # fixed: no estimate of the fleet's load
+            return self.config.reuse_weight, frozenset()
         own = self.capacity.waiting_all([(w.worker_id, w.waiting) for w in live], n)
         self.capacity.forget(own.keys())
-        mean = sum(own.values()) / n
-        saturated = self.capacity.saturated
-        outside = frozenset(k for k, v in own.items() if v < mean) if saturated else frozenset()
-        if mean <= 0:
-            return [fleet] * n, outside
-        return [max(busy, fleet * min(1.0, own[w.worker_id] / mean)) for w in live], outside
+        outside = frozenset()
+        if self.capacity.saturated:
+            mean = sum(own.values()) / n
+            outside = frozenset(k for k, v in own.items() if v < mean)
+        return max(rho / (1.0 - rho), self.capacity.reuse_weight), outside
 
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
-        weights, outside = self._weights(live)
+        weight, outside = self._weight(live)
         P, n = index.page_size, request.num_tokens
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
         if not self.config.tiers:  # tier-blind: what index.match sees
@@ -180,11 +117,10 @@ class PredictedTTFT(Policy):
         c_shared = depths[share] if len(depths) > 1 else 0
         evicted = _evicted_rate(workers, index, reuse)
         inputs = _Inputs(
-            n, P, longest if longest >= floor else 0, c_shared, reuse, evicted,
-            reuse * _pages_in_use(live), outside, _answer_tokens(live),
+            n, P, longest if longest >= floor else 0, c_shared, weight, reuse, evicted,
+            outside, _answer_tokens(live),
         )  # fmt: skip
-        terms = {w.worker_id: self._terms(w, cached[w.worker_id], L, inputs)
-                 for w, L in zip(live, weights, strict=True)}  # fmt: skip
+        terms = {w.worker_id: self._terms(w, cached[w.worker_id], inputs) for w in live}
         best, scores = self.lowest(live, [sum(terms[w.worker_id]) for w in live])
         if c_shared and len(best) > 1:  # a tie the shared prefix made: to those that hold most
             most = max(cached[w.worker_id][0] for w in best)
@@ -199,9 +135,9 @@ class PredictedTTFT(Policy):
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found,
                         terms=terms, term_names=TERMS, decided_by=decided)  # fmt: skip
 
-    def _terms(self, w: WorkerState, held: tuple[int, int], weight: float, p: _Inputs) -> tuple:
+    def _terms(self, w: WorkerState, held: tuple[int, int], p: _Inputs) -> tuple:
         """The ``TERMS`` of placing the request on ``w``, which reuses ``held`` = ``(c, d)``
-        tokens (``d`` of them on its device), at reuse weight ``weight``."""
+        tokens (``d`` of them on its device)."""
         (c, d), n, P = held, p.n, p.page_size
         # cached tokens the placement evicts (its new pages beyond the free ones); with a host
         # tier demoted there as far as it has room (worth their load-back), the rest lost
@@ -213,14 +149,13 @@ class PredictedTTFT(Policy):
         # an idle worker, or one outside a saturated fleet's queue, counts the shared prefix
         shares = not (w.running or w.waiting) or w.worker_id in p.outside
         cc = max(c, p.c_shared) if shares else c
-        total = w.prefill_s(w.queued_prefill_tokens, n - cc, steps=False)
-        own = w.prefill_s(0, n - cc, steps=False)
-        token_s = w.token_s(False)
+        wait = w.queue_wait_s()
+        token_s = w.token_s()
         return (
-            total - own,  # wait: the prefill queued ahead
-            own,  # prefill: its own uncached tokens, one step's fixed cost
+            wait,  # wait: the steps queued ahead of its first
+            w.prefill_s(w.queued_prefill_tokens, n - cc) - wait,  # prefill: its own steps
             w.load_time(c - d),  # load: what it loads back from the host tier
-            (weight + p.stale) * (p.c_best - cc) * token_s,  # recompute: a prefix held elsewhere
+            p.weight * (p.c_best - cc) * token_s,  # recompute: a prefix held elsewhere
             p.evicted * spill * token_s + p.reuse * w.load_time(demoted),  # evict
             _decode_cost(w, p.answer),  # decode: its answer's steps, for those already there
         )
@@ -228,7 +163,8 @@ class PredictedTTFT(Policy):
     def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
         """The prefill work this placement brings the fleet (``Headroom``); in a fleet of
         routers this one sees about 1 / routers of the arrivals."""
-        work = pick.prefill_s(0, uncached, whole=False, steps=False)
+        fit = pick.prefill_overhead_s + uncached / pick.prefill_tokens_per_s
+        work = fit if uncached > 0 else 0.0
         self.capacity.observe(request.arrival_time, work * max(1, request.fleet[1]), workers)
 
     def _keep(self, pick: WorkerState, live, cached: dict, c_best: int, scores: dict, key):
@@ -294,13 +230,6 @@ def _evicted_rate(workers: Sequence[WorkerState], index, reuse: float) -> float:
     return index.lost.rate(reuse)
 
 
-def _pages_in_use(live: Sequence[WorkerState]) -> float:
-    """The share of the fleet's pages in use (of the workers that report pages)."""
-    total = sum(w.total_pages for w in live)
-    free = sum(w.free_pages for w in live if w.total_pages)
-    return 1.0 - free / total if total else 0.0
-
-
 def _answer_tokens(live: Sequence[WorkerState]) -> float:
     """The tokens a request is expected to decode: the mean the workers report (0 before any
     sequence ended)."""
@@ -317,5 +246,5 @@ def _decode_cost(w: WorkerState, answer: float) -> float:
         return 0.0
     per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
     if w.max_batch_tokens and w.queued_prefill_tokens >= w.max_batch_tokens - w.running:
-        per_token += max(w.waiting, 1) * w.token_s(False)
+        per_token += max(w.waiting, 1) * w.token_s()
     return answer * per_token

@@ -118,15 +118,13 @@ def test_ttft_stops_recomputing_a_held_prefix_as_the_fleet_saturates():
 
 
 @pytest.mark.parametrize("queued_elsewhere", [False, True])
-def test_ttft_recomputes_on_a_worker_outside_the_fleets_queue(queued_elsewhere):
-    """The fleet saturated, worker 1 holding the prefix with 20 requests waiting. Where the
-    other workers' queues stay empty (their prefixes in low demand, nothing else can reach
-    them), work placed there delays no one queued: the headroom's weight on a worker is scaled
-    by its share of the fleet's mean queue, 0 there, leaving the busy-worker rule's rho / (1 -
-    rho) at rho = 1/4, 1/3: recompute 0.32 s, and ttft recomputes there (1.60 s against 3.32 s;
-    the fleet's weight, 63, would price the recompute at 60.48 s). Where they queue as much as
-    worker 1 they are in the fleet's queue, their weight is the fleet's 63 and the prefix
-    stays."""
+def test_ttft_weighs_a_recompute_by_the_fleets_load_past_saturation(queued_elsewhere):
+    """The fleet saturated, worker 1 holding the prefix with 20 requests waiting. The headroom's
+    weight, 63 (``rho`` clipped at 1 - 1/64), prices recomputing the 96 held tokens elsewhere at
+    63 x 0.96 = 60.48 s whether or not the other workers queue: the prefix stays (3.32 s against
+    61.76). A weight scaled by each worker's share of the fleet's mean queue (the rule before
+    issue 46) moved it to an idle worker; measured on the three load sweeps it changed nothing
+    beyond noise (benchmarks/README.md, "ttft's terms, measured")."""
     idx, workers = _held_by_worker_1(waiting=20)
     if queued_elsewhere:
         workers = [replace(w, running=1, waiting=20) for w in workers]
@@ -137,15 +135,8 @@ def test_ttft_recomputes_on_a_worker_outside_the_fleets_queue(queued_elsewhere):
         d = policy.choose(req(k, t), workers, idx)
     assert d.headroom < 0
     assert d.terms[1] == pytest.approx((3.0, 0.32, 0, 0, 0, 0), abs=1e-9)
-    if queued_elsewhere:
-        assert d.worker_id == 1 and d.decided_by == "recompute"
-        assert d.terms[0] == pytest.approx((0, 1.28, 0, 63 * 0.96, 0, 0), abs=1e-9)
-    else:
-        assert d.worker_id != 1
-        rho = policy.rho
-        assert rho == pytest.approx(0.25, abs=1e-6)
-        assert d.terms[0] == pytest.approx((0, 1.28, 0, rho / (1 - rho) * 0.96, 0, 0), abs=1e-9)
-        assert d.scores[0] - d.terms[0][RECOMPUTE] + 63 * 0.96 > d.scores[1]
+    assert d.worker_id == 1 and d.decided_by == "recompute"
+    assert d.terms[0] == pytest.approx((0, 1.28, 0, 63 * 0.96, 0, 0), abs=1e-9)
 
 
 @pytest.mark.parametrize("saturated", [False, True])

@@ -1,7 +1,6 @@
 """Queued prefill priced by the engine steps it takes (``step_cost.prefill_seconds``,
-``queue_wait_seconds``): the function on hand-computed cases, admission's wait by steps,
-ttft's queue at one step's fixed cost, and the step budget a worker reports reaching the
-policy's view."""
+``queue_wait_seconds``): the function on hand-computed cases, admission's wait and ttft's
+queue by the same steps, and the step budget a worker reports reaching the policy's view."""
 
 from __future__ import annotations
 
@@ -9,9 +8,9 @@ import pytest
 
 from radixray.cache_index import ApproxIndex
 from radixray.protocol import LoadReport, WorkerInfo
-from radixray.router.admission import queue_wait_s, worker_wait_s
+from radixray.router.admission import queue_wait_s
 from radixray.router.policies import RoutingRequest, WorkerState, make_policy
-from radixray.step_cost import prefill_seconds, queue_wait_seconds, step_fixed_s
+from radixray.step_cost import prefill_seconds, queue_wait_seconds, step_fixed_s, token_seconds
 
 P = 16
 
@@ -30,21 +29,21 @@ def test_prefill_seconds_by_steps_hand_computed():
     assert prefill_seconds(200, 50, 0, 100, 0.05, 1000.0, 0.1) == pytest.approx(3 * 0.05 + 0.25)
     # exactly two steps' worth
     assert prefill_seconds(160, 0, 20, 100, 0.05, 1000.0) == pytest.approx(2 * 0.05 + 0.16)
-    # the share of full steps (Headroom's work): 250 / 80 steps
-    fractional = prefill_seconds(200, 50, 20, 100, 0.05, 1000.0, 0.1, whole=False)
-    assert fractional == pytest.approx(250 / 80 * 0.1 + 0.25)
     # decodes fill the budget: one prefill token a step, not none
     assert prefill_seconds(3, 0, 100, 100, 0.05, 1000.0) == pytest.approx(3 * 0.05 + 0.003)
     assert prefill_seconds(0, 0, 20, 100, 0.05, 1000.0) == 0.0  # nothing to compute
 
 
-def test_without_a_reported_budget_the_rule_before():
-    # one step's fixed cost whatever the queue, and a decode step while it decodes
-    assert prefill_seconds(5000, 100, 3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.05 + 5.1 + 0.1)
+def test_without_a_reported_budget_a_step_holds_whatever_is_queued():
+    # one step, at the larger of the fit's intercept and a decode step while it decodes
+    assert prefill_seconds(5000, 100, 3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.1 + 5.1)
     assert prefill_seconds(5000, 100, 0, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.05 + 5.1)
-    # the work a request brings (whole=False): no decode step
-    assert prefill_seconds(0, 100, 3, 0, 0.05, 1000.0, 0.1, whole=False) == pytest.approx(0.15)
-    assert queue_wait_seconds(3000, 3, 0, 0.02, 1000.0, 0.1) == pytest.approx(0.02 + 3.0)
+    # no step runs before a new request's first: the queue's tokens at the rate
+    assert queue_wait_seconds(3000, 3, 0, 0.02, 1000.0, 0.1) == pytest.approx(3.0)
+    # and a token takes no share of a step's fixed cost
+    assert token_seconds(3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.001)
+    # a budget of 100 with 20 decodes: 80 tokens share a 0.1 s step
+    assert token_seconds(20, 100, 0.05, 1000.0, 0.1) == pytest.approx(0.001 + 0.1 / 80)
 
 
 def test_the_wait_counts_the_steps_before_a_requests_first_chunk():
@@ -72,27 +71,22 @@ def test_admission_waits_by_steps():
     # 3,000 queued on 64-token steps with 32 decodes: 93 full steps of a 0.4 s decode step
     # before a new request's first chunk, and the tokens at 1000/s
     slow = state("a", 3000, running=32, budget=64, decode=0.4)
-    assert worker_wait_s(slow, steps=True) == pytest.approx(93 * 0.4 + 3.0)
+    assert slow.queue_wait_s() == pytest.approx(93 * 0.4 + 3.0)
     # the same queue on a worker with a budget its decodes barely dent: 3000 // 992 = 3 steps
     fast = state("b", 3000, running=32, budget=1024, decode=0.4)
-    assert worker_wait_s(fast, steps=True) == pytest.approx(3 * 0.4 + 3.0)
-    assert queue_wait_s([slow, fast], steps=True) == pytest.approx(3 * 0.4 + 3.0)
-    # a worker that reports no budget: the queue at the fit, one step's fixed cost
-    assert worker_wait_s(state("c", 3000), steps=True) == pytest.approx(0.02 + 3.0)
-    # admission's default is by steps; the rule before: one step's fixed cost whatever the
-    # budget (0.02 s the fit's intercept)
-    assert worker_wait_s(slow) == worker_wait_s(slow, steps=True)
+    assert fast.queue_wait_s() == pytest.approx(3 * 0.4 + 3.0)
     assert queue_wait_s([slow, fast]) == pytest.approx(3 * 0.4 + 3.0)
-    assert worker_wait_s(slow, steps=False) == pytest.approx(0.02 + 3.0)
-    assert queue_wait_s([slow, fast], steps=False) == pytest.approx(0.02 + 3.0)
+    # a worker that reports no budget: no step before its first, the queue at the fit
+    assert state("c", 3000).queue_wait_s() == pytest.approx(3.0)
 
 
-def test_ttft_prices_a_queue_at_one_steps_fixed_cost_whatever_the_budget():
-    """Two workers with the same queued tokens and fit; one runs 28 decodes on a 32-token step
-    budget (4 prefill tokens a step), the other 4 (28 a step). ttft prices the queue at the fit
-    and one step's fixed cost, not by the steps it takes (docs/ttft_policy.md, "Queue time in
-    steps": measured, not adopted): wait 0.40 s and prefill 0.05 + 0.064 + a decode step 0.05 s
-    on both, a tie."""
+def test_ttft_prices_a_queue_by_the_steps_it_takes_as_admission_does():
+    """Two workers with the same 400 queued tokens and fit (0.05 s a step, 1,000 tokens/s);
+    one runs 28 decodes on a 32-token step budget (4 prefill tokens a step), the other 4 (28 a
+    step). Worker 0: 100 steps before the request's first (5.0 s + 0.4 s of tokens), its 64
+    tokens end in step ceil(464 / 4) = 116 (5.8 + 0.464 - 5.4 = 0.864 s more). Worker 1: 14
+    steps (0.7 + 0.4 s), then ceil(464 / 28) = 17 (0.85 + 0.464 - 1.1 = 0.214 s): it wins by
+    its wait, the same wait admission reads."""
     idx = ApproxIndex(P, 1 << 16)
     for w in (0, 1):
         idx.add_worker(w)
@@ -101,9 +95,10 @@ def test_ttft_prices_a_queue_at_one_steps_fixed_cost_whatever_the_budget():
     workers = [state(0, running=28, **common, **room), state(1, running=4, **common, **room)]
     request = RoutingRequest("r", 4 * P, list(range(100, 104)), None, 0.0)
     d = make_policy("ttft", seed=1).choose(request, workers, idx)
-    assert d.scores[0] == d.scores[1] and d.decided_by == "tie"
-    assert d.terms[0] == pytest.approx((0.4, 0.05 + 0.064 + 0.05, 0, 0, 0, 0), abs=1e-9)
-    assert d.terms[1] == d.terms[0]
+    assert d.worker_id == 1 and d.decided_by == "wait"
+    assert d.terms[0] == pytest.approx((5.4, 0.864, 0, 0, 0, 0), abs=1e-9)
+    assert d.terms[1] == pytest.approx((1.1, 0.214, 0, 0, 0, 0), abs=1e-9)
+    assert d.terms[1][0] == workers[1].queue_wait_s() == queue_wait_s(workers)
 
 
 def test_a_worker_reports_its_step_budget_to_the_policy_view():
