@@ -21,7 +21,7 @@ Two limits, checked in this order before a request is routed (``request_path.py`
 The delay limit needs measured rates: before any worker has reported a prefill step the router
 knows only a nominal prior (``PRIOR_PREFILL_TPS``), which says nothing about seconds, so only
 the count applies. The simulator calls ``queue_wait_s`` too, so that its admission is the live
-router's (docs/ttft_policy.md, "Admission").
+router's.
 """
 
 from __future__ import annotations

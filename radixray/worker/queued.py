@@ -7,7 +7,7 @@ this worker (waiting, or part-way through their prefill) compute and cache the p
 with it first. Counting whole prompts made a worker holding a conversation look as busy as if
 every queued turn recomputed its history, and every reader took that at face value: the
 policies' queue terms, and admission's wait (one live run refused at an estimated 30 s while
-its served p99 was 12 s); docs/ttft_policy.md, "Queued work net of the cache".
+its served p99 was 12 s); benchmarks/HISTORY.md, "Queued work net of the cache".
 
 So each request is counted, when it joins the queue (``enqueue``: arrival, preemption, a sample
 waiting for room), as its tokens beyond the longer of two prefixes: the one the cache holds (a

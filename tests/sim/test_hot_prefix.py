@@ -27,7 +27,7 @@ def test_ttft_replicates_a_hot_prefix_instead_of_making_a_hotspot():
 
     ttft_shares = hot_share_by_worker("ttft")
     # spread over at least half the fleet, no worker taking much more than its share of those
-    # (it was six workers while queues counted cached prompts whole: docs/ttft_policy.md,
+    # (it was six workers while queues counted cached prompts whole: benchmarks/HISTORY.md,
     # "Queued work net of the cache")
     assert len(ttft_shares) >= 4 and ttft_shares[0] <= 0.3
     assert s["ttft"]["ttft_p99"] <= s["least_load"]["ttft_p99"]

@@ -1,5 +1,5 @@
-"""ttft's margin knows a copy's return (docs/ttft_policy.md, "A margin that knows a copy's
-return"): a move off a prefix's holders must save more than the margin only while the prefix is
+"""ttft's margin knows a copy's return (docs/ttft_policy.md, "The
+margin"): a move off a prefix's holders must save more than the margin only while the prefix is
 asked for no more often than its holders serve (``PrefixDemand``)."""
 
 from __future__ import annotations
