@@ -39,6 +39,7 @@ from pathlib import Path
 from radixray.router.service import RouterSettings
 from radixray.sim import (
     SimConfig,
+    azure_shared_prefix,
     hot_prefix,
     load_mooncake,
     multiturn_chat,
@@ -67,15 +68,20 @@ METRICS = (
 
 def workload(name: str, speedup: float, limit: int | None, seed: int):
     """``name`` at ``speedup`` times its base rate (hot_prefix: 10 requests/s, multiturn_chat:
-    4 requests/s, their defaults)."""
+    4 requests/s, their defaults; azure_conv / azure_code: the Azure trace's arrivals with 16
+    shared system prompts, a workload no rule was tuned on)."""
     if name == "mooncake":
         return load_mooncake("mooncake", block_tokens=16, speedup=speedup, limit=limit, seed=seed)
     n = limit or 3000
+    if name in ("azure_conv", "azure_code"):
+        return azure_shared_prefix(n, speedup=speedup, service=name[6:], seed=seed)
     if name == "hot_prefix":
         return hot_prefix(num_requests=n, rate=10.0 * speedup, seed=seed)
     if name == "multiturn_chat":
         return multiturn_chat(num_requests=n, rate=4.0 * speedup, seed=seed)
-    raise ValueError(f"unknown workload {name!r}: mooncake, hot_prefix or multiturn_chat")
+    raise ValueError(
+        f"unknown workload {name!r}: mooncake, hot_prefix, multiturn_chat, azure_conv or azure_code"
+    )
 
 
 def run_point(speedup: float, seed: int, args, names: list[str]) -> dict[str, dict]:
@@ -234,7 +240,11 @@ def plot(points: dict[float, dict[str, dict]], names: list[str], path: str, titl
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", default="mooncake", help="mooncake, multiturn_chat, hot_prefix")
+    p.add_argument(
+        "--workload",
+        default="mooncake",
+        help="mooncake, multiturn_chat, hot_prefix, azure_conv, azure_code",
+    )
     p.add_argument("--speedups", default="1,1.5,2,2.5,3,3.5,4,4.5,5,5.5,6")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (medians reported)")
     p.add_argument(
