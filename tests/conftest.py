@@ -1,8 +1,14 @@
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# These machines set PYTHONDONTWRITEBYTECODE=1 (see the Makefile), so every test process (each
+# xdist worker too) compiled radixray and rewrote and compiled every test module again: about
+# half of a worker's collection. Caches are gitignored and read back only while the source is
+# unchanged: write them.
+sys.dont_write_bytecode = False
 
 
 def _cuda_available() -> bool:
@@ -13,7 +19,30 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# Modules whose tests share fixtures that take seconds to build once per process (gguf's reader
+# of the SmolLM2 file and transformers' tokenizer on it; SmolLM2 itself, loaded once for the
+# model's and the engines' tests) run first and together, each module whole and in its own
+# order: xdist's load scheduler hands the first few hundred tests to one worker, so that worker
+# alone builds them (and the longest tests start first). Every worker orders them alike, as
+# xdist requires.
+SHARED_FIXTURE_MODULES = (
+    "tests/model_meta/test_gguf_reader.py",
+    "tests/model_meta/test_tokenizer.py",
+    "tests/worker/test_engine_smollm2.py",
+    "tests/worker/test_logprobs_smollm2.py",
+    "tests/worker/model/test_smollm2.py",
+)
+
+
+def _first_together(items: list) -> None:
+    rank = {name: i for i, name in enumerate(SHARED_FIXTURE_MODULES)}
+    first = [it for it in items if it.nodeid.split("::")[0] in rank]
+    first.sort(key=lambda it: rank[it.nodeid.split("::")[0]])  # stable: each module's own order
+    items[:] = first + [it for it in items if it.nodeid.split("::")[0] not in rank]
+
+
 def pytest_collection_modifyitems(config, items):
+    _first_together(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")

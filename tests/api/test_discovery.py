@@ -39,7 +39,14 @@ def live(request):
         h.shutdown()
 
 
-def test_models_lists_the_served_model_with_its_context_length(live):
+@pytest.fixture(scope="module")
+def http(live):
+    """One keep-alive client for the module's requests (a client apiece cost more than most)."""
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
+def test_models_lists_the_served_model_with_its_context_length(live, http):
     url, max_len = live
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     (m,) = client.models.list().data
@@ -51,49 +58,49 @@ def test_models_lists_the_served_model_with_its_context_length(live):
         client.models.retrieve("nope")
 
 
-def test_tokenizer_info_lets_a_client_use_the_servers_tokenizer(live):
+def test_tokenizer_info_lets_a_client_use_the_servers_tokenizer(live, http):
     # What lm-evaluation-harness's remote tokenizer reads: the end-of-text token (whose id it
     # takes from /tokenize), the chat template it renders chats with, the context length.
     url, max_len = live
-    info = httpx.get(f"{url}/tokenizer_info").json()
+    info = http.get(f"{url}/tokenizer_info").json()
     tok = load_model_meta("tiny").tokenizer
     assert info["eos_token"] == "<|im_end|>" and info["bos_token"] == "<|endoftext|>"
     assert info["chat_template"] == tok.chat_template and info["model_max_length"] == max_len
     assert info["tokenizer_class"] == "ByteTokenizer" and info["vocab_size"] == tok.vocab_size
-    ids = httpx.post(f"{url}/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"]
+    ids = http.post(f"{url}/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"]
     assert ids == [tok.eos_token_id]
 
 
-def test_tokenize_is_the_tokenizers_ids_and_detokenize_inverts_it(live):
+def test_tokenize_is_the_tokenizers_ids_and_detokenize_inverts_it(live, http):
     url, max_len = live
     tok = load_model_meta("tiny").tokenizer
     text = "plain text, \u00fcml\u00e4uts and <|im_start|> a special token"
-    r = httpx.post(url + "/tokenize", json={"model": "tiny", "prompt": text}).json()
+    r = http.post(url + "/tokenize", json={"model": "tiny", "prompt": text}).json()
     assert r == {
         "count": len(tok.encode(text)),
         "max_model_len": max_len,
         "tokens": tok.encode(text),
     }
-    back = httpx.post(url + "/detokenize", json={"model": "tiny", "tokens": r["tokens"]}).json()
+    back = http.post(url + "/detokenize", json={"model": "tiny", "tokens": r["tokens"]}).json()
     assert back == {"prompt": text}
 
     for gen in (True, False):
         rendered = tok.apply_chat_template(MESSAGES, add_generation_prompt=gen)
         body = {"messages": MESSAGES, "add_generation_prompt": gen}
-        r = httpx.post(url + "/tokenize", json=body).json()
+        r = http.post(url + "/tokenize", json=body).json()
         assert r["tokens"] == tok.encode(rendered) and r["count"] == len(r["tokens"])
-        back = httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()
+        back = http.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()
         assert back["prompt"] == rendered
-    default = httpx.post(url + "/tokenize", json={"messages": MESSAGES}).json()
+    default = http.post(url + "/tokenize", json={"messages": MESSAGES}).json()
     assert default["tokens"] == tok.encode(tok.apply_chat_template(MESSAGES, True))
 
 
-def test_tokenize_gives_the_ids_a_completion_runs_on(live):
+def test_tokenize_gives_the_ids_a_completion_runs_on(live, http):
     url, _ = live
     prompt = "the same ids as the engine saw"
-    ids = httpx.post(url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+    ids = http.post(url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "return_token_ids": True}
-    r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+    r = http.post(url + "/v1/completions", json=body, timeout=60).json()
     assert r["choices"][0]["prompt_token_ids"] == ids
     assert r["usage"]["prompt_tokens"] == len(ids)
 
@@ -126,17 +133,17 @@ HISTORY = [
 ]
 
 
-def test_tokenize_renders_tools_as_the_chat_route_does(live):
+def test_tokenize_renders_tools_as_the_chat_route_does(live, http):
     """/tokenize of messages with tools (and calls and results in the history) counts exactly
     the prompt_tokens of the same chat request (the official client on the chat side)."""
     url, _ = live
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
     tok = load_model_meta("tiny").tokenizer
     for messages in (MESSAGES, HISTORY):
-        r = httpx.post(url + "/tokenize", json={"messages": messages, "tools": TOOLS}).json()
-        plain = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+        r = http.post(url + "/tokenize", json={"messages": messages, "tools": TOOLS}).json()
+        plain = http.post(url + "/tokenize", json={"messages": messages}).json()
         assert r["count"] == len(r["tokens"]) > plain["count"]  # the tools are in the prompt
-        text = httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
+        text = http.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
         assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
         if messages is MESSAGES:  # (the history's call arguments go to the template parsed)
             rendered = tok.apply_chat_template(messages, True, tools=TOOLS)
@@ -162,16 +169,16 @@ def test_tokenize_renders_tools_as_the_chat_route_does(live):
         ({"messages": MESSAGES, "chat_template_kwargs": {}}, "chat_template_kwargs"),
     ],
 )
-def test_tokenize_refuses_bad_tools_naming_the_field(live, body, param):
+def test_tokenize_refuses_bad_tools_naming_the_field(live, http, body, param):
     url, _ = live
-    r = httpx.post(url + "/tokenize", json=body)
+    r = http.post(url + "/tokenize", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
 
 
-def test_openapi_describes_the_discovery_routes_from_their_schemas(live):
+def test_openapi_describes_the_discovery_routes_from_their_schemas(live, http):
     url, _ = live
-    doc = httpx.get(url + "/openapi.json").json()
+    doc = http.get(url + "/openapi.json").json()
     schemas = doc["components"]["schemas"]
     for path, model in (("/tokenize", "TokenizeRequest"), ("/detokenize", "DetokenizeRequest")):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]

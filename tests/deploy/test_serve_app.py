@@ -77,6 +77,27 @@ def _asker(url: str):
     return client, ask
 
 
+def _wait_until_reported_idle(url: str, timeout: float = 60) -> None:
+    """Until the router's latest load report of every worker (its /metrics) shows nothing
+    running or waiting; ``timeout`` only guards against a hang."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        load = {
+            (s.labels["worker"], s.labels["field"]): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "radixray_worker_load"
+            for s in f.samples
+            if s.labels["field"] in ("running", "waiting")
+        }
+        if load and not any(load.values()):
+            return
+        assert time.monotonic() < deadline, f"the workers' reports never showed them idle: {load}"
+        time.sleep(0.05)
+
+
 def test_openai_requests_and_prefix_affinity_under_serve(app_url):
     url, args = app_url
     health = httpx.get(f"{url}/health", timeout=30).json()
@@ -93,7 +114,7 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
             # One at a time, on a fleet the router sees idle again: the affinity under test is
             # where ttft sends a prefix when nothing else is running (back to back, the last
             # request's worker may still look busy in its latest report, and moving is right).
-            time.sleep(0.5)
+            _wait_until_reported_idle(url)
             later.append(ask(p, q))
     home = {p: w for p, w, _ in first}
     assert len(set(home.values())) == 2, home  # distinct prefixes spread over both replicas
@@ -102,8 +123,11 @@ def test_openai_requests_and_prefix_affinity_under_serve(app_url):
     if moved:  # each prefix stays on the replica that caches it; if not, show why
         log = httpx.get(f"{url}/debug/decisions?limit=100", timeout=30).json()["decisions"]
         raise AssertionError(f"moved off their home {home}: {moved}; decisions: {log}")
+    # Every later prompt shares its prefix's first prompt up to "question " (one byte a token):
+    # those whole pages are reused, exactly.
+    shared = len("[system prompt 0] " * REPEAT + "question ")
     for p, _, cached in later:
-        assert cached >= REPEAT * len("[system prompt 0] ") // page * page - page, (p, cached)
+        assert cached == shared // page * page, (p, cached)
 
     # Streaming chat through the Serve proxy, and the decision log of the same router.
     stream = client.chat.completions.create(

@@ -4,6 +4,7 @@ membership following the replica set."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -123,6 +124,14 @@ class _FakeService:
         self.pool.workers[wid].draining = True
 
 
+async def _adds_done(m: ReplicaMembership, timeout: float = 30) -> None:
+    """Until the adds a sync started have finished (``timeout``: a guard against a hang)."""
+    deadline = time.monotonic() + timeout
+    while m._adding:
+        assert time.monotonic() < deadline, f"adds still running: {sorted(m._adding)}"
+        await asyncio.sleep(0.001)
+
+
 async def test_membership_adds_new_replicas_and_drains_departed_ones():
     svc = _FakeService()
     running = {"ids": None}
@@ -133,16 +142,16 @@ async def test_membership_adds_new_replicas_and_drains_departed_ones():
     assert await m.wait_for_workers(2, timeout_s=5) == 2
     running["ids"] = frozenset({"b", "c"})
     await m.sync_once()
-    await asyncio.sleep(0.01)
+    await _adds_done(m)
     assert svc.drained == ["a"] and set(svc.pool.workers) == {"a", "b", "c"}
     # An operator removed "b" through /admin: it is not re-added while Serve still lists it.
     del svc.pool.workers["b"]
     await m.sync_once()
-    await asyncio.sleep(0.01)
+    await _adds_done(m)
     assert "b" not in svc.pool.workers
     # A replica that failed to register is retried on a later round.
     running["ids"] = frozenset({"c", "bad"})
     await m.sync_once()
-    await asyncio.sleep(0.01)
+    await _adds_done(m)
     assert "bad" not in m._seen
     await m.stop()

@@ -12,11 +12,10 @@ gguf = pytest.importorskip("gguf")
 
 
 @pytest.fixture(scope="module")
-def both():
+def both(gguf_reader):
     from radixray.model_meta import smollm2_gguf_path
 
-    path = smollm2_gguf_path()
-    return GGUFFile(path), gguf.GGUFReader(str(path))
+    return GGUFFile(smollm2_gguf_path()), gguf_reader
 
 
 def test_every_field_has_gguf_s_value_and_type(both):

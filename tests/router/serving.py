@@ -45,6 +45,23 @@ class StepGate:
         self._open.set()
 
 
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 60) -> float:
+    """Poll ``condition`` until it holds; returns the seconds that took. ``timeout`` only
+    guards against a hang (it is no performance bound): past it the test fails saying that
+    ``what`` never happened."""
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def streaming(entry) -> bool:
+    """Whether the router has a request on this worker (a pool entry) past its first token."""
+    return any(f.started for f in list(entry.inflight.values()))
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import openai
 import pytest
@@ -30,7 +32,7 @@ def live():
         h.shutdown()
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def client(live):
     _, url, _, _ = live
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -101,22 +103,26 @@ def test_stop_string_and_seed(client):
 
 
 def test_repeated_long_prefix_hits_the_same_worker(live, client):
-    _, url, _, _ = live
+    _, url, service, _ = live
     system = "You are a routing test. " * 12
-    workers, cached = [], []
+    tok = service.meta.tokenizer
+    workers, cached, prompts = [], [], []
     for q in ("first question", "second question", "third question"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        prompts.append(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
         raw = client.chat.completions.with_raw_response.create(
-            model="tiny",
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": q}],
-            max_tokens=3,
+            model="tiny", messages=messages, max_tokens=3
         )
         workers.append(raw.headers["x-radixray-worker"])
         cached.append(int(raw.headers["x-radixray-cached-tokens"]))
         assert raw.parse().usage.prompt_tokens_details.cached_tokens == cached[-1]
     decisions = httpx.get(f"{url}/debug/decisions?limit=3").json()["decisions"]
     assert len(set(workers)) == 1, decisions
-    # The first sees at most the chat template's shared head; the others the whole system prompt.
-    assert cached[0] < len(system) < min(cached[1], cached[2])
+    # The first sees at most the chat template's shared head; the others reuse every whole page
+    # (of 4) of what the prompts share: the system prompt and the user turn's head, exactly.
+    shared = len(os.path.commonprefix(prompts))
+    assert cached[0] < len(system) < shared
+    assert cached[1:] == [shared // 4 * 4] * 2, (cached, shared)
 
 
 def test_models_health_metrics_debug(live, client):

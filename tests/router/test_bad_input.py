@@ -27,6 +27,14 @@ def url():
         h.shutdown()
 
 
+@pytest.fixture(scope="module")
+def http(url):
+    """One keep-alive client for the battery (a client per request costs more than the
+    request)."""
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
 def comp(**kw):
     return {"model": "tiny", "prompt": "x"} | kw
 
@@ -301,8 +309,8 @@ CASES = [
 @pytest.mark.parametrize(
     ("route", "body", "status", "param"), CASES, ids=[f"{i}-{c[3]}" for i, c in enumerate(CASES)]
 )
-def test_bad_request_names_the_parameter(url, route, body, status, param):
-    r = httpx.post(url + route, json=body, timeout=30)
+def test_bad_request_names_the_parameter(url, http, route, body, status, param):
+    r = http.post(url + route, json=body, timeout=30)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param, err
@@ -316,23 +324,23 @@ _BAD_TOOL = chat(
 )
 
 
-def test_tool_parameters_the_grammar_library_rejects_are_a_400(url):
+def test_tool_parameters_the_grammar_library_rejects_are_a_400(url, http):
     # named tools: the grammar the worker refused is the one that forces the tool calls
-    r = httpx.post(url + CH, json=_BAD_TOOL, timeout=30)
+    r = http.post(url + CH, json=_BAD_TOOL, timeout=30)
     assert r.status_code == 400 and "nonsense" in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == "tools"
 
 
-def test_deep_schemas_are_400s_or_served(url):
+def test_deep_schemas_are_400s_or_served(url, http):
     """A schema nested past the JSON parser's depth is refused as the body; one past the grammar
     library's is a 400 naming response_format; one within both is served. Never a 5xx."""
-    r = httpx.post(url + CH, json=chat(response_format=_fmt(_nested(300))), timeout=60)
+    r = http.post(url + CH, json=chat(response_format=_fmt(_nested(300))), timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
-    r = httpx.post(url + CH, json=chat(response_format=_fmt(_nested(80))), timeout=60)
+    r = http.post(url + CH, json=chat(response_format=_fmt(_nested(80))), timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
     assert "recursion" in r.json()["error"]["message"]
     body = chat(response_format=_fmt(_nested(60)), max_tokens=8)
-    r = httpx.post(url + CH, json=body, timeout=60)
+    r = http.post(url + CH, json=body, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith('{"a"')
 
 
@@ -351,22 +359,22 @@ RAW = [
 
 
 @pytest.mark.parametrize(("raw", "status"), RAW)
-def test_bad_bodies(url, raw, status):
-    r = httpx.post(url + C, content=raw, headers={"content-type": "application/json"})
+def test_bad_bodies(url, http, raw, status):
+    r = http.post(url + C, content=raw, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert "error" in r.json()
 
 
-def test_oversized_body_and_unknown_route_and_method(url):
-    r = httpx.post(
+def test_oversized_body_and_unknown_route_and_method(url, http):
+    r = httpx.post(  # a connection of its own: the server may close it before reading it all
         url + C, content=b"x" * (4 << 20 + 1), headers={"content-type": "application/json"}
     )
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
-    r = httpx.get(url + "/v1/nothing")
+    r = http.get(url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    r = httpx.get(url + C)
+    r = http.get(url + C)
     assert r.status_code == 405 and "error" in r.json()
-    r = httpx.get(url + "/tokenize")
+    r = http.get(url + "/tokenize")
     assert r.status_code == 405 and "error" in r.json()
 
 
@@ -396,7 +404,7 @@ _CONTROLS = {
 }
 
 
-def test_sampling_controls_fuzz_no_5xx(url):
+def test_sampling_controls_fuzz_no_5xx(url, http):
     seen = set()
 
     @settings(
@@ -410,7 +418,7 @@ def test_sampling_controls_fuzz_no_5xx(url):
     def check(route, controls, temperature):
         base = comp() if route == C else chat()
         body = base | {"max_tokens": 4, "temperature": temperature} | controls
-        r = httpx.post(url + route, json=body, timeout=60)
+        r = http.post(url + route, json=body, timeout=60)
         seen.add(r.status_code)
         assert r.status_code in (200, 400), (body, r.status_code, r.text)
         if r.status_code == 400:
@@ -506,7 +514,7 @@ _API_FIELDS = {
 
 
 @pytest.mark.parametrize("route", [C, CH, R])
-def test_api_fields_fuzz_no_5xx(url, route):
+def test_api_fields_fuzz_no_5xx(url, http, route):
     """Issue 22's fields (logprobs, echo, structured output, tools) with values of every kind:
     each request is served (200, a stream without an error event) or refused (400 naming one of
     the fields sent), never a 5xx or a hang."""
@@ -521,7 +529,7 @@ def test_api_fields_fuzz_no_5xx(url, route):
             route, (resp(), "max_output_tokens")
         )
         body = base | {limit: 4, "temperature": 0} | fields
-        r = httpx.post(url + route, json=body, timeout=60)
+        r = http.post(url + route, json=body, timeout=60)
         seen.add(r.status_code)
         assert r.status_code in (200, 400), (body, r.status_code, r.text)
         if r.status_code == 400:
@@ -537,11 +545,11 @@ def test_api_fields_fuzz_no_5xx(url, route):
     assert seen == {200, 400}  # both sides reached: served and refused
 
 
-def test_server_still_serves_after_the_battery(url):
+def test_server_still_serves_after_the_battery(url, http):
     # ignore_eos: at temperature 1 the tiny model may sample EOS first and answer fewer tokens
-    r = httpx.post(url + C, json=comp(max_tokens=3, ignore_eos=True), timeout=30)
+    r = http.post(url + C, json=comp(max_tokens=3, ignore_eos=True), timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    r = httpx.post(
+    r = http.post(
         url + C, json=comp(prompt=["x", "y", "z"], max_tokens=2, ignore_eos=True), timeout=30
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6

@@ -15,12 +15,13 @@ from .serving import LiveServer, inprocess_service
 
 
 @pytest.fixture(scope="module")
-def url():
+def http():
+    """A client of the router (one, kept alive: a client a request cost more than the request)."""
     # Pages of 8 tokens: the chat template's header (6 of the byte tokenizer's tokens) fills
     # no page of its own, so no worker holds a page every chat shares.
     service, hosts, clients = inprocess_service(2, page_size=8, policy="ttft")
-    with LiveServer(service, clients) as u:
-        yield u
+    with LiveServer(service, clients) as u, httpx.Client(base_url=u, timeout=60) as client:
+        yield client
     for h in hosts:
         h.shutdown()
 
@@ -34,7 +35,7 @@ def _home(key: str) -> str:
     return max(("w0", "w1"), key=lambda w: xxhash.xxh64_intdigest(f"{key}\0{w}".encode()))
 
 
-def _send(url: str, route: str, key: str | None, i: int) -> str:
+def _send(http: httpx.Client, route: str, key: str | None, i: int) -> str:
     # A prompt no worker holds from its first page on (its first two characters its own).
     n = next(_FIRST)
     text = _ALPHABET[n % 62] + _ALPHABET[n // 62 % 62] + f" {i}:{key}: a cold prompt" * 20
@@ -46,20 +47,20 @@ def _send(url: str, route: str, key: str | None, i: int) -> str:
         body = {"input": text, "max_output_tokens": 1, "store": False}
     if key is not None:
         body["prompt_cache_key"] = key
-    r = httpx.post(url + route, json={"model": "tiny"} | body, timeout=60)
+    r = http.post(route, json={"model": "tiny"} | body)
     assert r.status_code == 200, r.text
     return r.headers["x-radixray-worker"]
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
-def test_a_keys_ties_go_where_its_key_hashes(url, route):
+def test_a_keys_ties_go_where_its_key_hashes(http, route):
     # Two keys whose homes differ, so the test tells the key's worker from any fixed one.
     keys = [k for k in (f"tenant-{n}" for n in range(20)) if _home(k) == "w0"][:1]
     keys += [k for k in (f"tenant-{n}" for n in range(20)) if _home(k) == "w1"][:1]
     for i in range(4):  # one after another: each finds both workers idle again
         for key in keys:
-            assert _send(url, route, key, i) == _home(key)
+            assert _send(http, route, key, i) == _home(key)
 
 
-def test_without_a_key_ties_spread(url):
-    assert {_send(url, "/v1/completions", None, i) for i in range(12)} == {"w0", "w1"}
+def test_without_a_key_ties_spread(http):
+    assert {_send(http, "/v1/completions", None, i) for i in range(12)} == {"w0", "w1"}

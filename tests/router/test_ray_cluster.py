@@ -75,9 +75,12 @@ def test_prefixes_concentrate_per_worker_and_spread_over_nodes(cluster):
             ray.get(h.check_integrity.remote(), timeout=60)
     home = {p: w for p, w, _ in first}
     assert set(home.values()) == {"a", "b"}, home  # distinct prefixes spread over both nodes
+    # Every later prompt shares its prefix's prompt up to "question " with the first (one byte
+    # a token): those whole pages of 4 are reused, exactly.
+    shared = len("[system prompt 0] " * REPEAT + "question ")
     for p, w, cached in later:
         assert w == home[p], (p, w, home)  # each prefix stays where it is cached
-        assert cached >= REPEAT * len("[system prompt 0] ") - 4
+        assert cached == shared // 4 * 4, (p, cached)
 
 
 def test_removing_a_node_under_load(cluster):
@@ -88,7 +91,7 @@ def test_removing_a_node_under_load(cluster):
 
     import httpx
 
-    from .serving import stream_completion
+    from .serving import stream_completion, streaming, wait_for
 
     node_c = cluster.add_node(num_cpus=1, resources={"node_c": 1})
     cluster.wait_for_nodes()
@@ -109,14 +112,16 @@ def test_removing_a_node_under_load(cluster):
         removed = {}
 
         def remove_node():
-            while not service.pool.workers["c2"].inflight:
-                time.sleep(0.01)
-            time.sleep(0.2)
-            removed["t"] = time.monotonic()
+            workers = service.pool.workers
+            wait_for(
+                lambda: streaming(workers["a2"]) and streaming(workers["c2"]), "streams on both"
+            )
+            t0 = time.monotonic()
             cluster.remove_node(node_c)
-            while service.pool.workers["c2"].healthy:
-                time.sleep(0.01)
-            removed["detected"] = time.monotonic() - removed["t"]
+            # How fast is measured, not asserted (benchmarks/README.md, "Reliability", lists
+            # what this prints); the bound only guards against a hang.
+            wait_for(lambda: not workers["c2"].healthy, "the router marking c2 down")
+            removed["detected"] = time.monotonic() - t0
 
         with cf.ThreadPoolExecutor(9) as pool:
             rm = pool.submit(remove_node)
@@ -128,12 +133,11 @@ def test_removing_a_node_under_load(cluster):
                     range(30),
                 )
             )
-            rm.result(timeout=120)
+            rm.result(timeout=150)  # its own waits fail first, saying what never happened
         broken = [r for r in results if r["error"] is not None]
         assert all(r["status"] == 200 for r in results)
         assert all(r["done"] for r in results if r["error"] is None)
         assert all(r["worker"] == "c2" and r["finish_reason"] is None for r in broken), broken
-        assert removed["detected"] < 2.0, removed
         assert httpx.get(f"{url}/health").json()["healthy_workers"] == 1
         assert service.index.num_blocks("c2") == 0
         after = stream_completion(url, body | {"prompt": "after the node left"})

@@ -18,9 +18,16 @@ from radixray.worker.engine import EngineError
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
+# The tests' KV pools: 8,192 tokens, far more than any test here holds unless it asks for a
+# smaller pool. (Left unset, a pool is sized from free memory: 65,536 pages of 4 on a laptop,
+# each checked whole after every step under debug_checks.)
+POOL_TOKENS = 8192
+
+
 def engine(**kw) -> Engine:
     cfg = {"model": "tiny", "page_size": 4, "device": "cpu", "seed": 0, "debug_checks": True}
     cfg.update(kw)
+    cfg.setdefault("num_pages", POOL_TOKENS // cfg["page_size"])
     return Engine(EngineConfig(**cfg))
 
 
@@ -77,8 +84,9 @@ def test_multi_turn_chat_hits_and_matches_cold_run():
         ref = cold.generate_batch([history], GREEDY)[0]
         assert out.token_ids == ref.token_ids
         if turn > 0:
-            # The previous turn (prompt + answer) was inserted: everything but the tail hits.
-            assert out.cached_tokens >= len(history) - 3 - 4
+            # The previous turn (prompt + answer) was inserted but for the answer's last token
+            # (sampled, never computed): its whole pages hit, the 3 new tokens cannot.
+            assert out.cached_tokens == (len(history) - 3 - 1) // 4 * 4
         history = history + out.token_ids
     assert_no_leak(e)
 
@@ -191,7 +199,9 @@ def test_streaming_matches_batch_and_early_exit_aborts():
         assert [t for c in chunks for t in c.token_ids] == ref.token_ids
         last = chunks[-1]
         assert last.finish_reason == "length" and last.completion_tokens == 12
-        assert last.prompt_tokens == ref.prompt_tokens and last.cached_tokens > 0
+        # the same prompt again: its whole pages but the last token's hit
+        assert last.prompt_tokens == ref.prompt_tokens
+        assert last.cached_tokens == (ref.prompt_tokens - 1) // 4 * 4
         assert sum(last.miss.values()) == last.prompt_tokens
         asyncio.run(leave_early())
         e.shutdown()  # the abort is in the inbox until a turn applies it

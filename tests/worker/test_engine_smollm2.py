@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 
 from radixray.worker import Engine, EngineConfig, SamplingParams
-from radixray.worker.model_runner import load_for_engine
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    cfg = EngineConfig(model="smollm2")
-    import torch
-
-    return load_for_engine(cfg, torch.device("cpu"))
+def loaded(smollm2_loaded):
+    return smollm2_loaded
 
 
 def chat(tok, question: str, system: str | None = None) -> str:
@@ -51,7 +47,8 @@ def test_real_model_reuse_is_exact(loaded):
     assert [o.token_ids for o in second] == want
     # The shared system prompt was computed once: later requests reused it.
     assert first[1].cached_tokens > 0 or first[2].cached_tokens > 0
-    assert all(o.cached_tokens >= o.prompt_tokens - 16 for o in second)
+    # The same prompts again: every whole page (of 16) but the last token's, exactly.
+    assert [o.cached_tokens for o in second] == [(o.prompt_tokens - 1) // 16 * 16 for o in second]
     warm.check_integrity()
 
 

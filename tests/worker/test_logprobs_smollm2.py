@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from radixray.worker import Engine, EngineConfig, SamplingParams
-from radixray.worker.model_runner import load_for_engine
 
 from .hf_decode_reference import STEPS, hf_decode_reference, load_decode_reference
 from .model.hf_reference import PROMPTS, load_reference
@@ -23,9 +22,9 @@ ATOL = 5e-4
 K = 5
 
 
-def test_prompt_and_token_logprobs_match_transformers():
+def test_prompt_and_token_logprobs_match_transformers(smollm2_loaded):
     cfg = EngineConfig(model="smollm2", page_size=16, num_pages=64, max_batch_tokens=17)
-    e = Engine(cfg, loaded=load_for_engine(cfg, torch.device("cpu")))
+    e = Engine(cfg, loaded=smollm2_loaded)
     ref = load_reference()
     for i in range(len(PROMPTS)):
         ids = ref[f"{i}.ids"].tolist()
@@ -57,8 +56,8 @@ def test_prompt_and_token_logprobs_match_transformers():
 
 
 @pytest.mark.integration  # ~10 s
-def test_decode_logprobs_match_transformers():
-    check_decode(load_decode_reference())
+def test_decode_logprobs_match_transformers(smollm2_loaded):
+    check_decode(load_decode_reference(), smollm2_loaded)
 
 
 @pytest.mark.integration
@@ -66,16 +65,15 @@ def test_decode_logprobs_match_transformers():
     os.environ.get("RADIXRAY_HF_LIVE") != "1",
     reason="recomputing the HF reference takes ~1 min; set RADIXRAY_HF_LIVE=1 (needs accelerate)",
 )
-def test_decode_logprobs_match_transformers_live():
-    check_decode(hf_decode_reference())
+def test_decode_logprobs_match_transformers_live(smollm2_loaded):
+    check_decode(hf_decode_reference(), smollm2_loaded)
 
 
-def check_decode(ref: dict[str, torch.Tensor]) -> None:
+def check_decode(ref: dict[str, torch.Tensor], loaded) -> None:
     """The logprobs of decode steps (logits from the paged KV cache, the three prompts decoded
     in one batch) against HF's full forward over the same tokens (hf_decode_reference.py): the
     greedy tokens are HF's, each logprob and top-5 within ATOL."""
-    cfg = EngineConfig(model="smollm2", page_size=16, num_pages=64)
-    e = Engine(cfg, loaded=load_for_engine(cfg, torch.device("cpu")))
+    e = Engine(EngineConfig(model="smollm2", page_size=16, num_pages=64), loaded=loaded)
     params = SamplingParams(max_tokens=STEPS, temperature=0.0, logprobs=K, ignore_eos=True)
     # one sink per request (chunks carry no request id), all three run together
     reqs = [e.requests.build(ref[f"{i}.ids"].tolist(), params, None, None) for i in range(3)]

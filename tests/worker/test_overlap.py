@@ -17,12 +17,13 @@ import pytest
 from radixray.protocol import GrammarSpec
 from radixray.worker import Engine, EngineConfig, SamplingParams
 from radixray.worker.engine import EngineError
-from tests.worker.test_engine import assert_no_leak, shared_prefix_prompts
+from tests.worker.test_engine import POOL_TOKENS, assert_no_leak, shared_prefix_prompts
 
 
 def engine(overlap: str, **kw) -> Engine:
     cfg = {"model": "tiny", "page_size": 4, "device": "cpu", "seed": 0, "debug_checks": True}
     cfg.update(kw)
+    cfg.setdefault("num_pages", POOL_TOKENS // cfg["page_size"])
     return Engine(EngineConfig(overlap=overlap, **cfg))
 
 

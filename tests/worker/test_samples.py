@@ -17,8 +17,9 @@ PROMPT = list(range(3, 41))  # 38 tokens: 9 full pages of 4 and a partial one
 
 
 def _engine(**kw) -> Engine:
+    # num_pages: unset, the pool is sized from free memory and checked whole after every step
     cfg = {"model": "tiny", "page_size": 4, "device": "cpu", "seed": 0, "debug_checks": True}
-    return Engine(EngineConfig(**(cfg | kw)))
+    return Engine(EngineConfig(**(cfg | {"num_pages": 2048} | kw)))
 
 
 @pytest.fixture(scope="module", params=["radix", "chunk"])

@@ -4,7 +4,6 @@ imbalance branches."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 
@@ -336,22 +335,3 @@ def test_ttft_a_header_every_prompt_shares_does_not_draw_new_prompts_to_one_work
         make_policy("ttft", min_match=1.0)
     with pytest.raises(ValueError, match="min_match must be in"):
         make_policy("ttft:min_match=-0.1")
-
-
-def test_choose_is_cheap():
-    """16 workers, a 256-block query: the brief's target is well under 100 us per decision
-    excluding the index match; the bound here is loose for a shared CI machine."""
-    idx = ApproxIndex(P, 1 << 16)
-    hashes = list(range(10_000, 10_256))
-    for w in range(16):
-        idx.insert(w, hashes[: 16 * w])
-    workers = [ws(w, running=w % 3, queued=10 * w) for w in range(16)]
-    r = RoutingRequest(1, 256 * P, hashes)
-    for name in ("cache_aware", "kv_cost", "ttft"):
-        pol = make_policy(name)
-        n = 300
-        t0 = time.perf_counter()
-        for _ in range(n):
-            pol.choose(r, workers, idx)
-        per = (time.perf_counter() - t0) / n
-        assert per < 1e-3, f"{name}: {per * 1e6:.0f} us per decision"

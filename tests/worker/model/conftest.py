@@ -17,16 +17,10 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """The real model, loaded once for every test that needs it."""
-    from radixray.worker.model import load_model
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return load_model("smollm2")
-    finally:
-        torch.set_num_threads(previous)
+def smollm2(smollm2_loaded):
+    """The real model, loaded once for every test that needs it (engines' tests included: an
+    engine sets the model's attention backend to the one a direct call chooses, "cpu")."""
+    return smollm2_loaded
 
 
 @pytest.fixture(scope="session")
