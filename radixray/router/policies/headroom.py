@@ -92,6 +92,3 @@ class Headroom:
             return 0.0
         rho = min(self.rho, 1.0 - 1.0 / self.memory)
         return rho / (1.0 - rho)
-
-    def __repr__(self) -> str:
-        return f"Headroom(rho={self.rho:.3f}, memory={self.memory})"

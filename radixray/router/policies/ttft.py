@@ -33,8 +33,8 @@ RHO_MAX = 0.8
 class _Inputs:
     """What one request sets for every worker's cost: its tokens, the longest prefix any worker
     holds (``c_best``) and the one a share of them hold (``c_shared``), the reuse weight ``L``,
-    the reuse share, the evicted-and-asked-again rate, the workers outside a saturated fleet's
-    queue, and the tokens its answer decodes."""
+    the reuse share, the evicted-and-asked-again rate, the weight of the copy a move leaves
+    stale, the workers outside a saturated fleet's queue, and the tokens its answer decodes."""
 
     n: int
     page_size: int
@@ -43,6 +43,7 @@ class _Inputs:
     weight: float
     reuse: float
     evicted: float
+    stale: float
     outside: frozenset
     answer: float
 
@@ -116,9 +117,13 @@ class PredictedTTFT(Policy):
         share = max(1, int(len(depths) * self.config.shared_share))
         c_shared = depths[share] if len(depths) > 1 else 0
         evicted = _evicted_rate(workers, index, reuse)
+        # a move leaves the holder's copy stale: once caches are full it takes room a cached
+        # token would have, reused at the reuse share
+        total = sum(w.total_pages for w in live)
+        full = 1.0 - sum(w.free_pages for w in live if w.total_pages) / total if total else 0.0
         inputs = _Inputs(
             n, P, longest if longest >= floor else 0, c_shared, weight, reuse, evicted,
-            outside, _answer_tokens(live),
+            reuse * full, outside, _answer_tokens(live),
         )  # fmt: skip
         terms = {w.worker_id: self._terms(w, cached[w.worker_id], inputs) for w in live}
         best, scores = self.lowest(live, [sum(terms[w.worker_id]) for w in live])
@@ -155,7 +160,7 @@ class PredictedTTFT(Policy):
             wait,  # wait: the steps queued ahead of its first
             w.prefill_s(w.queued_prefill_tokens, n - cc) - wait,  # prefill: its own steps
             w.load_time(c - d),  # load: what it loads back from the host tier
-            p.weight * (p.c_best - cc) * token_s,  # recompute: a prefix held elsewhere
+            (p.weight + p.stale) * (p.c_best - cc) * token_s,  # recompute: held elsewhere
             p.evicted * spill * token_s + p.reuse * w.load_time(demoted),  # evict
             _decode_cost(w, p.answer),  # decode: its answer's steps, for those already there
         )
@@ -200,8 +205,7 @@ class PredictedTTFT(Policy):
 def _held(w: WorkerState, reusable: dict, tiers: dict, page_size: int) -> tuple[int, int]:
     """(c_w, d_w): the tokens ``w`` reuses and those of them on its device; a worker without a
     measured host tier recomputes what only its host holds."""
-    c = reusable.get(w.worker_id, 0)
-    if not c:
+    if not (c := reusable.get(w.worker_id, 0)):
         return 0, 0
     d = min(tiers[w.worker_id][0] * page_size, c)
     return (c, d) if w.load_tokens_per_s > 0 else (d, d)
@@ -210,8 +214,7 @@ def _held(w: WorkerState, reusable: dict, tiers: dict, page_size: int) -> tuple[
 def _decided_by(winner, scores: dict, terms: dict) -> str:
     """The term whose difference most separated ``winner`` from the runner-up (the next lowest
     cost); "tie" when they cost the same, "alone" with one candidate."""
-    others = [(s, k) for k, s in scores.items() if k != winner]
-    if not others:
+    if not (others := [(s, k) for k, s in scores.items() if k != winner]):
         return "alone"
     _, runner = min(others, key=lambda sk: sk[0])
     if scores[runner] == scores[winner]:
@@ -224,8 +227,7 @@ def _evicted_rate(workers: Sequence[WorkerState], index, reuse: float) -> float:
     """The share of the tokens a placement evicts that a later request asks for and finds
     nowhere (``LostBlocks``, over a horizon of the fleet's pages in both tiers; the reuse share
     until losses are seen)."""
-    pages = sum(w.total_pages + w.host_total_pages for w in workers)
-    if pages:
+    if pages := sum(w.total_pages + w.host_total_pages for w in workers):
         index.lost.resize(pages)
     return index.lost.rate(reuse)
 

@@ -152,7 +152,7 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     fleet's 200 pages of losses) are computed again, the rate rises with them."""
     full = replace(ws(0), free_pages=0)
     queued = ws(1, queued=40)
-    h = 0.5 * (32 / 128)
+    h, stale = 0.5 * (32 / 128), 0.5 * 32  # f = 0.5 of the fleet's pages in use
 
     def choose(idx, **kw):
         policy = _ttft(memory=2, **kw)
@@ -160,8 +160,8 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
 
     idx = index_with(w1=2)
     d = choose(idx)  # nothing lost yet: the prior, h
-    assert d.worker_id == 1 and d.scores[0] == pytest.approx((128 + h * 128) / 500)
-    terms = (0, 128 / 500, 0, 0, h * 128 / 500, 0)
+    assert d.worker_id == 1 and d.scores[0] == pytest.approx((128 + h * stale + h * 128) / 500)
+    terms = (0, 128 / 500, 0, h * stale / 500, h * 128 / 500, 0)
     assert d.terms[0] == pytest.approx(terms, abs=1e-12)
     assert d.terms[1] == pytest.approx((40 / 500, 96 / 500, 0, 0, 0, 0), abs=1e-12)
     assert d.scores[1] == pytest.approx((40 + 96) / 500)
@@ -172,7 +172,7 @@ def test_ttft_prices_an_eviction_at_the_rate_lost_blocks_come_back():
     d = choose(idx)
     r = idx.lost.rate(h)
     assert r < 0.01 and d.worker_id == 0
-    assert d.scores[0] == pytest.approx((128 + r * 128) / 500)
+    assert d.scores[0] == pytest.approx((128 + h * stale + r * 128) / 500)
     # the evict term at the lost-block rate; at h (0.032 s) it would keep the request off
     # worker 0, and the queue is now what separates them
     assert d.terms[0][EVICT] == pytest.approx(r * 128 / 500, abs=1e-12)

@@ -32,15 +32,14 @@ def worker(wid, queued=0, running=0, free=0):
     )
 
 
-def test_ttft_prices_what_a_placement_evicts_once_caches_are_full():
+def test_ttft_prices_the_stale_copy_a_move_leaves_when_caches_are_full():
     """Worker 1 alone holds 6 of the 8 pages, behind 200 queued tokens; every cache is full.
-    With the reuse share h at 0.75 (96 of 128 tokens found cached, arrival after arrival),
-    nothing lost yet (an evicted token is priced at h) and L = 0, at 100 tokens/s: staying costs
-    wait 2.00 + prefill 0.32 + evict 0.75 * 32 * 0.01 = 0.24, 2.56 s; moving to an empty queue
-    prefill 1.28 + evict 0.75 * 1.28 = 0.96, 2.24 s: it moves, by the wait. (A charge for the
-    copy a move leaves stale, 0.72 s here, kept it on worker 1 before issue 46: measured on the
-    load sweeps it changed nothing beyond noise.) With free pages everywhere nothing is
-    evicted."""
+    With the reuse share h at 0.75 (96 of 128 tokens found cached, arrival after arrival) and
+    L = 0, at 100 tokens/s: staying costs wait 2.00 + prefill 0.32 + evict 0.75 * 32 * 0.01 =
+    0.24, 2.56 s; moving to an empty queue prefill 1.28 + evict 0.75 * 1.28 = 0.96, plus the
+    stale copy left on worker 1, recompute (0 + h * 1.0 of the pages in use) * 96 * 0.01 =
+    0.72: 2.96 s, and it stays. Without the stale copy's 0.72 s the move (2.24 s) would win.
+    With free pages everywhere the stale copy costs nothing (recompute 0) and it moves."""
     idx = index_with(w1=6)
     full = [worker(0), worker(1, queued=200, running=1), worker(2), worker(3)]
     policy = make_policy("ttft", reuse_weight=0.0)
@@ -48,14 +47,16 @@ def test_ttft_prices_what_a_placement_evicts_once_caches_are_full():
         d = policy.choose(req(k), full, idx)
     h = policy.reuse
     assert abs(h - 0.75) < 1e-6
-    assert d.worker_id in (0, 2, 3) and d.reason == "ttft: lowest cost"
+    assert d.worker_id == 1 and d.reason == "ttft: best match"
     assert d.term_names == TERMS
     assert d.terms[1] == pytest.approx((2.0, 0.32, 0, 0, h * 0.32, 0), abs=1e-9)
-    assert d.terms[0] == pytest.approx((0, 1.28, 0, 0, h * 1.28, 0), abs=1e-9)
+    assert d.terms[0] == pytest.approx((0, 1.28, 0, h * 0.96, h * 1.28, 0), abs=1e-9)
+    assert abs(d.terms[0][RECOMPUTE] - 0.72) < 1e-6  # 0.75 * 96 / 100
     assert abs(d.scores[1] - (232 + 32 * h) / 100) < 1e-9  # 2.56 s
-    assert abs(d.scores[0] - (128 + 128 * h) / 100) < 1e-9  # 2.24 s
-    assert d.decided_by == "tie"  # workers 0, 2 and 3 cost the same
-    # Caches with room: nothing is evicted; it still moves.
+    assert abs(d.scores[0] - (128 + 128 * h + 96 * h) / 100) < 1e-9  # 2.96 s
+    assert d.scores[0] - d.terms[0][RECOMPUTE] < d.scores[1]  # the stale copy keeps it there
+    assert d.decided_by == "prefill"  # 0.96 s more prefill elsewhere, the largest gap
+    # Caches with room: nothing is evicted, nothing goes stale that costs room; it moves.
     roomy = [worker(0, free=100), worker(1, 200, 1, free=100), worker(2, free=100)]
     d = policy.choose(req(), roomy, idx)
     assert d.worker_id in (0, 2)

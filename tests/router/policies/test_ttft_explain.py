@@ -30,19 +30,20 @@ def worker(wid, **kw) -> WorkerState:
 
 def test_every_candidate_gets_each_term_by_hand():
     """A 128-token prompt, reuse weight L = 0.5, memory 2 (the reuse share h = 0.5 * 96 / 128 =
-    0.375 after this arrival, the evicted rate h before any loss), 50-token answers.
+    0.375 after this arrival, the evicted rate h before any loss), 150 of the fleet's 400
+    pages in use (stale = h * 0.375 = 0.140625), 50-token answers.
 
     - 0: holds 6 device pages (96 tokens), 1 running, 1 waiting, 200 tokens queued: wait 2.00,
       prefill 32 tokens 0.32, decode 50 * 0.001 * (1/2 + 1) = 0.075; 2.395 s.
     - 1: idle, 2 pages on its device and 2 on its host tier (64 tokens, 32 loaded back at
       1,000 tokens/s after 10 ms), no free page, 1 free host page of 10: prefill 64 tokens
-      0.64, load 0.01 + 0.032 = 0.042, recompute 0.5 * (96 - 64) * 0.01 = 0.16, evict: 96
-      tokens pushed out, 16 demoted to the host tier, 80 lost, 0.375 * 80 * 0.01 + 0.375 *
-      (0.01 + 0.016) = 0.30975; 1.15175 s.
+      0.64, load 0.01 + 0.032 = 0.042, recompute (0.5 + 0.140625) * (96 - 64) * 0.01 = 0.205,
+      evict: 96 tokens pushed out, 16 demoted to the host tier, 80 lost, 0.375 * 80 * 0.01 +
+      0.375 * (0.01 + 0.016) = 0.30975; 1.19675 s.
     - 2: idle, holds nothing, but the 64 tokens two workers of four hold count as held there:
-      prefill 0.64, recompute 0.16; 0.80 s.
-    - 3: 2 running, holds nothing, 50 free pages: prefill 1.28, recompute 0.5 * 96 * 0.01 =
-      0.48, decode 50 * 0.001 * 1 = 0.05; 1.81 s.
+      prefill 0.64, recompute 0.205; 0.845 s.
+    - 3: 2 running, holds nothing, 50 free pages: prefill 1.28, recompute 0.640625 * 96 * 0.01 =
+      0.615, decode 50 * 0.001 * 1 = 0.05; 1.945 s.
 
     Worker 2 wins; against the runner-up, worker 1, the evict term differs most (0.30975 s)."""
     idx = index_with(w0=6, w1=2)
@@ -58,16 +59,16 @@ def test_every_candidate_gets_each_term_by_hand():
     assert d.term_names == TERMS == ("wait", "prefill", "load", "recompute", "evict", "decode")
     expected = {
         0: (2.0, 0.32, 0, 0, 0, 0.075),
-        1: (0, 0.64, 0.042, 0.16, 0.30975, 0),
-        2: (0, 0.64, 0, 0.16, 0, 0),
-        3: (0, 1.28, 0, 0.48, 0, 0.05),
+        1: (0, 0.64, 0.042, 0.205, 0.30975, 0),
+        2: (0, 0.64, 0, 0.205, 0, 0),
+        3: (0, 1.28, 0, 0.615, 0, 0.05),
     }
     assert set(d.terms) == set(d.scores) == {0, 1, 2, 3}
     for w, terms in expected.items():
         assert d.terms[w] == pytest.approx(terms, abs=1e-9), w
         assert len(d.terms[w]) == len(TERMS)
         assert sum(d.terms[w]) == pytest.approx(d.scores[w], abs=1e-12)
-    assert d.scores == pytest.approx({0: 2.395, 1: 1.15175, 2: 0.80, 3: 1.81}, abs=1e-9)
+    assert d.scores == pytest.approx({0: 2.395, 1: 1.19675, 2: 0.845, 3: 1.945}, abs=1e-9)
     assert d.worker_id == 2 and d.reason == "ttft: lowest cost"
     assert d.decided_by == "evict" and d.predicted_cached_tokens == 0
 
