@@ -154,11 +154,12 @@ class PredictedTTFT(Policy):
         # an idle worker, or one outside a saturated fleet's queue, counts the shared prefix
         shares = not (w.running or w.waiting) or w.worker_id in p.outside
         cc = max(c, p.c_shared) if shares else c
-        wait = w.queue_wait_s()
-        token_s = w.token_s()
+        # one step's fixed cost whatever the queue (by its steps, a burst across routers herded)
+        rate, token_s = w.prefill_tokens_per_s, 1.0 / w.prefill_tokens_per_s
+        own = w.prefill_overhead_s + (n - cc) / rate + (w.decode_step_s if w.running else 0.0)
         return (
-            wait,  # wait: the steps queued ahead of its first
-            w.prefill_s(w.queued_prefill_tokens, n - cc) - wait,  # prefill: its own steps
+            w.queued_prefill_tokens / rate,  # wait: the prefill queued ahead
+            own,  # prefill: its own uncached tokens
             w.load_time(c - d),  # load: what it loads back from the host tier
             (p.weight + p.stale) * (p.c_best - cc) * token_s,  # recompute: held elsewhere
             p.evicted * spill * token_s + p.reuse * w.load_time(demoted),  # evict
@@ -248,5 +249,5 @@ def _decode_cost(w: WorkerState, answer: float) -> float:
         return 0.0
     per_token = w.decode_seq_s * (w.running / 2 + w.waiting)
     if w.max_batch_tokens and w.queued_prefill_tokens >= w.max_batch_tokens - w.running:
-        per_token += max(w.waiting, 1) * w.token_s()
+        per_token += max(w.waiting, 1) / w.prefill_tokens_per_s
     return answer * per_token

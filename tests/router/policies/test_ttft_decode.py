@@ -53,9 +53,9 @@ def test_an_answer_on_full_steps_takes_budget_from_the_prefill_waiting_there():
     """8-token steps, 2 decoding, 20 ms a step's fixed cost, 100 prefill tokens/s, 10-token
     answers at 1 ms a sequence a step: 10 * 0.001 * (1 + 3) = 0.04 s of decode steps. With 40
     tokens queued (the steps are full) each of the 3 waiting requests also waits a prefill
-    token's time for every answer token, priced as ttft prices a recompute (the fit's rate and
-    the token's share of a step's fixed cost, 0.01 + 0.02 / 6 s): 10 * 3 * 0.01333 = 0.40 s
-    more; with 5 queued (steps not full) the answer costs its decode time only."""
+    token's time for every answer token, priced at the fit's rate alone as ttft prices a
+    recompute: 10 * 3 * 0.01 = 0.30 s more; with 5 queued (steps not full) the answer costs its
+    decode time only."""
 
     def w(queued):
         return WorkerState(
@@ -72,7 +72,7 @@ def test_an_answer_on_full_steps_takes_budget_from_the_prefill_waiting_there():
 
     decode_only = 10 * 0.001 * (1 + 3)
     assert abs(decode_term(w(5)) - decode_only) < 1e-12
-    assert abs(decode_term(w(40)) - (decode_only + 10 * 3 * (0.01 + 0.02 / 6))) < 1e-12
+    assert abs(decode_term(w(40)) - (decode_only + 10 * 3 * 0.01)) < 1e-12
 
 
 def test_ttft_moves_off_a_crowded_holder_when_its_answer_slows_everyone_there():
