@@ -284,7 +284,7 @@ class LoadReport(Struct, frozen=True, array_like=True):
     kv_bytes_per_token: int = 0
     # The token budget of one engine step (the scheduler's ``max_batch_tokens``): decodes take
     # one token of it each, prefill chunks the rest, so a router can price queued prefill by the
-    # steps it takes (``step_cost.prefill_seconds``); 0: not reported.
+    # steps it takes (``step_cost.queue_wait_seconds``, admission's wait); 0: not reported.
     max_batch_tokens: int = 0
     # Decode cost: what one more decoding sequence adds to a decode-only step's period (the
     # slope of a line through period against batch size, None until the batch sizes seen can

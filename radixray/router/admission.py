@@ -38,8 +38,7 @@ __all__ = ["Admission", "queue_wait_s", "retry_after"]
 
 def queue_wait_s(states: Iterable[WorkerState]) -> float | None:
     """The shortest queueing delay any of ``states`` offers a new request, by the engine steps
-    that run before its first (``WorkerState.queue_wait_s``, which ttft's ``wait`` term reads
-    too); None: no worker."""
+    that run before its first (``WorkerState.queue_wait_s``); None: no worker."""
     return min((w.queue_wait_s() for w in states), default=None)
 
 

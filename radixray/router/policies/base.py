@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from radixray.step_cost import prefill_seconds, queue_wait_seconds, token_seconds
+from radixray.step_cost import queue_wait_seconds
 
 if TYPE_CHECKING:  # only for type hints: policies read the index, they never build one
     from radixray.cache_index import ApproxIndex
@@ -103,7 +103,7 @@ class WorkerState:
     load_tokens_per_s: float = 0.0
     load_overhead_s: float = 0.0
     # The token budget of one engine step (0: not reported; then a step holds whatever is
-    # queued): ``step_cost.prefill_seconds`` prices queued prefill by steps.
+    # queued): admission prices queued prefill by steps (``step_cost.queue_wait_seconds``).
     max_batch_tokens: int = 0
     # Its host tier's pages, free and in all (0 in all: none, or not reported): a placement's
     # demotions beyond the free ones push older prefixes out of the host tier.
@@ -114,34 +114,10 @@ class WorkerState:
     decode_seq_s: float = 0.0
     answer_tokens: float = 0.0
 
-    def prefill_s(self, queued: float, own: float = 0) -> float:
-        """Seconds for ``queued`` + ``own`` prefill tokens here, by this worker's steps
-        (``step_cost.prefill_seconds``; 0 for none)."""
-        return prefill_seconds(
-            queued,
-            own,
-            self.running,
-            self.max_batch_tokens,
-            self.prefill_overhead_s,
-            self.prefill_tokens_per_s,
-            self.decode_step_s,
-        )
-
-    def token_s(self) -> float:
-        """Seconds one more prefill token takes here: its time at the fit's rate and its share
-        of a step's fixed cost (``step_cost.token_seconds``)."""
-        return token_seconds(
-            self.running,
-            self.max_batch_tokens,
-            self.prefill_overhead_s,
-            self.prefill_tokens_per_s,
-            self.decode_step_s,
-        )
-
     def queue_wait_s(self) -> float:
         """Seconds before a request sent here now starts its first step, behind the queued
         prefill (``step_cost.queue_wait_seconds``; 0 when nothing is queued): what admission
-        limits and ttft's ``wait`` term."""
+        limits."""
         return queue_wait_seconds(
             self.queued_prefill_tokens,
             self.running,
