@@ -12,6 +12,7 @@ family differ only in the flags read here (docs/models.md):
     gemma3_text      + interleaved window/global layers, sandwich (1 + w) norms, GeGLU, ...
     gemma3           the same, nested in text_config (hf_gemma.py)
     gemma2           gemma3's, without q/k norms, with soft-capped attention scores
+    lfm2, granitemoehybrid   hybrids: recurrent-state layers beside attention (hf_hybrid.py)
 
 Sliding-window layers (Gemma 3's local layers; Mistral's or Qwen's windows) are decided as
 transformers decides them and attend to their window (worker/model/window.py).
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .hf_gemma import gemma3_fields, gemma3_text_config
+from .hf_hybrid import HYBRID_FAMILIES, hybrid_fields
 from .model_config import ModelConfig, UnsupportedModelError
 from .rope_scaling import SCALED_ROPE_TYPES, rope_freq_factors
 
@@ -39,9 +41,13 @@ _FLAGS: dict[str, dict[str, bool]] = {
     "gemma3_text": {},  # its fields: hf_gemma.gemma3_fields
     "gemma3": {},
     "gemma2": {},
+    "lfm2": {},  # its fields: hf_hybrid.py
+    "granitemoehybrid": {},
 }
 _GEMMA = ("gemma3_text", "gemma3", "gemma2")
-SUPPORTED_ARCHITECTURES = tuple(_FLAGS)
+# What a worker serves. The hybrids are read and run by the model code, but the engine has no
+# state cache for them yet (issue 45): the engine refuses them at start (memory_pool.cache_kind).
+SUPPORTED_ARCHITECTURES = tuple(t for t in _FLAGS if t not in HYBRID_FAMILIES)
 
 
 def _ids(value: Any) -> list[int]:
@@ -146,26 +152,27 @@ class HFMetadata:
                 "norm_topk_prob": bool(c.get("norm_topk_prob", False)),
                 "dense_layers": tuple(i for i in range(n) if i in only_mlp or (i + 1) % step),
             }
-        return ModelConfig(
-            vocab_size=int(c["vocab_size"]),
-            hidden_size=int(c["hidden_size"]),
-            intermediate_size=int(c["intermediate_size"]),
-            num_layers=n,
-            num_heads=heads,
-            num_kv_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-            rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            bos_token_id=c.get("bos_token_id"),
-            eos_token_id=stops[0] if stops else None,
-            pad_token_id=c.get("pad_token_id"),
-            name=str(c.get("_name_or_path") or self.path.name),
-            architecture=model_type,
-            stop_token_ids=tuple(stops),
-            **self._family_fields(model_type, moe),
-        )
+        fields = {
+            "vocab_size": int(c["vocab_size"]),
+            "hidden_size": int(c["hidden_size"]),
+            "intermediate_size": int(c["intermediate_size"]),
+            "num_layers": n,
+            "num_heads": heads,
+            "num_kv_heads": int(c.get("num_key_value_heads") or heads),
+            "head_dim": int(c.get("head_dim") or c["hidden_size"] // heads),
+            "rope_theta": float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            "rms_norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(c.get("max_position_embeddings", 2048)),
+            "tie_word_embeddings": bool(c.get("tie_word_embeddings", False)),
+            "bos_token_id": c.get("bos_token_id"),
+            "eos_token_id": stops[0] if stops else None,
+            "pad_token_id": c.get("pad_token_id"),
+            "name": str(c.get("_name_or_path") or self.path.name),
+            "architecture": model_type,
+            "stop_token_ids": tuple(stops),
+        }
+        # a family's own reading of a field (LFM2's norm_eps, say) replaces the base one
+        return ModelConfig(**(fields | self._family_fields(model_type, moe)))
 
     def _family_fields(self, model_type: str, moe: dict[str, Any]) -> dict[str, Any]:
         """The flags of ``model_type``: its table entry, its MoE, its windows (or Gemma's)."""
@@ -177,6 +184,8 @@ class HFMetadata:
                 fields["final_logit_softcap"] = None
             return fields
         fields: dict[str, Any] = {**_FLAGS[model_type], **moe}
+        if model_type in HYBRID_FAMILIES:
+            fields |= hybrid_fields(model_type, self.text, self._refuse)
         scaling = self._rope_scaling()
         if scaling.get("rope_type") in SCALED_ROPE_TYPES:
             c = self.text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .state_layers import LAYER_KINDS, Mamba2Spec, ShortConvSpec
+
 __all__ = ["ModelConfig", "UnsupportedModelError", "tiny_config"]
 
 
@@ -33,7 +35,13 @@ class ModelConfig:
       ``p`` sees keys ``p - W < k <= p``) or None (all); ``layer_rope``: per layer, RoPE's
       ``(theta, linear scaling factor)``. Empty: every layer full, ``(rope_theta, 1.0)``;
     - ``rope_freq_factors``: ``head_dim // 2`` divisors of RoPE's inverse frequencies for every
-      layer (Llama 3.1's ``llama3`` scaling, linear scaling, a GGUF's ``rope_freqs``); empty: none.
+      layer (Llama 3.1's ``llama3`` scaling, linear scaling, a GGUF's ``rope_freqs``); empty: none;
+    - hybrids (state_layers.py): ``layer_kinds`` per layer ``"attention"``, ``"conv"`` (LFM2's
+      short convolution, ``short_conv``) or ``"mamba"`` (Mamba2, ``mamba``); empty: all
+      attention. Only attention layers have KV (the pool holds them alone, in order);
+    - Granite's: ``use_rope`` False (NoPE), ``residual_multiplier`` (each block's output times
+      it before the residual add), ``logits_scaling`` (logits divided by it),
+      ``moe_shared_mlp`` (MoE layers add the dense MLP's output to the experts').
 
     ``head_dim`` is explicit because some checkpoints use ``num_heads * head_dim != hidden_size``.
     Token ids are ``None`` when the checkpoint does not name one; ``eos_token_id`` is the first
@@ -74,6 +82,13 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] = ()
     layer_rope: tuple[tuple[float, float], ...] = ()
     rope_freq_factors: tuple[float, ...] = ()
+    layer_kinds: tuple[str, ...] = ()
+    short_conv: ShortConvSpec | None = None
+    mamba: Mamba2Spec | None = None
+    use_rope: bool = True
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    moe_shared_mlp: bool = False
 
     def __post_init__(self) -> None:
         for field in (
@@ -115,7 +130,7 @@ class ModelConfig:
                 )
             if self.moe_intermediate_size <= 0:
                 raise ValueError("ModelConfig.moe_intermediate_size must be > 0 in an MoE model")
-        for field in ("layer_windows", "layer_rope"):
+        for field in ("layer_windows", "layer_rope", "layer_kinds"):
             value = getattr(self, field)
             if value and len(value) != self.num_layers:
                 raise ValueError(
@@ -136,6 +151,27 @@ class ModelConfig:
         for value in self.stop_token_ids:
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"ModelConfig.stop_token_ids: {value!r} not in the vocabulary")
+        self._check_state_layers()
+
+    def _check_state_layers(self) -> None:
+        """Every kind known and described; no window layers beside state layers."""
+        bad = sorted(set(self.layer_kinds) - set(LAYER_KINDS))
+        if bad:
+            raise ValueError(f"ModelConfig.layer_kinds: unknown {bad}; valid: {LAYER_KINDS}")
+        for kind, spec in (("conv", self.short_conv), ("mamba", self.mamba)):
+            if kind in self.layer_kinds and spec is None:
+                raise ValueError(f"ModelConfig: {kind!r} layers need ModelConfig.{kind} specs")
+        if not self.logits_scaling > 0:
+            raise ValueError(f"ModelConfig.logits_scaling must be > 0, got {self.logits_scaling}")
+        windows = [i for i, w in enumerate(self.layer_windows) if w is not None]
+        if windows and self.state_layers:
+            # the window cache (swa_radix) and the state cache keep different things per node
+            # and do not compose yet: refused rather than served with one of them wrong
+            raise UnsupportedModelError(
+                f"sliding-window layers {windows} together with recurrent-state layers "
+                f"{list(self.state_layers)} are not supported: the window cache and the state "
+                "cache do not compose"
+            )
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has the sparse MoE block (else the dense MLP)."""
@@ -148,6 +184,21 @@ class ModelConfig:
     def rope(self, layer: int) -> tuple[float, float]:
         """Layer ``layer``'s RoPE ``(theta, linear scaling factor)``."""
         return self.layer_rope[layer] if self.layer_rope else (self.rope_theta, 1.0)
+
+    def layer_kind(self, layer: int) -> str:
+        """Layer ``layer``'s mixer: ``"attention"``, ``"conv"`` or ``"mamba"``."""
+        return self.layer_kinds[layer] if self.layer_kinds else "attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with KV, in order: the KV pool's layer ``j`` is model layer
+        ``attention_layers[j]``."""
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) == "attention")
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The layers with a recurrent state instead of KV, in order."""
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) != "attention")
 
     @property
     def q_size(self) -> int:

@@ -25,6 +25,7 @@ import torch
 
 from radixray.cache_index import PageAllocator
 from radixray.cache_index.window_pages import WindowedAllocator, window_pages_needed
+from radixray.model_meta.model_config import UnsupportedModelError
 
 from .host_copies import Copied, HostCopies, HostKV, cpu_zeros
 
@@ -52,7 +53,13 @@ WINDOW_SHARE = 0.25
 
 def cache_kind(cache: str, mcfg) -> str:
     """The cache an engine builds for ``cache`` (EngineConfig's) and a model: "radix" on a
-    model with sliding-window layers is "swa_radix" (docs/window_cache.md)."""
+    model with sliding-window layers is "swa_radix" (docs/window_cache.md). A model with
+    recurrent-state layers is refused: the engine has no state cache yet (issue 45)."""
+    if mcfg.state_layers:
+        raise UnsupportedModelError(
+            f"{mcfg.architecture}: layers {list(mcfg.state_layers)} keep a recurrent state "
+            "(conv/mamba); the engine does not serve such hybrid models yet (no state cache)"
+        )
     windowed = any(mcfg.window(i) is not None for i in range(mcfg.num_layers))
     if cache == "radix" and windowed:
         return "swa_radix"

@@ -16,9 +16,10 @@ __all__ = ["greedy_generate", "new_kv_cache"]
 def new_kv_cache(
     model: LlamaModel, num_pages: int, page_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed key and value pools ``[num_layers, num_pages, page_size, num_kv_heads, head_dim]``."""
+    """Zeroed key and value pools ``[kv layers, num_pages, page_size, num_kv_heads, head_dim]``
+    (``kv layers``: the attention layers, all of them but a hybrid's state layers)."""
     c = model.config
-    shape = (c.num_layers, num_pages, page_size, c.num_kv_heads, c.head_dim)
+    shape = (len(c.attention_layers), num_pages, page_size, c.num_kv_heads, c.head_dim)
     return (
         torch.zeros(shape, dtype=model.dtype, device=model.device),
         torch.zeros(shape, dtype=model.dtype, device=model.device),

@@ -1,6 +1,9 @@
 """The decoder family (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE: RMSNorm, RoPE, GQA, SwiGLU or
 a sparse MoE) that runs one flat varlen batch per step against the paged KV pool. The members
 differ only in ModelConfig's flags (docs/models.md): q/k/v biases, per-head q/k norms, MoE.
+Hybrids (LFM2, Granite 4.0-H) put a recurrent-state mixer in place of attention in some layers
+(state_layers.py): those layers read and write the state pool at the step's slots
+(``state``: state_metadata.py), not KV; the KV pool holds the attention layers only.
 
 Per layer and step::
 
@@ -35,9 +38,12 @@ from radixray.model_meta.model_config import ModelConfig
 
 from .attention import AttentionMetadata, WindowKV
 from .hf_weights import export_hf_weights, load_hf_weights
+from .hybrid_weights import HYBRID_ARCHITECTURES, export_hybrid_weights, load_hybrid_weights
 from .layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 from .linear import Linear
 from .moe import SparseMoE
+from .state_layers import state_mixer
+from .state_metadata import StateBatch
 from .window import windowed_attention
 
 __all__ = ["LlamaModel"]
@@ -57,7 +63,8 @@ class Step:
 class Attention(nn.Module):
     """GQA self-attention; ``qkv_bias`` adds biases to q/k/v (Qwen2), ``qk_norm`` an RMSNorm over
     each head of q and k before RoPE (Qwen3, Gemma 3); a window layer attends to its last
-    ``window`` positions only (the attention backend's ``window``)."""
+    ``window`` positions only (the attention backend's ``window``); without ``use_rope`` (NoPE)
+    q and k are not rotated."""
 
     def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
@@ -68,7 +75,8 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
-        self.window, self.rope = cfg.window(index), cfg.rope(index)
+        self.window = cfg.window(index)
+        self.rope = cfg.rope(index) if cfg.use_rope else None
         self.softcap = cfg.attn_logit_softcap
         self.qkv_proj = Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, device, bias=cfg.qkv_bias
@@ -84,15 +92,18 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         T, Hq, Hkv, D = h.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(h)
-        cos, sin = step.rope[self.rope]
-        if self.q_norm is None:  # q and k rotated together: one set of kernels, not two
+        cos, sin = step.rope[self.rope] if self.rope is not None else (None, None)
+        if self.q_norm is None and cos is not None:  # q and k rotated together: one set of kernels
             qk = qkv[:, : self.q_size + self.kv_size].view(T, Hq + Hkv, D)
             qk = apply_rope(qk, cos, sin)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
-            q = self.q_norm(qkv[:, : self.q_size].view(T, Hq, D))
-            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D))
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = qkv[:, : self.q_size].view(T, Hq, D)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if cos is not None:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         step.backend.store(step.plan, k, v, k_cache, v_cache)
         if self.softcap is None:  # every backend takes the layer's window (None: full)
@@ -107,7 +118,10 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual blocks; with ``sandwich_norms`` (Gemma) the attention's and the MLP's
     outputs are normed too, and the MLP's input has its own norm (HF's names kept: there
-    ``post_attention_layernorm`` norms the attention's output, not the MLP's input)."""
+    ``post_attention_layernorm`` norms the attention's output, not the MLP's input). A state
+    layer has ``mixer`` (state_layers.py) in place of ``self_attn``; with a
+    ``residual_multiplier`` (Granite) each block's output is scaled before its residual add
+    (no family has both a multiplier and sandwich norms; the multiplier's path has none)."""
 
     def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
@@ -117,7 +131,9 @@ class DecoderLayer(nn.Module):
 
         self.sandwich = cfg.sandwich_norms
         self.input_layernorm = norm()
-        self.self_attn = Attention(cfg, index, device)
+        self.mixer = state_mixer(cfg, index, device)
+        self.self_attn = Attention(cfg, index, device) if self.mixer is None else None
+        self.scale = cfg.residual_multiplier
         self.post_attention_layernorm = norm()
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
@@ -128,8 +144,16 @@ class DecoderLayer(nn.Module):
             else MLP(cfg.hidden_size, cfg.intermediate_size, device, cfg.hidden_act)
         )
 
-    def forward(self, h, step: Step, k_cache, v_cache) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), step, k_cache, v_cache)
+    def forward(self, h, step: Step, k_cache, v_cache, state: StateBatch | None = None):
+        x = self.input_layernorm(h)
+        a = (
+            self.self_attn(x, step, k_cache, v_cache)
+            if self.mixer is None
+            else self.mixer(x, state)
+        )
+        if self.scale != 1.0:
+            h, normed = self.post_attention_layernorm.add(h, a * self.scale)
+            return h + self.mlp(normed) * self.scale
         if not self.sandwich:
             h, normed = self.post_attention_layernorm.add(h, a)
             return h + self.mlp(normed)
@@ -164,7 +188,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, meta, config.norm_offset)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, meta)
         # one table per distinct (theta, factor): Gemma 3's local and global layers differ
-        ropes = sorted({config.rope(i) for i in range(config.num_layers)})
+        ropes = sorted({config.rope(i) for i in config.attention_layers}) if config.use_rope else []
         self._rope_keys = ropes
         self.ropes = nn.ModuleList(
             RotaryEmbedding(
@@ -177,6 +201,10 @@ class LlamaModel(nn.Module):
             )
             for theta, factor in ropes
         )
+        # where each layer's KV lives without a window pool: (False, index in the pool), or
+        # (None, None) for a state layer, which has none
+        kv = {layer: j for j, layer in enumerate(config.attention_layers)}
+        self._kv_slots = [(False, kv[i]) if i in kv else (None, None) for i in self.idx]
         self.attention: AttentionBackend | None = None  # built for the first pool it meets
         self._attention_name: str | None = None
 
@@ -219,23 +247,28 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor | None = None,
         window: WindowKV | None = None,
         before_layer: Callable[[int], None] | None = None,
+        state: StateBatch | None = None,
     ) -> torch.Tensor:
         """One step over ``T`` new tokens; returns float32 logits ``[len(logits_indices), vocab]``.
 
         - ``input_ids``, ``positions``: int64 ``[T]`` (positions < max_position_embeddings);
         - ``attn``: where K/V go and which pages each sequence reads (:class:`AttentionMetadata`);
-        - ``k_cache``, ``v_cache``: the pool, ``[num_layers, num_pages, page_size, Hkv, D]`` in the
-          model's dtype, written in place at ``attn.slot_mapping``;
+        - ``k_cache``, ``v_cache``: the pool, ``[kv layers, num_pages, page_size, Hkv, D]`` in the
+          model's dtype, written in place at ``attn.slot_mapping``; its layers are the
+          attention layers (``config.attention_layers``: every layer but a hybrid's state ones);
         - ``logits_indices``: rows that need logits; ``None`` = each sequence's last new token;
         - ``window``: the sliding-window layers' own pool and metadata; then ``k_cache`` and
           ``v_cache`` hold the other layers only, in order (docs/window_cache.md);
         - ``before_layer``: called with ``i`` just before layer ``i`` reads or writes its KV (the
-          host tier's copies of that layer's pages, worker/host_copies.py).
+          host tier's copies of that layer's pages, worker/host_copies.py); not for state layers;
+        - ``state``: a hybrid's state pool and each sequence's slot (state_metadata.py), in the
+          batch's sequence order; required when the model has state layers, which read and
+          write their state there in place.
         """
         cfg = self.config
-        slots = window.layer_slots if window is not None else [(False, i) for i in self.idx]
-        n_win = sum(w for w, _ in slots)
-        self._check_pool(k_cache, v_cache, cfg.num_layers - n_win, "")
+        slots = window.layer_slots if window is not None else self._kv_slots
+        n_win = sum(w for w, _ in slots if w is not None)
+        self._check_pool(k_cache, v_cache, len(cfg.attention_layers) - n_win, "")
         if window is not None:
             self._check_pool(window.k_cache, window.v_cache, n_win, "window ")
         if input_ids.shape != positions.shape or input_ids.dim() != 1:
@@ -243,9 +276,30 @@ class LlamaModel(nn.Module):
                 f"input_ids and positions must both be [T], got {tuple(input_ids.shape)} and "
                 f"{tuple(positions.shape)}"
             )
+        if state is None and cfg.state_layers:
+            raise ValueError(
+                f"{cfg.architecture}: layers {list(cfg.state_layers)} keep a recurrent state; "
+                "forward needs state=StateBatch(meta, pool)"
+            )
         h = self.embed_tokens(input_ids)
         if cfg.embed_scale != 1.0:
             h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
+        steps, pools = self._steps(attn, positions, k_cache, v_cache, window)
+        for i, (layer, (in_window, s)) in enumerate(zip(self.layers, slots, strict=True)):
+            if in_window is None:  # a state layer: no KV
+                h = layer(h, None, None, None, state)
+                continue
+            if before_layer is not None:
+                before_layer(i)
+            k, v = pools[in_window]
+            h = layer(h, steps[in_window], k[s], v[s])
+        if logits_indices is None:
+            logits_indices = attn.last_token_indices()
+        return self._logits(h[logits_indices])
+
+    def _steps(self, attn, positions, k_cache, v_cache, window) -> tuple[list[Step], list]:
+        """The step's shared state per pool (the main one, and the window layers' if any):
+        the backend's plan, prepared once for all layers, and the RoPE tables."""
         # Where the batch's tokens sit in the pool is the same for every layer: the backend
         # works it out once per step.
         backend = self._attention_for(k_cache)
@@ -264,15 +318,15 @@ class LlamaModel(nn.Module):
             )
             steps.append(Step(backend, wplan, w, rope))
             pools.append((window.k_cache, window.v_cache))
-        for i, (layer, (in_window, s)) in enumerate(zip(self.layers, slots, strict=True)):
-            if before_layer is not None:
-                before_layer(i)
-            k, v = pools[in_window]
-            h = layer(h, steps[in_window], k[s], v[s])
-        if logits_indices is None:
-            logits_indices = attn.last_token_indices()
-        h = self.norm(h[logits_indices])
-        logits = self.lm_head(h).float()
+        return steps, pools
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head, then Granite's scaling or Gemma's soft cap: float32 logits."""
+        cfg = self.config
+        logits = self.lm_head(self.norm(h))
+        if cfg.logits_scaling != 1.0:
+            logits = logits / cfg.logits_scaling
+        logits = logits.float()
         if cfg.final_logit_softcap is not None:
             cap = cfg.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
@@ -297,11 +351,16 @@ class LlamaModel(nn.Module):
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Take weights named as in HF ``*ForCausalLM`` checkpoints of the config's architecture
         (``model.layers.0.self_attn.q_proj.weight``, ...; rotate-half q/k layout; see
-        hf_weights.py). Copies to this model's device and dtype; every weight must be present
-        (``lm_head.weight`` only when embeddings are untied)."""
-        load_hf_weights(self, state)
+        hf_weights.py; the hybrids' names: hybrid_weights.py). Copies to this model's device and
+        dtype; every weight must be present (``lm_head.weight`` only when embeddings are untied)."""
+        if self.config.architecture in HYBRID_ARCHITECTURES:
+            load_hybrid_weights(self, state)
+        else:
+            load_hf_weights(self, state)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under HF names (unfused; views of this model's weights, or exact copies
         where a linear is packed), e.g. to build an independent transformers reference."""
+        if self.config.architecture in HYBRID_ARCHITECTURES:
+            return export_hybrid_weights(self)
         return export_hf_weights(self)

@@ -11,6 +11,9 @@ once, and each expert that got any runs one matmul pair over all its tokens::
 
 The loop is over experts (at most ``E`` iterations a layer), and each token's sum over its experts
 runs in expert order whatever else is in the batch, as transformers' own loop does.
+
+With ``moe_shared_mlp`` (Granite) a dense MLP of ``intermediate_size`` runs beside the experts
+on every token and its output is added to theirs.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class SparseMoE(nn.Module):
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, device)
         self.experts = nn.ModuleList(
             MLP(cfg.hidden_size, cfg.moe_intermediate_size, device) for _ in range(cfg.num_experts)
+        )
+        self.shared = (
+            MLP(cfg.hidden_size, cfg.intermediate_size, device) if cfg.moe_shared_mlp else None
         )
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,4 +65,4 @@ class SparseMoE(nn.Module):
                 rows = tokens[start : start + n]
                 out.index_add_(0, rows, expert(h[rows]) * weights[start : start + n])
                 start += n
-        return out
+        return out if self.shared is None else out + self.shared(h)
