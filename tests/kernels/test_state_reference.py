@@ -102,6 +102,17 @@ def test_scan_split_anywhere_with_its_state_equals_one_pass():
         torch.testing.assert_close(s, final, **TOL)
 
 
+def test_scan_split_at_a_multiple_of_its_chunk_is_bitwise_one_pass():
+    # what a resumed prefill relies on to equal a cold one exactly: cut where the scan's own
+    # chunks end, the same chunks are computed from the same values (elsewhere: rounding)
+    x, dt, A, B, C, D, _ = ssd_inputs(40)
+    whole, final = ssd_scan(x, dt, A, B, C, D, 8)
+    for cut in (8, 16, 32):
+        first, s = ssd_scan(x[:cut], dt[:cut], A, B[:cut], C[:cut], D, 8)
+        rest, s = ssd_scan(x[cut:], dt[cut:], A, B[cut:], C[cut:], D, 8, s)
+        assert torch.equal(torch.cat((first, rest)), whole) and torch.equal(s, final)
+
+
 def test_decode_update_continues_a_scan_in_place():
     x, dt, A, B, C, D, s0 = ssd_inputs(12)
     whole, _ = ssd_scan(x, dt, A, B, C, D, 4, s0)
