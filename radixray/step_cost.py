@@ -26,11 +26,9 @@ __all__ = [
     "fit_moments",
     "pooled_decode_seq_s",
     "pooled_fits",
-    "prefill_seconds",
     "queue_wait_seconds",
     "step_fixed_s",
     "sum_moments",
-    "token_seconds",
 ]
 
 # Before any worker has measured its prefill rate: a CPU worker on the default model is in the
@@ -191,30 +189,6 @@ def _per_step(budget: int, running: int) -> float:
     return max(1, budget - running) if budget > 0 else math.inf
 
 
-def prefill_seconds(
-    queued: float,
-    own: float,
-    running: int,
-    budget: int,
-    overhead_s: float,
-    tokens_per_s: float,
-    decode_step_s: float = 0.0,
-) -> float:
-    """Seconds until ``queued`` prefill tokens already on a worker and ``own`` more are computed,
-    by the worker's engine steps.
-
-    A step's token budget (``budget``, the scheduler's ``max_batch_tokens``) goes first to one
-    token for each of the ``running`` decoding requests, then to prefill chunks, so the tokens
-    take ``ceil((queued + own) / (budget - running))`` steps (at least one), each costing
-    ``step_fixed_s`` besides its tokens at ``tokens_per_s``. Nothing to compute: 0.
-    """
-    tokens = queued + own
-    if tokens <= 0:
-        return 0.0
-    steps = max(1, math.ceil(tokens / _per_step(budget, running)))
-    return steps * step_fixed_s(overhead_s, running, decode_step_s) + tokens / tokens_per_s
-
-
 def queue_wait_seconds(
     queued: float,
     running: int,
@@ -231,12 +205,3 @@ def queue_wait_seconds(
         return 0.0
     steps = queued // _per_step(budget, running)
     return steps * step_fixed_s(overhead_s, running, decode_step_s) + queued / tokens_per_s
-
-
-def token_seconds(
-    running: int, budget: int, overhead_s: float, tokens_per_s: float, decode_step_s: float = 0.0
-) -> float:
-    """Seconds one more prefill token takes from a worker whose steps are full: ``1 /
-    tokens_per_s`` and its share of a step's fixed cost, ``step_fixed_s / (budget - running)``."""
-    fixed = step_fixed_s(overhead_s, running, decode_step_s)
-    return 1.0 / tokens_per_s + fixed / _per_step(budget, running)

@@ -1,5 +1,5 @@
-"""Queued prefill priced by the engine steps it takes (``step_cost.prefill_seconds``,
-``queue_wait_seconds``): the function on hand-computed cases, admission's wait by steps, ttft's
+"""Queued prefill priced by the engine steps it takes (``step_cost.queue_wait_seconds``): the
+function on hand-computed cases, admission's wait by steps, ttft's
 queue at one step's fixed cost, and the step budget a worker reports reaching the policy's
 view."""
 
@@ -11,7 +11,7 @@ from radixray.cache_index import ApproxIndex
 from radixray.protocol import LoadReport, WorkerInfo
 from radixray.router.admission import queue_wait_s
 from radixray.router.policies import RoutingRequest, WorkerState, make_policy
-from radixray.step_cost import prefill_seconds, queue_wait_seconds, step_fixed_s, token_seconds
+from radixray.step_cost import queue_wait_seconds, step_fixed_s
 
 P = 16
 
@@ -22,29 +22,9 @@ def test_a_step_costs_its_fixed_cost_once_the_larger_of_the_fit_and_a_decode_ste
     assert step_fixed_s(0.05, 8, 0.01) == 0.05  # the intercept already holds them
 
 
-def test_prefill_seconds_by_steps_hand_computed():
-    # budget 100, 20 decodes: 80 prefill tokens a step; 250 tokens take ceil(250/80) = 4 steps
-    # of max(0.05, 0.1) s, plus 250 tokens at 1000/s
-    assert prefill_seconds(200, 50, 20, 100, 0.05, 1000.0, 0.1) == pytest.approx(4 * 0.1 + 0.25)
-    # nothing decoding: 100 a step, 3 steps of the intercept
-    assert prefill_seconds(200, 50, 0, 100, 0.05, 1000.0, 0.1) == pytest.approx(3 * 0.05 + 0.25)
-    # exactly two steps' worth
-    assert prefill_seconds(160, 0, 20, 100, 0.05, 1000.0) == pytest.approx(2 * 0.05 + 0.16)
-    # decodes fill the budget: one prefill token a step, not none
-    assert prefill_seconds(3, 0, 100, 100, 0.05, 1000.0) == pytest.approx(3 * 0.05 + 0.003)
-    assert prefill_seconds(0, 0, 20, 100, 0.05, 1000.0) == 0.0  # nothing to compute
-
-
 def test_without_a_reported_budget_a_step_holds_whatever_is_queued():
-    # one step, at the larger of the fit's intercept and a decode step while it decodes
-    assert prefill_seconds(5000, 100, 3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.1 + 5.1)
-    assert prefill_seconds(5000, 100, 0, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.05 + 5.1)
     # no step runs before a new request's first: the queue's tokens at the rate
     assert queue_wait_seconds(3000, 3, 0, 0.02, 1000.0, 0.1) == pytest.approx(3.0)
-    # and a token takes no share of a step's fixed cost
-    assert token_seconds(3, 0, 0.05, 1000.0, 0.1) == pytest.approx(0.001)
-    # a budget of 100 with 20 decodes: 80 tokens share a 0.1 s step
-    assert token_seconds(20, 100, 0.05, 1000.0, 0.1) == pytest.approx(0.001 + 0.1 / 80)
 
 
 def test_the_wait_counts_the_steps_before_a_requests_first_chunk():
