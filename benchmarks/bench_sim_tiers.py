@@ -336,7 +336,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host-pages", type=int, default=8000, help="host pages per worker")
     p.add_argument("--page-size", type=int, default=512)
     p.add_argument("--timing", default="gpu")
-    p.add_argument("--prefill-order", default="shortest")
+    p.add_argument(
+        "--prefill-order", default=SimConfig.prefill_order, help="the workers' (the engine's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", help="comma-separated seeds: each seed's runs, then their medians")
     p.add_argument(
