@@ -79,8 +79,16 @@ def _run(loaded, monkeypatch, plain: bool, **cfg):
     return first, [c.token_ids for c in again], engine
 
 
-def test_window_pool_output_equals_single_pool_and_cache_off(loaded, monkeypatch):
-    expected, _, plain = _run(loaded, monkeypatch, True, num_pages=64)
+@pytest.fixture(scope="module")
+def single_pool(loaded):
+    """``_run`` on today's single pool (64 pages): the reference the tests below compare with,
+    run once per layout (greedy on fixed weights: the same tokens every time)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _run(loaded, monkeypatch, True, num_pages=64)
+
+
+def test_window_pool_output_equals_single_pool_and_cache_off(loaded, single_pool, monkeypatch):
+    expected, _, plain = single_pool
     assert plain.pool.window_k is None
     off_first, off_again, off = _run(loaded, monkeypatch, False, cache="chunk", num_pages=64)
     assert off.pool.window_k is not None and off_first == expected and off_again == expected
@@ -104,8 +112,8 @@ def test_a_prefix_whose_window_was_dropped_is_a_window_miss(loaded):
     engine.check_integrity()
 
 
-def test_window_pool_under_pressure_preempts_and_still_equals(loaded, monkeypatch):
-    expected, _, _ = _run(loaded, monkeypatch, True, num_pages=64)
+def test_window_pool_under_pressure_preempts_and_still_equals(loaded, single_pool, monkeypatch):
+    expected, _, _ = single_pool
     # 20 full pages for 4 requests of up to 15 pages each, and few window pages: preemption,
     # and window pages dropped from the cache to make room
     first, again, swa = _run(loaded, monkeypatch, False, num_pages=20, window_pages=12)
@@ -164,10 +172,10 @@ def test_config_errors(loaded):
         Engine(EngineConfig(model="tiny", cache="swa_radix", device="cpu", num_pages=8))
 
 
-def test_samples_fork_the_window_pool(loaded, monkeypatch):
+def test_samples_fork_the_window_pool(loaded, single_pool):
     """n samples of one prompt: the followers copy the leader's private pages in both pools
     (greedy: every sample is the single pool's answer)."""
-    expected, _, _ = _run(loaded, monkeypatch, True, num_pages=64)
+    expected, _, _ = single_pool
     for cache in ("radix", "chunk"):  # a partial page copied; every computed page copied
         engine = Engine(
             EngineConfig(
