@@ -45,9 +45,9 @@ _FLAGS: dict[str, dict[str, bool]] = {
     "granitemoehybrid": {},
 }
 _GEMMA = ("gemma3_text", "gemma3", "gemma2")
-# What a worker serves. The hybrids are read and run by the model code, but the engine has no
-# state cache for them yet (issue 45): the engine refuses them at start (memory_pool.cache_kind).
-SUPPORTED_ARCHITECTURES = tuple(t for t in _FLAGS if t not in HYBRID_FAMILIES)
+# What a worker serves: every family read here. The hybrids (HYBRID_FAMILIES) are served with
+# prefix reuse off until the engine has a state cache (memory_pool.cache_kind, issue 45).
+SUPPORTED_ARCHITECTURES = tuple(_FLAGS)
 
 
 def _ids(value: Any) -> list[int]:

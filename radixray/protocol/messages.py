@@ -56,7 +56,7 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 9  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 10  # what each version changed: docs/architecture.md, "Versioning"
 
 # Why a prompt token was or was not reused; they add up to the prompt length.
 #   cached     reused from the prefix cache
@@ -295,6 +295,9 @@ class LoadReport(Struct, frozen=True, array_like=True):
     decode_seq_s: float | None = None
     decode_fit_moments: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     answer_tokens: float | None = None
+    # A hybrid's state pool (worker/state_pool.py): a slot per running request (0, 0: none).
+    state_total_slots: int = 0
+    state_free_slots: int = 0
 
 
 class WorkerCounters(Struct, frozen=True, array_like=True):
@@ -343,6 +346,7 @@ def cache_view(load: LoadReport, counters: WorkerCounters) -> dict:
             "copy_seconds": counters.copy_seconds,
             "load_bytes_per_s": load.load_bytes_per_s,
         },
+        "state": {"total_slots": load.state_total_slots, "free_slots": load.state_free_slots},
     }
 
 

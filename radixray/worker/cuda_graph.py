@@ -16,8 +16,10 @@ A graph fixes its tensors' addresses and shapes, so a decode step runs on static
 Only pure decode steps replay (every item one token that samples); the host tier's copies for a
 step that replays run before it, not by layer (``ModelRunner.replays``). Prefill chunks, models
 whose forward reads device values on the host (a sparse MoE's routing counts, soft-capped
-attention) and sliding-window pools run eagerly. ``capture=False`` runs the padded forward
-eagerly: the CPU tests' way to check the padding, which a graph then replays unchanged.
+attention), sliding-window pools and models with recurrent-state layers (their per-sequence
+state slots and prefill-or-decode split are not captured) run eagerly. ``capture=False`` runs
+the padded forward eagerly: the CPU tests' way to check the padding, which a graph then replays
+unchanged.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def batch_sizes(max_batch: int) -> list[int]:
 def graph_unsupported(model, pool) -> str | None:
     """Why a decode step of this model on this pool cannot be captured, or None."""
     cfg = model.config
+    if cfg.state_layers:  # hybrids decode eagerly (docs/models.md)
+        return "state layers (conv/mamba) run eagerly: their slots are no graph's static buffers"
     if pool.window_k is not None:
         return "the pool has a sliding-window part (its block tables change shape per step)"
     if cfg.attn_logit_softcap is not None:

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import torch
 
-from radixray.cache_index import make_cache
 from radixray.cache_index.events import KVEvent
 from radixray.protocol import (
     EngineFailure,
@@ -46,7 +45,8 @@ from .request_builder import Prompt, RequestBuilder
 from .sampler import Sampler
 from .samples import expand_mask
 from .scheduler import Batch, Scheduler
-from .stats import EngineStats, engine_stats, perf_class
+from .state_pool import state_pool_for
+from .stats import EngineStats, engine_stats, perf_class, worker_report
 from .structured import StructuredOutput
 
 __all__ = ["Engine", "EngineError", "Sink"]
@@ -73,12 +73,14 @@ class Engine:
         self.cache_kind = cache_kind(config.cache, mcfg)
         self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len, self.cache_kind)
         self.page_size = config.page_size
-        self.cache = make_cache(
-            self.cache_kind, config.page_size, **self.pool.cache_kwargs(self.cache_kind, config)
-        )
+        self.cache = self.pool.make_cache(self.cache_kind, config)
+        self.state_pool = state_pool_for(mcfg, config, self.device)  # a hybrid's, else None
+        slots = self.state_pool.allocator if self.state_pool else None
         self.meter = EngineStats()  # counters, step cost fit, rates
-        self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs)
-        self.runner = ModelRunner(model, self.pool, self.device, config.attention_backend)
+        self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs, slots)
+        self.runner = ModelRunner(
+            model, self.pool, self.device, config.attention_backend, self.state_pool
+        )
         graph_batch = min(config.cuda_graph_max_batch, config.max_running)
         self.runner.use_graphs(graph_batch, self.max_model_len)  # CUDA: decode replays graphs
         # the tokenizer's, else what the checkpoint declares (every eos_token_id)
@@ -263,6 +265,7 @@ class Engine:
             for f in self._live.fork(self._live[req.request_id], self._detokenizer, matcher):
                 pairs = self.scheduler.fork(req, f)
                 if pairs is not None:
+                    self.runner.fork_state(req, f)  # its own copy of the leader's state
                     copies += pairs
                     rows.append(row)
                     out.append(f)
@@ -388,10 +391,7 @@ class Engine:
 
     def report(self) -> tuple[LoadReport, WorkerCounters]:
         """The load and the counters a worker sends in its poll result."""
-        s = self.stats()
-        load = LoadReport(**{k: s[k] for k in LoadReport.__struct_fields__ if k in s})
-        counters = WorkerCounters(**{k: s[k] for k in WorkerCounters.__struct_fields__ if k in s})
-        return load, counters
+        return worker_report(self.stats())
 
     def __enter__(self):
         return self

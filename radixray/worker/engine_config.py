@@ -52,6 +52,15 @@ class EngineConfig:
         "window-layer KV pages, for models with sliding-window layers (None: as many as "
         "--num-pages when that is set, else sized from the budget)",
     )
+    # The state pool beside the KV pool (worker/state_pool.py), for models with recurrent-state
+    # layers: one slot per running request (prefix reuse is off for them, so no slot holds a
+    # cached state), so max_running slots never make a request wait; fewer bound the state's
+    # memory (a request waits for a slot as it waits for pages).
+    state_slots: int | None = setting(
+        None,
+        "recurrent-state slots, for models with state layers (LFM2, Granite 4.0-H): one per "
+        "running request (None: --max-running)",
+    )
     # "auto": the accelerator when there is one (what `radixray serve` and `worker` always did).
     device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"')
     dtype: str = setting("float32", "weights and KV cache", choices=_DTYPES)
@@ -143,6 +152,9 @@ class EngineConfig:
             or self.window_pages < 1
         ):
             raise ValueError(f"window_pages must be None or an int >= 1, got {self.window_pages!r}")
+        ss = self.state_slots
+        if ss is not None and (isinstance(ss, bool) or not isinstance(ss, int) or ss < 1):
+            raise ValueError(f"--state-slots must be an int >= 1 or unset, got {ss!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")
         dev = self.device

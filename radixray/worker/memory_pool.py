@@ -1,5 +1,7 @@
 """The KV memory pool: one K and one V tensor for all layers, plus the page allocator; and the
-host tier's K and V (docs/host_tier.md) with the copies between them.
+host tier's K and V (docs/host_tier.md) with the copies between them. "All layers" are the
+attention layers: a hybrid's recurrent-state layers keep no KV (their state is the state pool's,
+state_pool.py), so its pool's layer ``j`` is model layer ``ModelConfig.attention_layers[j]``.
 
     k_cache, v_cache: [num_layers, num_pages, page_size, num_kv_heads, head_dim]
     host.k, host.v:   [num_layers, host_pages, page_size, num_kv_heads, head_dim]
@@ -23,9 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from radixray.cache_index import PageAllocator
+from radixray.cache_index import PageAllocator, PrefixCache, make_cache
 from radixray.cache_index.window_pages import WindowedAllocator, window_pages_needed
-from radixray.model_meta.model_config import UnsupportedModelError
 
 from .host_copies import Copied, HostCopies, HostKV, cpu_zeros
 
@@ -53,13 +54,17 @@ WINDOW_SHARE = 0.25
 
 def cache_kind(cache: str, mcfg) -> str:
     """The cache an engine builds for ``cache`` (EngineConfig's) and a model: "radix" on a
-    model with sliding-window layers is "swa_radix" (docs/window_cache.md). A model with
-    recurrent-state layers is refused: the engine has no state cache yet (issue 45)."""
+    model with sliding-window layers is "swa_radix" (docs/window_cache.md). On a model with
+    recurrent-state layers "radix" is "chunk", prefix reuse off: cached KV pages alone cannot
+    resume a sequence, which needs the state after exactly its cached tokens too, and no cache
+    keeps states yet (the state cache, ``mamba_radix``, is issue 45's next step)."""
     if mcfg.state_layers:
-        raise UnsupportedModelError(
-            f"{mcfg.architecture}: layers {list(mcfg.state_layers)} keep a recurrent state "
-            "(conv/mamba); the engine does not serve such hybrid models yet (no state cache)"
-        )
+        if cache not in ("radix", "chunk"):
+            raise ValueError(
+                f"cache={cache!r}: {mcfg.architecture} has recurrent-state layers "
+                f"{list(mcfg.state_layers)}, served with reuse off (cache 'chunk' or 'radix')"
+            )
+        return "chunk"
     windowed = any(mcfg.window(i) is not None for i in range(mcfg.num_layers))
     if cache == "radix" and windowed:
         return "swa_radix"
@@ -108,13 +113,23 @@ def default_host_pages(device: torch.device, device_pages: int, bytes_per_page: 
 
 def _host_pages(config, mcfg, device: torch.device, num_pages: int, reuse: bool) -> int:
     """``EngineConfig.host_pages`` for a pool of ``num_pages`` device pages: 0 without prefix
-    reuse (nothing to keep), the device's default (``default_host_pages``) for None."""
+    reuse (nothing to keep), the device's default (``default_host_pages``) for None. Asked of
+    a model with state layers, refused: reuse is off for it (``cache_kind``), and so nothing
+    would ever be demoted to the tier or loaded back from it."""
+    if config.host_pages and mcfg.state_layers:
+        raise ValueError(
+            f"host_pages={config.host_pages}: {mcfg.architecture} has recurrent-state layers and "
+            "is served with prefix reuse off (no state cache yet), so it has no host tier; "
+            "leave --host-pages unset or 0"
+        )
     if not reuse:
         return 0
     if config.host_pages is not None:
         return config.host_pages
     dtype = DTYPES[config.dtype]
-    per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+    per_token = kv_bytes_per_token(
+        len(mcfg.attention_layers), mcfg.num_kv_heads, mcfg.head_dim, dtype
+    )
     return default_host_pages(device, num_pages, config.page_size * per_token)
 
 
@@ -195,15 +210,16 @@ class KVPool:
             return cls._windowed(mcfg, config, device, max_model_len, windows, cache)
         dtype = DTYPES[config.dtype]
         P = config.page_size
+        layers = len(mcfg.attention_layers)  # a hybrid's state layers keep no KV (state_pool.py)
         if config.num_pages is not None:
             num_pages = config.num_pages
         else:
-            per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+            per_token = kv_bytes_per_token(layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
             budget = config.kv_memory_bytes or default_kv_budget(device)
             cap = -(-config.max_running * max_model_len // P)
             num_pages = max(2, min(pages_for_budget(budget, P, per_token), cap))
         host_pages = _host_pages(config, mcfg, device, num_pages, reuse=cache == "radix")
-        shape = (mcfg.num_layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
+        shape = (layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
         return cls(*shape, dtype, device, host_pages)
 
     @classmethod
@@ -279,10 +295,10 @@ class KVPool:
             return 0
         return self.copier.run(copies)
 
-    def cache_kwargs(self, kind: str, config) -> dict:
-        """The settings of a prefix cache of ``kind`` on this pool for an ``EngineConfig``
-        (``make_cache``): its allocator, and for a reusing cache its eviction, events and host
-        tier."""
+    def make_cache(self, kind: str, config) -> PrefixCache:
+        """The prefix cache of ``kind`` on this pool for an ``EngineConfig``
+        (``cache_index.make_cache``): its allocator, and for a reusing cache its eviction,
+        events and host tier."""
         kw: dict = {"allocator": self.allocator}
         if kind != "chunk":
             kw.update(
@@ -292,7 +308,7 @@ class KVPool:
             )
             if kind == "radix" and config.host_write_through_hits is not None:
                 kw["host_write_through_hits"] = config.host_write_through_hits
-        return kw
+        return make_cache(kind, self.page_size, **kw)
 
     def host_copies(
         self, copies, layered: bool = False, wait: bool = False

@@ -1,4 +1,12 @@
-"""The one place that turns a scheduled batch into tensors and calls the model."""
+"""The one place that turns a scheduled batch into tensors and calls the model.
+
+A model with recurrent-state layers also gets each step's ``StateBatch``: every item's state
+slot, in batch order (model/state_metadata.py). The runner keeps a ledger of what each slot
+holds (which request, the state after how many of its tokens), written as it runs steps and
+forks, and refuses a step in which a sequence would resume from KV it has without the state
+that goes with it: a prefix cache, a host tier or a fork that left KV but no state behind
+would otherwise be computed on silently, with a wrong state.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +22,11 @@ from .cuda_graph import DecodeGraphs, graph_unsupported
 from .fused import fuse_activations, fuse_norms
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
+from .model.state_metadata import StateBatch, StateMetadata
 from .model.upload import upload
+from .request import Request
 from .scheduler import Batch
+from .state_pool import StatePool
 
 __all__ = ["ModelRunner", "Prepared", "load_for_engine", "resolve_device"]
 
@@ -38,6 +49,7 @@ class Prepared(NamedTuple):
     num_rows: int = 0  # sampled rows
     fix: tuple[list[int], list[int]] | None = None  # input positions, previous step's rows
     rows: DecodeRows | None = None  # a graph replay's rows (``Batch.decode_rows``)
+    state: StateBatch | None = None  # the state layers' slots (a hybrid model's)
 
 
 def load_for_engine(config, device: torch.device):
@@ -48,9 +60,19 @@ def load_for_engine(config, device: torch.device):
 
 
 class ModelRunner:
-    def __init__(self, model, pool: KVPool, device: torch.device, backend: str | None = None):
+    def __init__(
+        self,
+        model,
+        pool: KVPool,
+        device: torch.device,
+        backend: str | None = None,
+        state: StatePool | None = None,
+    ):
         self.model = model
         self.pool = pool
+        self.state = state  # the state pool, for a model with recurrent-state layers
+        # slot -> (the request whose state it holds, after how many of its tokens)
+        self._state_at: dict[int, tuple[Request, int]] = {}
         # The last step's prompt logits (requests with prompt_logprobs): one row per prompt
         # position q whose next token is a prompt token, (request, first q, rows) per item.
         self.prompt_logits: list[tuple[object, int, torch.Tensor]] = []
@@ -105,11 +127,12 @@ class ModelRunner:
         ``forward`` copies in on the device."""
         P = self.pool.page_size
         items = batch.items
+        state = self._state(items)  # checked first: nothing is built for a stale state
         if self.replays(batch):  # the graphs' own buffers take the rows
             rows = batch.decode_rows(P)
             return Prepared(batch, True, rows=rows, fix=self._fix(batch, rows, pending_rows))
         if self.pool.window_k is None and all(it.num_tokens == 1 and it.sample for it in items):
-            return self._prepare_decode(batch, pending_rows)
+            return self._prepare_decode(batch, pending_rows)._replace(state=state)
         fix_dst, fix_src = [], []
         tables, cached, new = [], [], []
         for it in items:
@@ -151,6 +174,7 @@ class ModelRunner:
             spans,
             len(rows),
             (fix_dst, fix_src) if fix_dst else None,
+            state=state,
         )
 
     @staticmethod
@@ -201,6 +225,7 @@ class ModelRunner:
             prep.logits_indices,
             window=prep.window,
             before_layer=self.pool.before_layer if self.pool.copier is not None else None,
+            state=prep.state,
         ).float()
         self.prompt_logits = []
         at = prep.num_rows
@@ -208,6 +233,44 @@ class ModelRunner:
             self.prompt_logits.append((req, start, logits[at : at + n]))
             at += n
         return logits[: prep.num_rows] if prep.spans else logits
+
+    def _state(self, items) -> StateBatch | None:
+        """The step's state inputs (None without state layers), after checking each item against
+        the ledger: an item that starts past its first token must find in its slot the state
+        after exactly its ``start`` tokens, run into that slot by this request's own earlier
+        steps (or copied there by ``fork_state``). Raises AssertionError otherwise: with reuse
+        off nothing else can put a state in a slot, so a request admitted with cached KV (a
+        prefix cache, a host tier) would be computed on from a stale state."""
+        if self.state is None:
+            return None
+        ledger, slots, cached, new = self._state_at, [], [], []
+        for it in items:
+            req, slot = it.req, it.req.state_slot
+            if slot is None:
+                raise AssertionError(f"{req.request_id} runs without a state slot")
+            held = ledger.get(slot)
+            if it.start and (held is None or held[0] is not req or held[1] != it.start):
+                what = "none" if held is None else f"{held[0].request_id}'s after {held[1]}"
+                raise AssertionError(
+                    f"{req.request_id} resumes at token {it.start} from KV it holds, but its "
+                    f"state slot {slot} holds {what} tokens' state: a sequence must never start "
+                    "with cached KV and no matching state"
+                )
+            ledger[slot] = (req, it.start + it.num_tokens)  # once this step has run
+            slots.append(slot)
+            cached.append(it.start)
+            new.append(it.num_tokens)
+        return StateBatch(StateMetadata.build(slots, cached, new, self.device), self.state)
+
+    def fork_state(self, src: Request, dst: Request) -> None:
+        """``dst``, forked from ``src`` (``Scheduler.fork``: ``src``'s KV pages shared or
+        copied), gets a copy of ``src``'s state in its own slot: never shared in place, since
+        each sample writes its own from its next token on."""
+        if self.state is None:
+            return
+        self.state.copy(src.state_slot, dst.state_slot)
+        held = self._state_at.get(src.state_slot)
+        self._state_at[dst.state_slot] = (dst, held[1] if held and held[0] is src else -1)
 
     def _window_kv(self, tables, cached, new) -> WindowKV | None:
         """The window layers' pool and block tables: each full page's window page, NULL where

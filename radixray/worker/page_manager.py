@@ -14,6 +14,12 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
     release(req)            give everything back: full computed pages cached, the rest freed
     trim_window(req)        drop the window-pool pages out of req's window (a window pool only)
 
+With ``slots`` (a model with recurrent-state layers: the state pool's slot ids, state_pool.py)
+every running request holds one state slot too: ``admit`` and ``fork`` take it with the pages
+(no free slot: nothing changes, the request waits as it waits for pages) and ``release`` gives
+it back. A released request's state is dropped with its slot: prefix reuse is off for these
+models (memory_pool.cache_kind), so a preempted request recomputes from its first token.
+
 Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
 ``pages[:num_tree_pages]`` (the cache's, locked through ``node``) then private pages; every page
 is free, cached, or private to exactly one request (``check_integrity``).
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from radixray.cache_index import ChunkCache, PrefixCache
+from radixray.cache_index import ChunkCache, PageAllocator, PrefixCache
 from radixray.cache_index.prefix_cache import MatchResult
 from radixray.cache_index.window_pages import WindowedAllocator
 from radixray.protocol import MISS_CAUSES
@@ -47,8 +53,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class PageManager:
-    def __init__(self, cache: PrefixCache):
+    def __init__(self, cache: PrefixCache, slots: PageAllocator | None = None):
         self.cache = cache
+        self.slots = slots  # the state pool's slot ids (hybrid models), else None
         self.alloc = cache.allocator
         self.P = cache.page_size
         self.reuse = not isinstance(cache, ChunkCache)
@@ -144,6 +151,8 @@ class PageManager:
         return None (nothing changed). Locking first keeps the node's own pages from counting
         as evictable."""
         P = self.P
+        if not self._slot_free():
+            return None
         self.cache.lock(node)
         self._drop_own_window(node, held, _cdiv(upto, P) - held)
         if (
@@ -152,7 +161,18 @@ class PageManager:
         ):
             self.cache.unlock(node)
             return None
+        self._take_slot(req)
         return pages
+
+    def _slot_free(self) -> bool:
+        """A state slot is free, or the model keeps no state."""
+        return self.slots is None or self.slots.num_free > 0
+
+    def _take_slot(self, req: Request) -> None:
+        """Give ``req`` a state slot (checked free by ``_slot_free``), if the model keeps state."""
+        if self.slots is not None:
+            assert req.state_slot is None, f"{req.request_id} already holds slot {req.state_slot}"
+            req.state_slot = self.slots.alloc(1)[0]
 
     def _drop_own_window(self, node, held: int, n: int) -> None:
         """With a window pool short of ``n`` window pages: drop the window pages of the path to
@@ -269,12 +289,16 @@ class PageManager:
     def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
         """Give ``dst`` what ``src`` computed: ``src``'s cached pages (locked for ``dst`` too)
         and a copy of each private page holding computed tokens (the partial last page, or with
-        reuse off every page). Returns the (source, copy) pairs, whose KV the caller copies; None
-        (nothing changed) when the copies do not fit."""
+        reuse off every page), and its own state slot. Returns the (source, copy) pairs, whose KV
+        the caller copies (and ``src``'s state into ``dst``'s slot); None (nothing changed) when
+        the copies or a slot do not fit."""
         private = src.pages[src.num_tree_pages : _cdiv(src.num_computed, self.P)]
+        if not self._slot_free():
+            return None
         copies = self._take(len(private))
         if copies is None:
             return None
+        self._take_slot(dst)  # the caller copies src's state into it, with the pages' KV
         self.cache.lock(src.node)
         dst.pages = src.pages[: src.num_tree_pages] + copies
         dst.num_tree_pages = src.num_tree_pages
@@ -284,7 +308,7 @@ class PageManager:
 
     def release(self, req: Request) -> None:
         """Give every page back: computed full pages to the cache (kept for reuse), the rest to
-        the allocator; drop the lock."""
+        the allocator; drop the lock; free its state slot (the state in it is dropped)."""
         P, cache = self.P, self.cache
         k = req.num_computed // P
         ntp = req.num_tree_pages
@@ -301,6 +325,9 @@ class PageManager:
             cache.unlock(req.node)
         if to_free:
             self.alloc.free(to_free)
+        if req.state_slot is not None:
+            self.slots.free([req.state_slot])
+            req.state_slot = None
         req.pages = []
         req.num_tree_pages = 0
         req.node = None
@@ -308,7 +335,8 @@ class PageManager:
 
     def check_integrity(self, holders: Iterable[Request], idle: Iterable[Request] = ()) -> None:
         """Every page is free, cached or private to exactly one of ``holders``; each holder has
-        pages for what it computed; ``idle`` requests hold none."""
+        pages for what it computed; ``idle`` requests hold none; every state slot is free or
+        held by exactly one holder."""
         holders = list(holders)
         self.cache.check_integrity(held_pages=[p for r in holders for p in r.private_pages])
         if self.window is not None:
@@ -320,5 +348,20 @@ class PageManager:
                     f"but holds {len(r.pages)} pages"
                 )
         for r in idle:
-            if r.pages or r.node is not None:
-                raise AssertionError(f"waiting request {r.request_id} holds pages")
+            if r.pages or r.node is not None or r.state_slot is not None:
+                raise AssertionError(f"waiting request {r.request_id} holds pages or a slot")
+        if self.slots is not None:
+            self._check_slots(holders)
+
+    def _check_slots(self, holders: list[Request]) -> None:
+        """Every state slot is free or held by exactly one running request, which holds one."""
+        self.slots.check_integrity()
+        held = [r.state_slot for r in holders]
+        if None in held:
+            raise AssertionError(f"running {holders[held.index(None)].request_id} has no slot")
+        if len(set(held)) != len(held) or any(self.slots.is_free(s) for s in held):
+            raise AssertionError(f"state slots held twice or held while free: {held}")
+        if len(held) != self.slots.num_used:
+            raise AssertionError(
+                f"{self.slots.num_used} state slots in use, {len(held)} held by running requests"
+            )

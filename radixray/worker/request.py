@@ -129,6 +129,9 @@ class Request:
     # Pages below this index had their window-pool pages dropped (out of every future query's
     # window) or left to the cache (docs/window_cache.md); 0 without a window pool.
     window_start: int = 0
+    # Its slot of the state pool (models with recurrent-state layers, worker/state_pool.py): held
+    # from admission (or its fork) to its release, like its private pages; None otherwise.
+    state_slot: int | None = None
     miss: dict[str, int] | None = None  # set on first admission
     num_preemptions: int = 0
     deferred_steps: int = 0

@@ -28,7 +28,7 @@ preempt, the manager whether the pages are there; each of its verbs does all or 
 
 from __future__ import annotations
 
-from radixray.cache_index import PrefixCache
+from radixray.cache_index import PageAllocator, PrefixCache
 
 from .batch import Batch, ScheduledItem, StepShape
 from .packing import StepCosts, StepPacking
@@ -62,10 +62,11 @@ class Scheduler:
         cache: PrefixCache,
         config: SchedulerConfig | None = None,
         step_costs: StepCosts | None = None,
+        state_slots: PageAllocator | None = None,
     ):
-        """``step_costs``: what ``packing="priced"`` weighs, from the worker's step-cost fits
-        (``packing.fitted_step_costs``); None caps nothing."""
-        self.pages = PageManager(cache)
+        """``step_costs``: what ``packing="priced"`` weighs (``packing.fitted_step_costs``; None
+        caps nothing). ``state_slots``: a hybrid's state slots, one per running request."""
+        self.pages = PageManager(cache, state_slots)
         self.cache = cache
         self.alloc = cache.allocator
         self.P = cache.page_size

@@ -25,7 +25,9 @@ import torch
 from radixray.cache_index import PageAllocator
 from radixray.model_meta.model_config import ModelConfig
 
-__all__ = ["StatePool"]
+from .memory_pool import DTYPES
+
+__all__ = ["StatePool", "state_pool_for"]
 
 
 class StatePool:
@@ -142,3 +144,13 @@ class StatePool:
             f"StatePool(num_slots={self.num_slots}, num_free={self.num_free}, "
             f"bytes_per_slot={self.bytes_per_slot})"
         )
+
+
+def state_pool_for(mcfg: ModelConfig, config, device: torch.device) -> StatePool | None:
+    """The engine's state pool for a model under an ``EngineConfig``: ``state_slots`` slots
+    (None: ``max_running``, a slot per request that can run at once), conv states in the
+    model's dtype; None for a model without state layers."""
+    if not mcfg.state_layers:
+        return None
+    slots = config.state_slots or config.max_running
+    return StatePool(mcfg, slots, device, DTYPES[config.dtype])

@@ -6,13 +6,13 @@ import time
 from collections import deque
 
 from radixray.numbers import Ewma
-from radixray.protocol import MISS_CAUSES
+from radixray.protocol import MISS_CAUSES, LoadReport, WorkerCounters
 from radixray.step_cost import StepCostModel, decode_seq_seconds
 from radixray.sysinfo import cpu_model
 
 from .packing import fitted_step_costs
 
-__all__ = ["EngineStats", "STEP_FIELDS", "engine_stats", "perf_class"]
+__all__ = ["EngineStats", "STEP_FIELDS", "engine_stats", "perf_class", "worker_report"]
 
 # One entry of EngineStats.step_log.
 STEP_FIELDS = (
@@ -206,6 +206,11 @@ def engine_stats(engine) -> dict:
             window_dropped_pages=sched.pages.num_window_dropped,
             window_evicted_pages=getattr(engine.cache, "num_window_evicted", 0),
         )
+    if engine.state_pool is not None:  # a hybrid's state slots (worker/state_pool.py)
+        s.update(
+            state_total_slots=engine.state_pool.num_slots,
+            state_free_slots=engine.state_pool.num_free,
+        )
     tier, host_alloc = getattr(engine.cache, "host", None), engine.pool.host_allocator
     if tier is not None and host_alloc is not None:
         s.update(
@@ -217,3 +222,10 @@ def engine_stats(engine) -> dict:
             host_evicted_pages=tier.evicted_pages,
         )
     return s
+
+
+def worker_report(s: dict) -> tuple[LoadReport, WorkerCounters]:
+    """The load and the counters a worker sends in its poll result, from ``engine_stats``."""
+    load = LoadReport(**{k: s[k] for k in LoadReport.__struct_fields__ if k in s})
+    counters = WorkerCounters(**{k: s[k] for k in WorkerCounters.__struct_fields__ if k in s})
+    return load, counters

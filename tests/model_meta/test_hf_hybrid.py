@@ -163,15 +163,12 @@ def test_unknown_layer_types_and_kinds_are_refused(tmp_path):
         dataclasses.replace(lfm2, layer_kinds=("conv", "attention", "mamba"))
 
 
-def test_hybrids_are_read_but_not_served_yet(tmp_path):
+def test_hybrids_are_served_with_reuse_off(tmp_path):
     from radixray.worker.memory_pool import cache_kind
 
-    assert (
-        "lfm2" not in SUPPORTED_ARCHITECTURES and "granitemoehybrid" not in SUPPORTED_ARCHITECTURES
-    )
+    assert "lfm2" in SUPPORTED_ARCHITECTURES and "granitemoehybrid" in SUPPORTED_ARCHITECTURES
     lfm2 = read(tmp_path, model_type="lfm2", layer_types=["conv", "full_attention", "conv"])
-    with pytest.raises(UnsupportedModelError, match=r"layers \[0, 2\] keep a recurrent state"):
-        cache_kind("radix", lfm2)
+    assert cache_kind("radix", lfm2) == "chunk"  # no state cache yet: no prefix reuse
     # Granite 4.0's attention-only members are the same model type with no state layers
     dense = read(
         tmp_path, model_type="granitemoehybrid", layer_types=["attention"] * 3, num_local_experts=0

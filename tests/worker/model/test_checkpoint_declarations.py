@@ -108,6 +108,8 @@ def test_an_unsupported_architecture_is_refused_naming_it_and_the_supported_ones
         "gemma3_text",
         "gemma3",
         "gemma2",
+        "lfm2",
+        "granitemoehybrid",
     )
 
 
