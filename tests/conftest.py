@@ -24,13 +24,28 @@ def _cuda_available() -> bool:
 # model's and the engines' tests) run first and together, each module whole and in its own
 # order: xdist's load scheduler hands the first few hundred tests to one worker, so that worker
 # alone builds them (and the longest tests start first). Every worker orders them alike, as
-# xdist requires.
+# xdist requires. The modules that import transformers' models or tokenizers follow them, for
+# the same reason: that import is 3-4 s of CPU in each process that makes it (it scans every
+# model's source), and with these on the first worker the other never makes it. Together they
+# must stay within that first hand (a quarter of a worker's share: ~260 tests today, ~210 here).
 SHARED_FIXTURE_MODULES = (
     "tests/model_meta/test_gguf_reader.py",
     "tests/model_meta/test_tokenizer.py",
     "tests/worker/test_engine_smollm2.py",
     "tests/worker/test_logprobs_smollm2.py",
     "tests/worker/model/test_smollm2.py",
+    # transformers' models or tokenizers: the references of these tests
+    "tests/worker/model/test_model_families.py",
+    "tests/worker/model/test_llama.py",
+    "tests/worker/model/test_loader.py",
+    "tests/worker/model/test_gguf_families.py",
+    "tests/worker/model/test_checkpoint_declarations.py",
+    "tests/worker/model/test_hybrid_families.py",
+    "tests/worker/test_hybrid_engine.py",
+    "tests/model_meta/test_hf_hybrid.py",
+    "tests/model_meta/test_chat_template_tools.py",
+    "tests/kernels/test_state_reference.py",
+    "tests/kernels/test_window.py",
 )
 
 
