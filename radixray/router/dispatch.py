@@ -100,6 +100,11 @@ def _finite(x: float | None) -> float | None:
     return round(x, 4) if x is not None and math.isfinite(x) else None
 
 
+def _reuses(states: Sequence[WorkerState], wid) -> bool:
+    """Whether worker ``wid``'s cache keeps prefixes (``WorkerState.reuses``)."""
+    return next((s.reuses for s in states if s.worker_id == wid), True)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -132,7 +137,7 @@ class Dispatcher:
         record = self._record(request, decision, states, attempt)
         if self.herd is not None:
             self.herd.observe(wid, states, record)
-        if self.optimistic and request.block_hashes:
+        if self.optimistic and request.block_hashes and _reuses(states, wid):
             self.index.insert(wid, request.block_hashes)
         self.policy.on_dispatch(decision, request)
         return decision, record

@@ -182,6 +182,7 @@ class WorkerPool:
                     host_total_pages=r.host_total_pages,
                     decode_seq_s=decode.get(e.worker_id, 0.0),
                     answer_tokens=r.answer_tokens or 0.0,
+                    reuses=e.info.cache != "chunk",
                 )
             )
         return out

@@ -299,3 +299,26 @@ def test_a_request_mid_prefill_is_one_waiting_request_not_two():
     finally:
         gate.release()
         host.shutdown()
+
+
+def test_a_worker_without_prefix_reuse_gets_no_index_entries():
+    """A worker whose cache is the reuse-off "chunk" (a hybrid model with state layers) shows as
+    ``reuses=False``, and dispatching to it indexes nothing there: no policy then predicts a hit
+    it cannot deliver. A reusing worker gets its request's blocks at once, as before."""
+    from radixray.router.dispatch import Dispatcher
+    from radixray.router.policies import RoutingRequest, make_policy
+
+    pool = WorkerPool(ApproxIndex(4))
+    chunk = WorkerInfo("c", "epoch", "tiny", 4, 4096, 320, "chunk", 64, "cpu", "")
+    pool.workers["c"] = WorkerEntry(None, "c", chunk, LoadReport())
+    pool.workers["r"] = entry("r")
+    for wid in ("c", "r"):
+        pool.index.add_worker(wid)
+    reuses = {s.worker_id: s.reuses for s in pool.states()}
+    assert reuses == {"c": False, "r": True}
+    dispatch = Dispatcher(make_policy("round_robin"), pool.index, herd_window=0)
+    blocks = [11, 12, 13]
+    for k in range(2):  # round robin visits both workers
+        request = RoutingRequest(k, 12, blocks, None, float(k))
+        dispatch.decide(request, pool.states())
+    assert pool.index.match(blocks) == {"r": 3}

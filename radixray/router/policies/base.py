@@ -113,6 +113,10 @@ class WorkerState:
     # known) and the tokens a sequence decodes here on average (0: none ended yet).
     decode_seq_s: float = 0.0
     answer_tokens: float = 0.0
+    # Whether its cache keeps prefixes (False: the reuse-off "chunk" cache, which hybrid models
+    # with state layers run): the router then indexes nothing on it, so no policy predicts a hit
+    # there that the worker cannot deliver.
+    reuses: bool = True
 
     def queue_wait_s(self) -> float:
         """Seconds before a request sent here now starts its first step, behind the queued
