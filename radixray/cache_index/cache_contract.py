@@ -22,8 +22,10 @@ pages for it and calls ``load_back``; the cache records the copies, which the ca
 ``take_copies()`` and runs, in order, before its next forward. Every host page is free or in the
 cache.
 
-The implementations: ``radix_cache.RadixCache`` (reuse on) and ``chunk_cache.ChunkCache`` (reuse
-off); ``prefix_cache.make_cache`` picks one by name.
+The implementations: ``radix_cache.RadixCache`` (reuse on), ``swa_radix_cache.SWARadixCache``
+(window layers), ``mamba_radix_cache.MambaRadixCache`` (state layers: a match also names a state
+checkpoint, which the caller copies before its first forward) and ``chunk_cache.ChunkCache``
+(reuse off); ``prefix_cache.make_cache`` picks one by name.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class MatchResult(NamedTuple):
     # Tokens after ``num_tokens`` that are cached but not reusable: their window was dropped
     # (``swa_radix_cache``); attributed to the miss cause "window".
     window_tokens: int = 0
+    # A cache of state checkpoints (``mamba_radix_cache``): the state-pool slot holding the state
+    # after ``num_tokens`` tokens (None when nothing matched), and the tokens after it whose KV
+    # is cached but with no checkpoint at or after them (attributed to the miss cause "state").
+    state_slot: int | None = None
+    state_tokens: int = 0
 
 
 class PrefixCache(ABC):
