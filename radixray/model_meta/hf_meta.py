@@ -46,7 +46,7 @@ _FLAGS: dict[str, dict[str, bool]] = {
 }
 _GEMMA = ("gemma3_text", "gemma3", "gemma2")
 # What a worker serves: every family read here. The hybrids (HYBRID_FAMILIES) are served with
-# prefix reuse off until the engine has a state cache (memory_pool.cache_kind, issue 45).
+# the state cache, mamba_radix (memory_pool.cache_kind).
 SUPPORTED_ARCHITECTURES = tuple(_FLAGS)
 
 

@@ -44,6 +44,9 @@ class DecodeRows(NamedTuple):
 
 class Batch(NamedTuple):
     items: list[ScheduledItem]
+    # State copies to run before the forward, in order (``state_checkpointer.StateCopy``: a
+    # checkpoint restored into a request's slot, or a request's state saved to one).
+    state_copies: tuple | list = ()
 
     @property
     def num_tokens(self) -> int:

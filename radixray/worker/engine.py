@@ -73,9 +73,9 @@ class Engine:
         self.cache_kind = cache_kind(config.cache, mcfg)
         self.pool = KVPool.for_model(mcfg, config, self.device, self.max_model_len, self.cache_kind)
         self.page_size = config.page_size
-        self.cache = self.pool.make_cache(self.cache_kind, config)
         self.state_pool = state_pool_for(mcfg, config, self.device)  # a hybrid's, else None
         slots = self.state_pool.allocator if self.state_pool else None
+        self.cache = self.pool.make_cache(self.cache_kind, config, slots)
         self.meter = EngineStats()  # counters, step cost fit, rates
         self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs, slots)
         self.runner = ModelRunner(

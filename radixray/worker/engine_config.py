@@ -26,8 +26,8 @@ class EngineConfig:
     )
     cache: str = setting(
         "radix",
-        "prefix reuse: radix (swa_radix for a model with sliding-window layers), swa_radix, "
-        "or chunk (off)",
+        "prefix reuse: radix (swa_radix for a model with sliding-window layers, mamba_radix "
+        "for one with recurrent-state layers), swa_radix, mamba_radix, or chunk (off)",
         choices=CACHE_TYPES,
     )
     page_size: int = setting(16, "tokens per KV page (the router hashes pages of this size)")
@@ -53,13 +53,25 @@ class EngineConfig:
         "--num-pages when that is set, else sized from the budget)",
     )
     # The state pool beside the KV pool (worker/state_pool.py), for models with recurrent-state
-    # layers: one slot per running request (prefix reuse is off for them, so no slot holds a
-    # cached state), so max_running slots never make a request wait; fewer bound the state's
-    # memory (a request waits for a slot as it waits for pages).
+    # layers: a slot per running request, and the state cache's checkpoints (mamba_radix) in
+    # the rest. The default keeps as many checkpoints as requests can run: with fewer slots a
+    # request waits for one as for pages, and checkpoints are evicted sooner.
     state_slots: int | None = setting(
         None,
         "recurrent-state slots, for models with state layers (LFM2, Granite 4.0-H): one per "
-        "running request (None: --max-running)",
+        "running request, the rest keep prefix checkpoints (None: 2x --max-running; "
+        "--max-running with --cache chunk)",
+    )
+    # 256 is Mamba2's SSD chunk size (mamba_chunk_size, every released Mamba2 checkpoint's):
+    # the scan splits a step's tokens into chunks from the step's first token, so a prefill
+    # resumed at a multiple of it splits where one pass would and is bitwise equal to it
+    # (tests/kernels/test_state_reference.py); short convolutions (LFM2) are exact anywhere.
+    state_interval: int = setting(
+        256,
+        "tokens between state checkpoints of a model with state layers (taken at page ends "
+        "that are multiples of it and at each prompt's last full page; prefill chunks end "
+        "there): a multiple of the SSD chunk size (256) keeps a resumed prefill bitwise equal "
+        "to one pass; smaller: more reuse points, a state slot each",
     )
     # "auto": the accelerator when there is one (what `radixray serve` and `worker` always did).
     device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"')
@@ -155,6 +167,9 @@ class EngineConfig:
         ss = self.state_slots
         if ss is not None and (isinstance(ss, bool) or not isinstance(ss, int) or ss < 1):
             raise ValueError(f"--state-slots must be an int >= 1 or unset, got {ss!r}")
+        si = self.state_interval
+        if isinstance(si, bool) or not isinstance(si, int) or si < 1:
+            raise ValueError(f"--state-interval must be an int >= 1, got {si!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")
         dev = self.device
@@ -190,4 +205,5 @@ class EngineConfig:
             dedupe_in_flight=self.dedupe_in_flight,
             prefill_order=self.prefill_order,
             packing=self.packing,
+            state_interval=self.state_interval,
         )

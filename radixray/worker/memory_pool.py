@@ -54,17 +54,22 @@ WINDOW_SHARE = 0.25
 
 def cache_kind(cache: str, mcfg) -> str:
     """The cache an engine builds for ``cache`` (EngineConfig's) and a model: "radix" on a
-    model with sliding-window layers is "swa_radix" (docs/window_cache.md). On a model with
-    recurrent-state layers "radix" is "chunk", prefix reuse off: cached KV pages alone cannot
-    resume a sequence, which needs the state after exactly its cached tokens too, and no cache
-    keeps states yet (the state cache, ``mamba_radix``, is issue 45's next step)."""
+    model with sliding-window layers is "swa_radix" (docs/window_cache.md), on a model with
+    recurrent-state layers "mamba_radix": cached KV pages alone cannot resume a sequence,
+    which needs the state after exactly its cached tokens too, so that cache keeps state
+    checkpoints beside them (docs/models.md, "Serving a hybrid")."""
     if mcfg.state_layers:
-        if cache not in ("radix", "chunk"):
+        if cache not in ("radix", "mamba_radix", "chunk"):
             raise ValueError(
                 f"cache={cache!r}: {mcfg.architecture} has recurrent-state layers "
-                f"{list(mcfg.state_layers)}, served with reuse off (cache 'chunk' or 'radix')"
+                f"{list(mcfg.state_layers)} (cache 'radix', 'mamba_radix' or 'chunk')"
             )
-        return "chunk"
+        return "chunk" if cache == "chunk" else "mamba_radix"
+    if cache == "mamba_radix":
+        raise ValueError(
+            "cache='mamba_radix' needs a model with recurrent-state layers; this one has none "
+            "(use cache='radix')"
+        )
     windowed = any(mcfg.window(i) is not None for i in range(mcfg.num_layers))
     if cache == "radix" and windowed:
         return "swa_radix"
@@ -114,13 +119,12 @@ def default_host_pages(device: torch.device, device_pages: int, bytes_per_page: 
 def _host_pages(config, mcfg, device: torch.device, num_pages: int, reuse: bool) -> int:
     """``EngineConfig.host_pages`` for a pool of ``num_pages`` device pages: 0 without prefix
     reuse (nothing to keep), the device's default (``default_host_pages``) for None. Asked of
-    a model with state layers, refused: reuse is off for it (``cache_kind``), and so nothing
-    would ever be demoted to the tier or loaded back from it."""
+    a model with state layers, refused: its cache (``mamba_radix``) cannot demote a state
+    checkpoint to the host yet, so a demoted node could never be resumed from."""
     if config.host_pages and mcfg.state_layers:
         raise ValueError(
-            f"host_pages={config.host_pages}: {mcfg.architecture} has recurrent-state layers and "
-            "is served with prefix reuse off (no state cache yet), so it has no host tier; "
-            "leave --host-pages unset or 0"
+            f"host_pages={config.host_pages}: {mcfg.architecture} has recurrent-state layers, "
+            "whose state cache has no host tier yet; leave --host-pages unset or 0"
         )
     if not reuse:
         return 0
@@ -295,11 +299,13 @@ class KVPool:
             return 0
         return self.copier.run(copies)
 
-    def make_cache(self, kind: str, config) -> PrefixCache:
+    def make_cache(self, kind: str, config, state_slots=None) -> PrefixCache:
         """The prefix cache of ``kind`` on this pool for an ``EngineConfig``
         (``cache_index.make_cache``): its allocator, and for a reusing cache its eviction,
-        events and host tier."""
+        events and host tier; for ``mamba_radix`` the state pool's slot ids too."""
         kw: dict = {"allocator": self.allocator}
+        if kind == "mamba_radix":
+            kw["state_allocator"] = state_slots
         if kind != "chunk":
             kw.update(
                 eviction=config.eviction,

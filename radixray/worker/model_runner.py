@@ -127,6 +127,7 @@ class ModelRunner:
         ``forward`` copies in on the device."""
         P = self.pool.page_size
         items = batch.items
+        self._state_copies(batch.state_copies)  # checkpoints saved and restored, then:
         state = self._state(items)  # checked first: nothing is built for a stale state
         if self.replays(batch):  # the graphs' own buffers take the rows
             rows = batch.decode_rows(P)
@@ -216,6 +217,8 @@ class ModelRunner:
             return self.graphs.run(prep.rows, fix)
         if fix is not None:
             prep.input_ids.index_copy_(0, *fix)
+        if prep.batch.state_copies:  # before the forward, in the device's order of steps
+            self.state.run_copies([(c.src, c.dst) for c in prep.batch.state_copies])
         logits = self.model(
             prep.input_ids,
             prep.positions,
@@ -261,6 +264,30 @@ class ModelRunner:
             cached.append(it.start)
             new.append(it.num_tokens)
         return StateBatch(StateMetadata.build(slots, cached, new, self.device), self.state)
+
+    def run_state_copies(self, copies) -> None:
+        """Check and run a step's state copies without its forward (every request of the
+        step ended before it ran)."""
+        self._state_copies(copies)
+        if copies:
+            self.state.run_copies([(c.src, c.dst) for c in copies])
+
+    def _state_copies(self, copies) -> None:
+        """Check each state copy of the step against the ledger and record it: a save reads
+        the request's own state after exactly ``tokens`` tokens; a restore reads a checkpoint
+        of ``tokens`` tokens (``None`` in the ledger: a checkpoint, whoever saved it) and leaves
+        the request's slot holding its state after them."""
+        ledger = self._state_at
+        for c in copies:
+            held = ledger.get(c.src)
+            owner = c.req if c.save else None
+            if held is None or held[0] is not owner or held[1] != c.tokens:
+                what = "nothing" if held is None else f"{held[1]} tokens' state"
+                raise AssertionError(
+                    f"{c.req.request_id}: state copy {c.src} -> {c.dst} expects the state after "
+                    f"{c.tokens} tokens, slot {c.src} holds {what}"
+                )
+            ledger[c.dst] = (None, c.tokens) if c.save else (c.req, c.tokens)
 
     def fork_state(self, src: Request, dst: Request) -> None:
         """``dst``, forked from ``src`` (``Scheduler.fork``: ``src``'s KV pages shared or

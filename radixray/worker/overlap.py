@@ -153,11 +153,13 @@ class OverlapStepper:
         if copies or self.serial_reason(batch):
             out = self.drain()
             self.serial_steps += 1
-            batch = Batch([it for it in batch.items if it.req.status is RequestStatus.RUNNING])
+            running = [it for it in batch.items if it.req.status is RequestStatus.RUNNING]
+            batch = batch._replace(items=running)  # its state copies stay: a save was cached
             if batch.items:
                 out += e._run(batch, start, copies)
-            elif copies:  # every request of the step ended meanwhile: its copies still run
+            elif copies or batch.state_copies:  # every request ended: its copies still run
                 e._run_copies(copies=copies)
+                e.runner.run_state_copies(batch.state_copies)
             return out
         prev, self.inflight = self.inflight, None
         self.inflight = self._launch(batch, prev, start)

@@ -16,9 +16,9 @@ so, the shape of nano-vllm's block manager and vLLM's ``allocate_slots``::
 
 With ``slots`` (a model with recurrent-state layers: the state pool's slot ids, state_pool.py)
 every running request holds one state slot too: ``admit`` and ``fork`` take it with the pages
-(no free slot: nothing changes, the request waits as it waits for pages) and ``release`` gives
-it back. A released request's state is dropped with its slot: prefix reuse is off for these
-models (memory_pool.cache_kind), so a preempted request recomputes from its first token.
+(none free, even after evicting a checkpoint: nothing changes, the request waits as for pages)
+and ``release`` gives it back. With a state cache (mamba_radix) a ``StateCheckpointer`` says
+when states are saved and restored, and KV goes to the cache up to the last checkpoint only.
 
 Ownership follows the contract of ``cache_index.prefix_cache``: a request's pages are
 ``pages[:num_tree_pages]`` (the cache's, locked through ``node``) then private pages; every page
@@ -35,6 +35,7 @@ from radixray.cache_index.window_pages import WindowedAllocator
 from radixray.protocol import MISS_CAUSES
 
 from .request import Request
+from .state_checkpointer import StateCheckpointer
 
 __all__ = ["PageManager"]
 
@@ -53,9 +54,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class PageManager:
-    def __init__(self, cache: PrefixCache, slots: PageAllocator | None = None):
+    def __init__(
+        self, cache: PrefixCache, slots: PageAllocator | None = None, state_interval: int = 256
+    ):
         self.cache = cache
         self.slots = slots  # the state pool's slot ids (hybrid models), else None
+        # a cache of state checkpoints (mamba_radix): when states are saved and restored
+        keeps = slots is not None and hasattr(cache, "lock_state")
+        self.states = StateCheckpointer(cache, slots, state_interval) if keeps else None
         self.alloc = cache.allocator
         self.P = cache.page_size
         self.reuse = not isinstance(cache, ChunkCache)
@@ -101,6 +107,8 @@ class PageManager:
         req.num_tree_pages = len(m.pages)
         req.node = m.node
         req.num_computed = m.num_tokens
+        if self.states is not None:  # its slot gets the match's checkpoint first
+            self.states.restore(req, m)
         return True
 
     def admit_first(self, req: Request, m: MatchResult, budget: int) -> MatchResult | None:
@@ -151,9 +159,10 @@ class PageManager:
         return None (nothing changed). Locking first keeps the node's own pages from counting
         as evictable."""
         P = self.P
+        self.cache.lock(node)  # first: a slot found by evicting a checkpoint is not this one
         if not self._slot_free():
+            self.cache.unlock(node)
             return None
-        self.cache.lock(node)
         self._drop_own_window(node, held, _cdiv(upto, P) - held)
         if (
             _cdiv(req.num_tokens, P) - held > self.available_pages
@@ -166,7 +175,19 @@ class PageManager:
 
     def _slot_free(self) -> bool:
         """A state slot is free, or the model keeps no state."""
-        return self.slots is None or self.slots.num_free > 0
+        states = self.states
+        return self.slots is None or self.slots.num_free > 0 or bool(states and states.free_slot())
+
+    def chunk(self, req: Request, limit: int) -> int:
+        """Tokens of ``req``'s next chunk: what is left, at most ``limit``, and with a state
+        cache never past a checkpoint point."""
+        if self.states is not None:
+            return self.states.chunk(req, limit)
+        return min(req.num_tokens - req.num_computed, limit)
+
+    def state_copies(self, items) -> tuple | list:
+        """The state copies to run before the step of ``items`` (a state cache's)."""
+        return self.states.take(items) if self.states is not None else ()
 
     def _take_slot(self, req: Request) -> None:
         """Give ``req`` a state slot (checked free by ``_slot_free``), if the model keeps state."""
@@ -234,12 +255,14 @@ class PageManager:
     def commit(self, req: Request, upto: int) -> None:
         """Insert the full pages of ``all_ids[:upto]`` and keep them locked for ``req``; pages
         another request cached meanwhile replace ``req``'s private copies, which are freed."""
-        P, cache = self.P, self.cache
+        P, cache, kw = self.P, self.cache, {}
+        if self.states is not None:  # KV goes in up to its last checkpoint, with them
+            upto, kw["states"] = self.states.insertable(req, upto)
         k = upto // P
         if not self.reuse or k <= req.num_tree_pages:
             return
         tokens = req.all_ids[: k * P]
-        cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes)
+        cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes, **kw)
         dups = req.pages[req.num_tree_pages : max(req.num_tree_pages, min(cached // P, k))]
         # every cached page, tombstoned window pages or not (swa_radix's match stops before)
         m = getattr(cache, "match_cached", cache.match_prefix)(tokens, req.extra_key)
@@ -309,14 +332,16 @@ class PageManager:
     def release(self, req: Request) -> None:
         """Give every page back: computed full pages to the cache (kept for reuse), the rest to
         the allocator; drop the lock; free its state slot (the state in it is dropped)."""
-        P, cache = self.P, self.cache
+        P, cache, kw = self.P, self.cache, {}
         k = req.num_computed // P
+        if self.states is not None:  # KV up to its last checkpoint, with them
+            end, kw["states"] = self.states.insertable(req, req.num_computed)
+            k = end // P
         ntp = req.num_tree_pages
         to_free: list[int] = []
         if k > ntp or (not self.reuse and k > 0):
-            cached = cache.insert(
-                req.all_ids[: k * P], req.pages[:k], req.extra_key, req.block_hashes
-            )
+            tokens = req.all_ids[: k * P]
+            cached = cache.insert(tokens, req.pages[:k], req.extra_key, req.block_hashes, **kw)
             to_free += req.pages[ntp : max(ntp, min(cached // P, k))]  # duplicates
             to_free += req.pages[k:]
         else:
@@ -328,6 +353,8 @@ class PageManager:
         if req.state_slot is not None:
             self.slots.free([req.state_slot])
             req.state_slot = None
+        if self.states is not None:
+            self.states.drop(req)
         req.pages = []
         req.num_tree_pages = 0
         req.node = None
@@ -338,7 +365,12 @@ class PageManager:
         pages for what it computed; ``idle`` requests hold none; every state slot is free or
         held by exactly one holder."""
         holders = list(holders)
-        self.cache.check_integrity(held_pages=[p for r in holders for p in r.private_pages])
+        held = [p for r in holders for p in r.private_pages]
+        if self.states is not None:  # both pools: each slot free, a request's, or cached
+            slots = [s for r in holders for s in (r.state_slot, *r.checkpoints.values())]
+            self.cache.check_integrity(held_pages=held, held_slots=slots)
+        else:
+            self.cache.check_integrity(held_pages=held)
         if self.window is not None:
             self.window.check_window()
         for r in holders:
@@ -348,7 +380,7 @@ class PageManager:
                     f"but holds {len(r.pages)} pages"
                 )
         for r in idle:
-            if r.pages or r.node is not None or r.state_slot is not None:
+            if r.pages or r.node is not None or r.state_slot is not None or r.checkpoints:
                 raise AssertionError(f"waiting request {r.request_id} holds pages or a slot")
         if self.slots is not None:
             self._check_slots(holders)
@@ -361,7 +393,7 @@ class PageManager:
             raise AssertionError(f"running {holders[held.index(None)].request_id} has no slot")
         if len(set(held)) != len(held) or any(self.slots.is_free(s) for s in held):
             raise AssertionError(f"state slots held twice or held while free: {held}")
-        if len(held) != self.slots.num_used:
+        if self.states is None and len(held) != self.slots.num_used:
             raise AssertionError(
                 f"{self.slots.num_used} state slots in use, {len(held)} held by running requests"
             )

@@ -132,6 +132,9 @@ class Request:
     # Its slot of the state pool (models with recurrent-state layers, worker/state_pool.py): held
     # from admission (or its fork) to its release, like its private pages; None otherwise.
     state_slot: int | None = None
+    # State checkpoints it took and has not handed to the cache yet: position -> slot (the
+    # state after that many tokens; worker/state_checkpointer.py, a state cache only).
+    checkpoints: dict[int, int] = field(default_factory=dict)
     miss: dict[str, int] | None = None  # set on first admission
     num_preemptions: int = 0
     deferred_steps: int = 0

@@ -18,9 +18,8 @@ pages for the first chunk. A request that cannot get a page first evicts the cac
 then preempts the running request with the least progress (possibly itself).
 
 Same-prefix arrivals: if the next page a waiting request needs is being prefilled by a running
-request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Prefill progress is
-handed to the cache after every chunk, so a long shared prompt is shared as soon as a chunk of it
-exists.
+request, it waits a step (``dedupe_in_flight``) and then reuses those pages. Prefill progress goes
+to the cache after every chunk: a long shared prompt is shared as soon as a chunk of it exists.
 
 Pages are the ``PageManager``'s (page_manager.py): the scheduler decides who runs and whom to
 preempt, the manager whether the pages are there; each of its verbs does all or nothing.
@@ -66,11 +65,11 @@ class Scheduler:
     ):
         """``step_costs``: what ``packing="priced"`` weighs (``packing.fitted_step_costs``; None
         caps nothing). ``state_slots``: a hybrid's state slots, one per running request."""
-        self.pages = PageManager(cache, state_slots)
+        self.config = config or SchedulerConfig()
+        self.pages = PageManager(cache, state_slots, self.config.state_interval)
         self.cache = cache
         self.alloc = cache.allocator
         self.P = cache.page_size
-        self.config = config or SchedulerConfig()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.queued = QueuedPrefill(self.pages, self.waiting, self.running)
@@ -155,7 +154,7 @@ class Scheduler:
         # only evict what the preempted request just left in the cache.
         elif budget > 0 and self.waiting and self.num_preemptions == preemptions_before:
             self._admit(items, budget, scheduled)
-        batch = Batch(items)
+        batch = Batch(items, self.pages.state_copies(items))
         self.work += batch.num_tokens
         return batch
 
@@ -163,7 +162,8 @@ class Scheduler:
         """Schedule a running request's next token or chunk; the tokens it takes (0 if it was
         preempted itself, or capped by ``packing``)."""
         n = req.num_tokens - req.num_computed
-        n = min(n, budget if not req.in_prefill else self._room(req, n, budget, scheduled))
+        cap = self._room(req, n, budget, scheduled) if req.in_prefill else budget
+        n = self.pages.chunk(req, cap)  # (with a state cache: not past a checkpoint point)
         if n <= 0 or not self._ensure_pages(req, req.num_computed + n, scheduled):
             return 0
         self._schedule(
@@ -342,7 +342,7 @@ class Scheduler:
         self.waiting.remove(req)
         self.running.append(req)
         in_flight.update(req.block_hashes[nxt : req.num_prompt // P])
-        s, n = start.num_tokens, min(req.num_tokens - start.num_tokens, budget)
+        s, n = start.num_tokens, self.pages.chunk(req, budget)  # (num_computed is s)
         self._schedule(ScheduledItem(req, s, n, s + n == req.num_tokens), items, scheduled)
         return n
 

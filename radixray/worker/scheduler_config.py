@@ -44,9 +44,16 @@ class SchedulerConfig:
     # first tokens (by the worker's step-cost fits). "full": every step filled to
     # max_batch_tokens, as vLLM and SGLang do.
     packing: str = "priced"
+    # State checkpoints (a model with state layers, cache mamba_radix): taken at page ends that
+    # are multiples of this and at each prompt's last full page; prefill chunks end there
+    # (worker/state_checkpointer.py). EngineConfig.state_interval says why 256.
+    state_interval: int = 256
 
     def __post_init__(self):
-        for name in ("max_batch_tokens", "max_running", "max_wait_steps", "lpm_queue_limit"):
+        for name in (
+            *("max_batch_tokens", "max_running", "max_wait_steps"),
+            *("lpm_queue_limit", "state_interval"),
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")

@@ -117,6 +117,14 @@ class StatePool:
         for t in self.tensors.values():
             t[:, dst].copy_(t[:, src])
 
+    def run_copies(self, pairs) -> None:
+        """The state copies of a step, (src, dst) slot pairs in order, as its forward runs
+        (the scheduler checked the slots when it planned them; some may be free by now, their
+        copy harmless: nothing reads a free slot)."""
+        for src, dst in pairs:
+            for t in self.tensors.values():
+                t[:, dst].copy_(t[:, src])
+
     def conv_state(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s conv state of every slot, ``[num_slots, channels, kernel - 1]``."""
         kind, j = self._layer(layer)
@@ -148,9 +156,11 @@ class StatePool:
 
 def state_pool_for(mcfg: ModelConfig, config, device: torch.device) -> StatePool | None:
     """The engine's state pool for a model under an ``EngineConfig``: ``state_slots`` slots
-    (None: ``max_running``, a slot per request that can run at once), conv states in the
-    model's dtype; None for a model without state layers."""
+    (None: a slot per request that can run at once, ``max_running``, and with a state cache as
+    many again for its checkpoints), conv states in the model's dtype; None for a model without
+    state layers."""
     if not mcfg.state_layers:
         return None
-    slots = config.state_slots or config.max_running
+    keeps = 2 if config.cache != "chunk" else 1  # a state cache keeps checkpoints
+    slots = config.state_slots or keeps * config.max_running
     return StatePool(mcfg, slots, device, DTYPES[config.dtype])

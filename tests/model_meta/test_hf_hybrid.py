@@ -163,14 +163,19 @@ def test_unknown_layer_types_and_kinds_are_refused(tmp_path):
         dataclasses.replace(lfm2, layer_kinds=("conv", "attention", "mamba"))
 
 
-def test_hybrids_are_served_with_reuse_off(tmp_path):
+def test_hybrids_are_served_with_the_state_cache(tmp_path):
     from radixray.worker.memory_pool import cache_kind
 
     assert "lfm2" in SUPPORTED_ARCHITECTURES and "granitemoehybrid" in SUPPORTED_ARCHITECTURES
     lfm2 = read(tmp_path, model_type="lfm2", layer_types=["conv", "full_attention", "conv"])
-    assert cache_kind("radix", lfm2) == "chunk"  # no state cache yet: no prefix reuse
+    assert cache_kind("radix", lfm2) == "mamba_radix"  # KV and state checkpoints
+    assert cache_kind("chunk", lfm2) == "chunk"
+    with pytest.raises(ValueError, match="swa_radix"):
+        cache_kind("swa_radix", lfm2)
     # Granite 4.0's attention-only members are the same model type with no state layers
     dense = read(
         tmp_path, model_type="granitemoehybrid", layer_types=["attention"] * 3, num_local_experts=0
     )
     assert dense.state_layers == () and cache_kind("radix", dense) == "radix"
+    with pytest.raises(ValueError, match="needs a model with recurrent-state layers"):
+        cache_kind("mamba_radix", dense)

@@ -1,6 +1,7 @@
 """Hybrid models (recurrent-state layers beside attention) served by the real Engine: a tiny
 random-weight LFM2 and Granite 4.0-H (tests/worker/model/test_hybrid_families.py's configs),
-with prefix reuse off (the chunk cache) and a state slot per running request.
+with prefix reuse off (the chunk cache, asked for) and a state slot per running request; the
+state cache (mamba_radix, the default for these models) is tested in test_hybrid_cache.py.
 
 - greedy tokens equal transformers' ``generate`` for several concurrent prompts of different
   lengths, with prefill split into chunks by a small step budget, with preemption forced by a
@@ -8,8 +9,8 @@ with prefix reuse off (the chunk cache) and a state slot per running request.
   state) and with fewer state slots than requests (a request waits for a slot, then runs);
 - after every run every page and every slot is free, and ``check_integrity`` holds after every
   step (``debug_checks``);
-- the runner refuses a sequence that would resume from KV without the matching state; reuse,
-  the host tier and CUDA graphs are off for these models, each with its reason.
+- the runner refuses a sequence that would resume from KV without the matching state; the host
+  tier and CUDA graphs are off for these models, each with its reason.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def engine(loaded, **kw) -> Engine:
         "device": "cpu",
         "seed": 0,
         "debug_checks": True,
+        "cache": "chunk",
     }
     return Engine(EngineConfig(**(cfg | kw)), loaded=loaded)
 
@@ -195,15 +197,16 @@ def test_the_runner_refuses_kv_without_its_state(hybrid):
     e.runner.prepare(Batch([ScheduledItem(req, req.num_computed, 1, True)]))  # its own: fine
 
 
-def test_reuse_host_tier_and_graphs_are_off_with_their_reasons(hybrid):
+def test_host_tier_and_graphs_are_off_with_their_reasons(hybrid):
     loaded, _, _ = hybrid("granite_h")
     model, mcfg, _ = loaded
     e = engine(loaded, cache="radix")
-    assert e.cache_kind == "chunk" and e.pool.host is None
+    assert e.cache_kind == "mamba_radix" and e.pool.host is None
     assert e.pool.k_cache.shape[0] == len(mcfg.attention_layers) == 1  # KV for attention only
     assert "state layers" in graph_unsupported(model, e.pool)
-    assert e.state_pool.num_slots == e.config.max_running  # the documented default
+    assert e.state_pool.num_slots == 2 * e.config.max_running  # the documented defaults
+    assert engine(loaded).state_pool.num_slots == e.config.max_running  # reuse off
     with pytest.raises(ValueError, match="host_pages=8: granitemoehybrid has recurrent-state"):
-        engine(loaded, host_pages=8)
+        engine(loaded, host_pages=8, cache="radix")
     with pytest.raises(ValueError, match="cache='swa_radix'"):
         engine(loaded, cache="swa_radix")

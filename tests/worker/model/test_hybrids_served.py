@@ -2,7 +2,7 @@
 test_families_served.py serves the others: a random-weight LFM2 or Granite 4.0-H checkpoint
 with a byte-level tokenizer and a ChatML template, behind the router, asked through the
 official OpenAI client; the completion's text is transformers' greedy tokens, decoded, and the
-worker ends with every state slot free (prefix reuse is off for these models)."""
+worker ends with every state slot free or a checkpoint of its state cache (mamba_radix)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,13 @@ def test_a_hybrid_serves_chat_and_completions_through_the_router(tmp_path, famil
                 n=2,  # the second sample forks the first's state
             )
         engine = host.engine
-        assert engine.cache_kind == "chunk"
-        assert engine.state_pool.num_free == engine.state_pool.num_slots
-        assert engine.pool.allocator.num_free == engine.pool.allocator.num_pages
+        assert engine.cache_kind == "mamba_radix"
+        engine.check_integrity()  # both pools: nothing held by a request
+        assert engine.state_pool.num_free + engine.cache.num_states == engine.state_pool.num_slots
+        assert (
+            engine.pool.allocator.num_free + engine.cache.total_pages
+            == engine.pool.allocator.num_pages
+        )
     finally:
         host.shutdown()
     ids = meta.tokenizer.encode(prompt)

@@ -1,0 +1,182 @@
+"""The state cache (``mamba_radix``) through the real Engine, on the tiny random-weight LFM2 and
+Granite 4.0-H of tests/worker/model/test_hybrid_families.py.
+
+Chat-like traffic: two sessions share a system prompt, each takes three turns (a turn's prompt
+is the last turn's prompt, its answer and a new message), so later requests resume from state
+checkpoints. With ``state_interval`` 8 at page size 4, checkpoints are taken at every 8th token
+and at each prompt's last full page, in prefill and in decode.
+
+- greedy tokens equal the cache-off engine's and transformers' (its argmax after every prefix,
+  from one forward without a cache over the engine's whole sequence);
+- a second turn resumes at exactly the deepest checkpoint before its end: its cached tokens are
+  that position, and the rest of its prompt is recomputed;
+- the same with chunked prefill, preemption, the overlapped loop, and a state pool so short
+  that checkpoints are evicted (tombstones made and revived): every free slot is poisoned with
+  NaN after every step, so a state read from anything but a live slot or checkpoint would show;
+- ``check_integrity`` (both pools) after every step; every slot and page back after a reset.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixray.worker import Engine, EngineConfig, SamplingParams
+from radixray.worker.model import load_model
+from radixray.worker.request import CompletionBuilder
+
+from .model.test_hybrid_families import hf_model
+
+FAMILIES = ("lfm2", "granite_h")
+PAGE = 4
+INTERVAL = 8
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+_g = torch.Generator().manual_seed(11)
+SYSTEM = torch.randint(0, 300, (14,), generator=_g).tolist()
+MESSAGES = [[torch.randint(0, 300, (n,), generator=_g).tolist() for n in (5, 3, 6)] for _ in "ab"]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """family -> (loaded (model, config, tokenizer), transformers' model)."""
+    made: dict[str, tuple] = {}
+
+    def get(family: str) -> tuple:
+        if family not in made:
+            path = tmp_path_factory.mktemp(family)
+            hf = hf_model(family, path)
+            loaded = load_model(str(path))
+            made[family] = ((loaded.model, loaded.config, loaded.tokenizer), hf)
+        return made[family]
+
+    return get
+
+
+def engine(loaded, **kw) -> Engine:
+    cfg = {
+        "model": "hybrid",
+        "page_size": PAGE,
+        "num_pages": 256,
+        "device": "cpu",
+        "seed": 0,
+        "debug_checks": True,  # check_integrity after every step
+        "state_interval": INTERVAL,
+    }
+    return Engine(EngineConfig(**(cfg | kw)), loaded=loaded)
+
+
+def poison_free_slots(e: Engine) -> None:
+    """NaN in every free slot: what the cache evicted or a request gave back is never read."""
+    free = [s for s in range(e.state_pool.num_slots) if e.state_pool.allocator.is_free(s)]
+    for t in e.state_pool.tensors.values():
+        t[:, free] = float("nan")
+
+
+def chat(e: Engine) -> list[tuple[list[int], list[int], int]]:
+    """Both sessions' turns, the sessions side by side, each turn after its last; every step
+    poisons the free slots. Returns (prompt, output, cached tokens) per request, in order."""
+    done = []
+    history = [list(SYSTEM) for _ in MESSAGES]
+    for turn in range(3):
+        sinks = []
+        for s, msgs in enumerate(MESSAGES):
+            prompt = history[s] + msgs[turn]
+            req = e.requests.build(prompt, GREEDY, None, None)
+            sinks.append((prompt, CompletionBuilder(req.request_id)))
+            e.add(req, sinks[-1][1])
+        while e.has_work():
+            e.step()
+            poison_free_slots(e)
+        for s, (prompt, sink) in enumerate(sinks):
+            c = sink.result()
+            done.append((prompt, c.token_ids, c.cached_tokens))
+            history[s] = prompt + c.token_ids
+    return done
+
+
+def transformers_greedy(hf, prompt: list[int], output: list[int]) -> list[int]:
+    """transformers' greedy choice after each prefix of the engine's sequence (one forward,
+    no cache: its cached path is not exact for multi-token steps on these models)."""
+    seq = torch.tensor([prompt + output])
+    with torch.inference_mode():
+        logits = hf(seq, attention_mask=torch.ones_like(seq)).logits[0]
+    return logits[len(prompt) - 1 : len(prompt) + len(output) - 1].argmax(-1).tolist()
+
+
+def expected_cached(prompt: list[int], history: list[list[int]]) -> int:
+    """Where a request resumes: the deepest checkpoint an earlier request took within the
+    prompt's reusable prefix (all but its last token). An earlier request computed its prompt
+    and all but its last output token, in steps that start at each checkpoint point it reached
+    before its end: the multiples of INTERVAL and its prompt's last full page."""
+    best = 0
+    for earlier_prompt, earlier_out in history:
+        seq = earlier_prompt + earlier_out[:-1]
+        common = 0
+        while common < min(len(seq), len(prompt) - 1) and seq[common] == prompt[common]:
+            common += 1
+        points = set(range(INTERVAL, len(seq), INTERVAL)) | {len(earlier_prompt) // PAGE * PAGE}
+        best = max([best] + [p for p in points if p <= common and p < len(seq)])
+    return best
+
+
+CONFIGS = {
+    "one_pass": {},
+    "chunked": {"max_batch_tokens": 6},
+    "preempted": {"max_batch_tokens": 8, "num_pages": 12},  # 48 tokens: turn 3 needs 46 + 18
+    "overlapped": {"max_batch_tokens": 8, "overlap": "on"},
+    "few_slots": {"max_batch_tokens": 8, "state_slots": 3},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_chat_turns_resume_from_checkpoints_exactly(hybrid, family, config):
+    loaded, hf = hybrid(family)
+    e = engine(loaded, **CONFIGS[config])
+    assert e.cache_kind == "mamba_radix"
+    done = chat(e)
+    off = engine(loaded, cache="chunk")
+    ref = off.generate_batch([p for p, _, _ in done], GREEDY)
+    assert [out for _, out, _ in done] == [c.token_ids for c in ref]
+    for prompt, out, _ in done:
+        assert out == transformers_greedy(hf, prompt, out)
+    states = e.scheduler.pages.states
+    assert states.num_restored > 0 and states.num_saved > 0
+    if config == "one_pass":  # nothing evicted: each request resumes at the deepest checkpoint
+        for i, (prompt, _, cached) in enumerate(done):
+            earlier = [(p, o) for p, o, _ in done[:i]]
+            assert cached == expected_cached(prompt, earlier), i
+        # turn 1 (19 tokens): b resumes at a's 8; turn 2 (28): at turn 1's 16 (its last full
+        # page and a multiple of 8; 24 is where its last token would start); turn 3 at 32
+        assert [c for *_, c in done] == [0, 8, 16, 16, 32, 32]
+    if config == "preempted":
+        assert e.stats()["preemptions"] > 0
+    if config == "few_slots":
+        assert e.cache.num_states_evicted > 0
+    if config == "overlapped":
+        assert e.overlap.overlapped_steps > 0
+    e.check_integrity()
+    assert e.state_pool.num_free + e.cache.num_states == e.state_pool.num_slots
+    e.cache.reset()
+    assert e.state_pool.num_free == e.state_pool.num_slots
+    assert e.pool.allocator.num_free == e.pool.allocator.num_pages
+    e.shutdown()
+
+
+def test_chunks_end_at_checkpoint_points(hybrid):
+    """A 22-token prompt in one step's budget still runs as chunks 0-8, 8-16, 16-20, 20-22: the
+    steps start where checkpoints are taken (every 8th token, the last full page at 20)."""
+    loaded, _ = hybrid("lfm2")
+    e = engine(loaded)
+    prompt = SYSTEM + MESSAGES[0][0] + [1, 2, 3]
+    e.add_request(prompt, GREEDY.replace(max_tokens=1))
+    spans = []
+    while e.has_work():
+        batch = e.scheduler.schedule()
+        spans += [(it.start, it.start + it.num_tokens) for it in batch.items]
+        saves = [(c.src, c.tokens) for c in batch.state_copies if c.save]
+        assert [t for _, t in saves] == [s for s, _ in spans[-1:] if s in (8, 16, 20)]
+        e._run(batch, 0.0)
+    assert spans == [(0, 8), (8, 16), (16, 20), (20, 22)]
+    assert sorted(e.cache.cached_slots()) and e.cache.num_states == 3
+    e.check_integrity()
