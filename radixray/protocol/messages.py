@@ -30,6 +30,7 @@ from msgspec import Meta, Struct, field
 from .errors import ErrorKind, RequestError, error_for
 from .grammar_spec import GRAMMAR_KINDS, GrammarSpec  # noqa: F401 (re-exported)
 from .logprobs import MAX_LOGPROBS, TokenLogprob, join_logprobs
+from .miss_causes import MISS_CAUSES
 from .sampling_checks import MAX_SAMPLES, check_sampling_params
 
 __all__ = [
@@ -56,18 +57,9 @@ __all__ = [
     "Empty",
 ]
 
-PROTOCOL_VERSION = 10  # what each version changed: docs/architecture.md, "Versioning"
+PROTOCOL_VERSION = 11  # what each version changed: docs/architecture.md, "Versioning"
 
-# Why a prompt token was or was not reused; they add up to the prompt length.
-#   cached     reused from the prefix cache
-#   cold       never seen by this worker
-#   evicted    this worker held it once (ghost list) and evicted it
-#   page_tail  the unaligned tail, or the page holding the last prompt token (logits need it)
-#   in_flight  another running request was computing it at the same time
-#   disabled   the cache is a ChunkCache (reuse off)
-#   host       loaded back from the worker's host tier
-#   window     cached, but the sliding-window layers' pages before it were dropped (swa_radix)
-MISS_CAUSES = ("cached", "cold", "evicted", "page_tail", "in_flight", "disabled", "host", "window")
+# MISS_CAUSES: miss_causes.py
 FINISH_REASONS = ("stop", "length", "abort")
 
 NonNegInt = Annotated[int, Meta(ge=0)]

@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from radixray.cache_index import ChunkCache, PageAllocator, PrefixCache
 from radixray.cache_index.prefix_cache import MatchResult
 from radixray.cache_index.window_pages import WindowedAllocator
-from radixray.protocol import MISS_CAUSES
 
+from .miss_attribution import attribute
 from .request import Request
 from .state_checkpointer import StateCheckpointer
 
@@ -280,34 +280,10 @@ class PageManager:
             self.alloc.free(dups)
 
     def attribute(
-        self, req: Request, cached: int, in_flight: set[int], host: int = 0, window: int = 0
+        self, req: Request, m: MatchResult, in_flight: set[int], host: int = 0
     ) -> dict[str, int]:
-        """Split the prompt's tokens by why they were (not) reused (``cached`` of them were on
-        the device, the ``host`` after them loaded back, the ``window`` after those cached but
-        not reusable: their window was dropped); the values sum to the prompt length.
-        ``evicted``: gone from both tiers."""
-        miss = dict.fromkeys(MISS_CAUSES, 0)
-        L, P = req.num_prompt, self.P
-        if not self.reuse:
-            miss["disabled"] = L
-            return miss
-        cached = min(cached, L)
-        host = min(host, L - cached)
-        reusable = (L - 1) // P  # pages that could ever be matched (the last token is computed)
-        miss["cached"] = cached
-        miss["host"] = host
-        window = max(0, min(window, reusable * P - cached - host))
-        miss["window"] = window
-        miss["page_tail"] = L - max(reusable * P, cached + host)
-        for j in range((cached + host + window) // P, reusable):
-            h = req.block_hashes[j]
-            if h in in_flight:
-                miss["in_flight"] += P
-            elif self.cache.was_evicted((h,)):
-                miss["evicted"] += P
-            else:
-                miss["cold"] += P
-        return miss
+        """Why each prompt token was (not) reused (``miss_attribution.attribute``)."""
+        return attribute(req, m, in_flight, host, self.cache if self.reuse else None)
 
     def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | None:
         """Give ``dst`` what ``src`` computed: ``src``'s cached pages (locked for ``dst`` too)

@@ -337,7 +337,7 @@ class Scheduler:
             return None
         if req.miss is None:
             loaded = start.num_tokens - m.num_tokens
-            req.miss = self.pages.attribute(req, m.num_tokens, in_flight, loaded, m.window_tokens)
+            req.miss = self.pages.attribute(req, m, in_flight, loaded)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)

@@ -180,3 +180,24 @@ def test_chunks_end_at_checkpoint_points(hybrid):
     assert spans == [(0, 8), (8, 16), (16, 20), (20, 22)]
     assert sorted(e.cache.cached_slots()) and e.cache.num_states == 3
     e.check_integrity()
+
+
+def test_kv_past_the_last_checkpoint_is_a_state_miss_and_a_recompute_revives_it(hybrid):
+    """A's 22-token prompt leaves checkpoints at 8, 16 and 20 (its last full page). With 8 and
+    16 evicted (the oldest: tombstones), B sharing A's first 18 tokens finds 16 tokens of KV and
+    no checkpoint in them: all 16 are the miss cause ``state``. B recomputes through the
+    tombstones and gives them their checkpoints back, so C, sharing the same 18, resumes at 16."""
+    loaded, hf = hybrid("granite_h")
+    e = engine(loaded, max_batch_tokens=64)
+    a = SYSTEM + MESSAGES[0][0] + [1, 2, 3]
+    e.generate_batch([a], GREEDY.replace(max_tokens=1))
+    assert e.cache.num_states == 3
+    assert e.cache.evict_states(2) == 2 and e.cache.num_states == 1
+    b = a[:18] + [7] * 6
+    (done,) = e.generate_batch([b], GREEDY)
+    want = dict.fromkeys(done.miss, 0) | {"state": 16, "cold": 4, "page_tail": 4}
+    assert done.miss == want and done.cached_tokens == 0
+    assert done.token_ids == transformers_greedy(hf, b, done.token_ids)
+    (again,) = e.generate_batch([a[:18] + [9] * 6], GREEDY)
+    assert again.cached_tokens == 16 and again.miss["state"] == 0
+    e.check_integrity()

@@ -113,6 +113,7 @@ def test_second_request_reuses_and_attribution():
         "disabled": 0,
         "host": 0,
         "window": 0,
+        "state": 0,
     }
     assert sum(r.miss.values()) == r.num_prompt
 
