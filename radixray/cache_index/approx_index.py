@@ -24,7 +24,10 @@ point, a whole window of window blocks (``window_pages.reusable_pages``; over bo
 host-only block counts its host window page). A full-group removal removes both groups; a
 full-group store resets the blocks' window pages (the window-group stores that follow name
 them). The router's own inserts count in the window group for the request's last window only.
-That bookkeeping is ``IndexWindows`` (index_windows.py).
+That bookkeeping is ``IndexWindows`` (index_windows.py). Likewise a worker whose events name
+a ``mamba`` group (recurrent-state layers, docs/state_cache.md) resumes only at a block whose
+end holds a state checkpoint, so its answers are cut back to the deepest one
+(``IndexStates``, index_states.py).
 
 "Approximate" means stale or trimmed, never fuzzy. Entries come from the router's own decisions
 (immediate, optimistic) and from workers' KV events (late, authoritative); each worker's entries
@@ -39,7 +42,16 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 from .block_hash import check_page_size
-from .events import SLIDING_WINDOW, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from .events import (
+    MAMBA,
+    SLIDING_WINDOW,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+)
+from .index_states import IndexStates
 from .index_windows import IndexWindows
 from .lost_blocks import LostBlocks
 
@@ -52,12 +64,19 @@ TIERS = ("device", "host")
 
 
 class ApproxIndex:
-    def __init__(self, page_size: int, max_blocks_per_worker: int = 1 << 20, windows: bool = True):
+    def __init__(
+        self,
+        page_size: int,
+        max_blocks_per_worker: int = 1 << 20,
+        windows: bool = True,
+        states: bool = True,
+    ):
         """``windows=False``: window-blind, as a router that indexes only the full-attention
         group (Dynamo's today): sliding-window events are ignored, so a windowed worker's
-        prefix counts wherever its full-attention blocks are, window pages or not."""
+        prefix counts wherever its full-attention blocks are, window pages or not.
+        ``states=False``: checkpoint-blind, likewise for mamba groups (a simulator option)."""
         self.page_size = check_page_size(page_size)
-        self.windows = windows
+        self.windows, self.states = windows, states
         if max_blocks_per_worker < 1:
             raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
         self.max_blocks_per_worker = max_blocks_per_worker
@@ -72,6 +91,7 @@ class ApproxIndex:
         self.trimmed_blocks = 0  # entries dropped by the LRU bound (for metrics)
         self.lost = LostBlocks()  # blocks workers evicted, and how often they are asked again
         self._windows = IndexWindows(self.page_size)  # workers with a sliding-window group
+        self._states = IndexStates()  # workers with a mamba group
 
     # ------------------------------------------------------------------ workers
 
@@ -100,6 +120,7 @@ class ApproxIndex:
         self._slot_worker[slot] = None
         self._all_mask &= ~(1 << slot)
         self._windows.forget(worker)
+        self._states.forget(worker)
 
     def workers(self) -> list[WorkerId]:
         return list(self._slot)
@@ -135,6 +156,7 @@ class ApproxIndex:
         if worker not in self._slot:
             self.add_worker(worker)
         self._windows.stored(worker, hashes, tier, window)
+        self._states.stored(worker, hashes, tier, window)
         held = self._windows.held(worker, tier)
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
@@ -174,6 +196,7 @@ class ApproxIndex:
             if held is not None:
                 held.discard(h)
         self.lost.lost(gone)
+        self._states.removed(worker, hashes, tier)
 
     def clear(self, worker: WorkerId) -> None:
         """Drop every entry of ``worker``, both tiers (it stays registered)."""
@@ -181,6 +204,7 @@ class ApproxIndex:
             return
         bit = 1 << self._slot[worker]
         self._windows.clear(worker)
+        self._states.clear(worker)
         for tier in TIERS:
             owners, lrus = self._tier(tier)
             lru = lrus[worker]
@@ -196,6 +220,10 @@ class ApproxIndex:
             if isinstance(ev, (BlockStored, BlockRemoved)) and ev.kind == SLIDING_WINDOW:
                 if self.windows:
                     self._apply_window(worker, ev)
+            elif isinstance(ev, (BlockStored, BlockRemoved)) and ev.kind == MAMBA:
+                if self.states and _tier_of(ev.medium) == "device":
+                    self.add_worker(worker)
+                    self._states.apply(worker, ev, self._lru[worker])
             elif isinstance(ev, BlockStored):
                 tier = _tier_of(ev.medium)
                 if tier == "device":  # a lost block computed again? (before it counts as held)
@@ -228,7 +256,7 @@ class ApproxIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
         """Reusable leading blocks per worker, in one walk; workers with 0 are omitted."""
-        return self._windows.cut_all(hashes, self._match(hashes))
+        return self._states.cut_all(hashes, self._windows.cut_all(hashes, self._match(hashes)))
 
     def _match(self, hashes: Sequence[int]) -> dict[WorkerId, int]:
         owners = self._owners
@@ -253,8 +281,8 @@ class ApproxIndex:
         ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
         its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
         windows = self._windows
-        if not self._host_owners:
-            device = windows.cut_all(hashes, self._match(hashes))
+        if not self._host_owners:  # (state workers have no host tier: cut here only)
+            device = self._states.cut_all(hashes, windows.cut_all(hashes, self._match(hashes)))
             return {w: (n, n) for w, n in device.items()}
         raw, both = self._match_both(hashes)
         device = windows.cut_all(hashes, raw)
@@ -293,7 +321,7 @@ class ApproxIndex:
     def longest_match(self, hashes: Sequence[int]) -> int:
         """The most leading blocks any one worker holds (``max(match(hashes).values())``,
         without building the per-worker answer unless a worker is windowed)."""
-        if self._windows.window:
+        if self._windows.window or self._states:
             return max(self.match(hashes).values(), default=0)
         owners = self._owners
         mask = self._all_mask
@@ -315,7 +343,7 @@ class ApproxIndex:
             if h not in lru:
                 break
             i += 1
-        return self._windows.cut(worker, hashes, i)
+        return self._states.cut(worker, hashes, self._windows.cut(worker, hashes, i))
 
     def _credit(self, bits: int, n: int, result: dict) -> None:
         slot_worker = self._slot_worker

@@ -3,19 +3,22 @@
 Field names follow vLLM's KV events (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) so a
 router that indexes radixray workers can index vLLM or SGLang engines the same way.
 
-Wire format (version 2), one msgpack array per batch::
+Wire format (version 3), one msgpack array per batch::
 
-    [2, worker_id, seq, ts, [event, ...]]
+    [3, worker_id, seq, ts, [event, ...]]
     event = ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, medium,
              group_idx, kind, window]
           | ["BlockRemoved", block_hashes, medium, group_idx, kind, window]
           | ["AllBlocksCleared"]
 
 The group fields are vLLM's (a hybrid model's KV cache groups): ``group_idx`` numbers the
-groups, ``kind`` is "full_attention" or "sliding_window", ``window`` the window in tokens (None
-for full attention). A model with sliding-window layers whose window pages are kept apart
-(docs/window_cache.md) stores each block in both groups and can remove it from the window group
-alone. Version 1 (no group fields: the full-attention group) is still read.
+groups, ``kind`` is "full_attention", "sliding_window" or "mamba", ``window`` the window in
+tokens (None but for a sliding window). A model with sliding-window layers whose window pages
+are kept apart (docs/window_cache.md) stores each block in both groups and can remove it from
+the window group alone. A model with recurrent-state layers (docs/state_cache.md) stores in
+the "mamba" group the blocks whose end holds a state checkpoint (a match resumes only there)
+and removes a block from it when its checkpoint goes. Version 3 added the "mamba" kind;
+versions 2 and 1 (no group fields: the full-attention group) are still read.
 
 Decoding never executes anything from the network (no pickle) and rejects anything that is not
 exactly this shape with a ValueError: a half-decoded batch is never returned.
@@ -40,13 +43,15 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "FULL_ATTENTION",
     "SLIDING_WINDOW",
+    "MAMBA",
 ]
 
-WIRE_VERSION = 2
-_READ_VERSIONS = (1, 2)
+WIRE_VERSION = 3
+_READ_VERSIONS = (1, 2, 3)
 FULL_ATTENTION = "full_attention"
 SLIDING_WINDOW = "sliding_window"
-_KINDS = (FULL_ATTENTION, SLIDING_WINDOW)
+MAMBA = "mamba"  # vLLM's spelling of a state-layer group
+_KINDS = (FULL_ATTENTION, SLIDING_WINDOW, MAMBA)
 # A batch larger than this is refused before msgpack looks at it. 64 MiB holds ~8M block hashes,
 # far more than one poll interval produces.
 MAX_BATCH_BYTES = 64 << 20
@@ -146,15 +151,16 @@ def _medium(x: Any) -> str | None:
     return x
 
 
-def _group(x: list[Any]) -> tuple[int, str, int | None]:
-    """``(group_idx, kind, window)`` from a v2 event's last three fields."""
+def _group(x: list[Any], version: int) -> tuple[int, str, int | None]:
+    """``(group_idx, kind, window)`` from a v2/v3 event's last three fields."""
     group_idx, kind, window = x
     _expect(type(group_idx) is int and group_idx >= 0, "group_idx must be an int >= 0")
-    _expect(kind in _KINDS, f"kind must be one of {_KINDS}")
+    kinds = _KINDS if version >= 3 else _KINDS[:2]
+    _expect(kind in kinds, f"kind must be one of {kinds}")
     if kind == SLIDING_WINDOW:
         _expect(type(window) is int and window >= 1, "a sliding_window group needs window >= 1")
     else:
-        _expect(window is None, "a full_attention group has no window")
+        _expect(window is None, f"a {kind} group has no window")
     return group_idx, kind, window
 
 
@@ -174,13 +180,13 @@ def _event_from_wire(w: Any, version: int) -> KVEvent:
             "token_ids must be a list of ints",
         )
         _expect(type(block_size) is int and block_size >= 1, "block_size must be an int >= 1")
-        group = _group(w[6:]) if extra else ()
+        group = _group(w[6:], version) if extra else ()
         return BlockStored(
             _hashes(hashes, "block_hashes"), parent, tokens, block_size, _medium(medium), *group
         )
     if tag == "BlockRemoved":
         _expect(len(w) == 3 + extra, f"BlockRemoved must have {3 + extra} fields")
-        group = _group(w[3:]) if extra else ()
+        group = _group(w[3:], version) if extra else ()
         return BlockRemoved(_hashes(w[1], "block_hashes"), _medium(w[2]), *group)
     if tag == "AllBlocksCleared":
         _expect(len(w) == 1, "AllBlocksCleared has no fields")

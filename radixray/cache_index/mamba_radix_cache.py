@@ -23,6 +23,12 @@ on their own LRU when the state pool is short (``evict_states``; ancestors befor
 at equal times): an inner node's checkpoint leaves a tombstone, a leaf's takes the leaf.
 Inserting through a tombstone with a checkpoint at its end gives it the checkpoint back.
 
+KV events: the full-attention group as ``RadixCache``'s; and a ``mamba`` group (vLLM's kind,
+group 1) naming the blocks whose end holds a checkpoint: a ``BlockStored`` of the node's last
+block when it gets one, a ``BlockRemoved`` when it loses it and stays a tombstone (a node
+removed from the full group is gone from both). A router's index cuts its matches there
+(``index_states``).
+
 No host tier: a demoted node's checkpoint would have to move to host memory with it
 (not built; ``memory_pool`` refuses ``host_pages`` for these models).
 """
@@ -32,13 +38,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .cache_contract import MatchResult, check_free_and_held
-from .events import BlockRemoved
+from .events import MAMBA, BlockRemoved, BlockStored, KVEvent
 from .page_allocator import PageAllocator
 from .radix_cache import RadixCache
 from .radix_tree import TreeNode
 from .state_checkpoints import Checkpoints, direct_locks
 
-__all__ = ["MambaRadixCache"]
+__all__ = ["MambaRadixCache", "STATE_GROUP"]
+
+STATE_GROUP = 1  # the mamba group's group_idx in KV events
 
 
 class MambaRadixCache(RadixCache):
@@ -141,6 +149,8 @@ class MambaRadixCache(RadixCache):
     def _give(self, node: TreeNode, slot: int, end: int, now: int) -> None:
         if self._ckpt.get(node) is None:
             self._ckpt.set(node, slot, end, now)
+            if self.enable_events:
+                self._events.append(self._state_event(node))
         else:  # the same state after the same tokens is there already
             self._ckpt.touch(node, now)
             self.state_allocator.free([slot])
@@ -196,6 +206,9 @@ class MambaRadixCache(RadixCache):
                 continue
             if node.children:
                 slots.append(self._ckpt.drop(node))
+                if self.enable_events:  # a tombstone: gone from the mamba group only
+                    ev = BlockRemoved([node.hashes[-1]], self.medium, STATE_GROUP, MAMBA)
+                    self._events.append(ev)
             else:
                 pages += self._remove(node, slots)
         for node in held:
@@ -220,6 +233,17 @@ class MambaRadixCache(RadixCache):
             self._forget(node)
             node = parent
         return pages
+
+    def _state_event(self, node: TreeNode) -> BlockStored:
+        """The mamba group's store of ``node``'s last block (its end holds a checkpoint)."""
+        P = self.page_size
+        parent = node.hashes[-2] if len(node.hashes) > 1 else node.parent.last_hash
+        h, tokens = [node.hashes[-1]], node.key[-P:]
+        return BlockStored(h, parent, list(tokens), P, self.medium, STATE_GROUP, MAMBA)
+
+    def snapshot_events(self) -> list[KVEvent]:
+        """``RadixCache``'s, then the mamba group's store of every checkpointed block."""
+        return super().snapshot_events() + [self._state_event(n) for n in self._ckpt.slot]
 
     def _forget(self, node: TreeNode) -> None:
         self._tree.remove(node)

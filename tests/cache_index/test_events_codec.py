@@ -98,6 +98,15 @@ def test_window_group_round_trips_and_version_1_still_reads():
     assert out[0].kind == "full_attention" and out[0].window is None and out[0].group_idx == 0
 
 
+def test_mamba_group_round_trips_and_version_2_still_reads():
+    stored = BlockStored([6], 5, [4, 5, 6, 7], 4, "GPU", 1, "mamba")
+    removed = BlockRemoved([6], "GPU", 1, "mamba")
+    b = EventBatch("w", 1, 0.0, [stored, removed])
+    assert decode_events(encode_events(b)) == b
+    v2 = msgpack.packb([2, "w", 0, 0.0, [GOOD_STORED]], use_bin_type=True)
+    assert decode_events(v2).events[0].kind == "full_attention"
+
+
 def test_every_truncation_raises_value_error():
     data = encode_events(_batch())
     for n in range(len(data)):
@@ -115,7 +124,7 @@ def _raw(version=WIRE_VERSION, worker="w", seq=0, ts=0.0, events=None):
     return msgpack.packb([version, worker, seq, ts, events], use_bin_type=True)
 
 
-@pytest.mark.parametrize("version", [0, 3, -1, "1", None, 1.5, [1]])
+@pytest.mark.parametrize("version", [0, 4, -1, "1", None, 1.5, [1]])
 def test_wrong_version(version):
     with pytest.raises(ValueError, match="version"):
         decode_events(_raw(version=version))
@@ -185,7 +194,9 @@ def _stored(**changes):
         _raw(events=[GOOD_STORED[:6]]),  # version 2 without the group fields
         _raw(events=[_stored(group=-1)]),
         _raw(events=[_stored(group="0")]),
-        _raw(events=[_stored(kind="mamba")]),
+        _raw(events=[_stored(kind="state")]),
+        _raw(events=[_stored(kind="mamba", window=4)]),  # a mamba group has no window
+        _raw(version=2, events=[_stored(kind="mamba")]),  # version 2 knew no mamba group
         _raw(events=[_stored(window=512)]),  # a full-attention group has no window
         _raw(events=[_stored(kind="sliding_window")]),  # a window group needs one
         _raw(events=[_stored(kind="sliding_window", window=0)]),

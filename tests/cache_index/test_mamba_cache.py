@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixray.cache_index import PageAllocator, hash_blocks
+from radixray.cache_index import ApproxIndex, PageAllocator, hash_blocks
 from radixray.cache_index.mamba_radix_cache import MambaRadixCache
 from radixray.cache_index.prefix_cache import make_cache
 
@@ -171,3 +171,33 @@ def test_an_evicted_leaf_leaves_its_checkpointed_parent():
     assert (m.pages, m.num_tokens, m.state_slot, m.state_tokens) == ([0, 1], 4, 0, 0)
     assert states.num_free == 3 and alloc.num_free == 14
     check(cache)
+
+
+def test_events_name_checkpointed_blocks_in_the_mamba_group():
+    alloc, states = PageAllocator(16), PageAllocator(4)
+    cache = MambaRadixCache(2, alloc, states, enable_events=True)
+    h = hash_blocks(T, 2)
+    put(cache, alloc, states, T, [4, 8])
+    ev = cache.take_events()
+    # the KV to 4 and its checkpoint, then the KV to 8 and its checkpoint
+    assert [(e.block_hashes, e.kind, e.group_idx) for e in ev] == [
+        (h[:2], "full_attention", 0),
+        (h[1:2], "mamba", 1),
+        (h[2:], "full_attention", 0),
+        (h[3:], "mamba", 1),
+    ]
+    assert (ev[1].parent_block_hash, ev[1].token_ids) == (h[0], [3, 4])
+    cache.evict_states(1)  # at 4: a tombstone, gone from the mamba group only
+    (removed,) = cache.take_events()
+    assert (removed.block_hashes, removed.kind) == (h[1:2], "mamba")
+    index = ApproxIndex(2)
+    index.apply("w", cache.snapshot_events())
+    assert index.match(h) == {"w": 4}
+    assert index.match(hash_blocks([1, 2, 3, 4, 5, 6, 9, 9], 2)) == {}  # KV 3 blocks, no state
+    blind = ApproxIndex(2, states=False)  # checkpoint-blind: KV blocks only
+    blind.apply("w", cache.snapshot_events())
+    assert blind.match(hash_blocks([1, 2, 3, 4, 5, 6, 9, 9], 2)) == {"w": 3}
+    # the router's own insert marks a request's last block: the worker checkpoints there
+    index.insert("w", hash_blocks([1, 2, 7, 7, 7, 7], 2))
+    assert index.match(hash_blocks([1, 2, 7, 7, 7, 7, 5, 5], 2)) == {"w": 3}
+    assert index.match(hash_blocks([1, 2, 7, 7, 5, 5], 2)) == {}

@@ -13,6 +13,9 @@ return the pages up to the deepest checkpointed prefix within the longest cached
 checkpoint's slot, and the cached tokens past it; an insert must report the cached length.
 Evictions are checked by what they must do (free at least the shortfall of what is evictable,
 never touch what running requests hold) and the model is then read back from the tree.
+
+Events: every step's KV events (both groups) go to an ApproxIndex, which must hold exactly the
+cache's blocks and checkpointed blocks, and whose match must equal the cache's usable prefix.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixray.cache_index import PageAllocator
+from radixray.cache_index import ApproxIndex, PageAllocator, hash_blocks
 from radixray.cache_index.mamba_radix_cache import MambaRadixCache
 
 from .helpers import CACHE_SETTINGS
@@ -44,7 +47,8 @@ class MambaCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.alloc = PageAllocator(14)
         self.states = PageAllocator(5)
-        self.cache = MambaRadixCache(P, self.alloc, self.states)
+        self.cache = MambaRadixCache(P, self.alloc, self.states, enable_events=True)
+        self.index = ApproxIndex(P)
         self.kv: dict[tuple, int] = {}
         self.ckpt: dict[tuple, int] = {}
         self.running: list[Running] = []
@@ -175,6 +179,16 @@ class MambaCacheMachine(RuleBasedStateMachine):
     def match(self, tokens):
         m = self.cache.match_prefix(tokens)
         assert (m.pages, m.num_tokens, m.state_slot, m.state_tokens) == self.predict(tokens)
+        self.index.apply("w", self.cache.take_events())
+        assert self.index.match(hash_blocks(tokens, P)).get("w", 0) * P == m.num_tokens
+
+    @invariant()
+    def index_agrees(self):
+        """The index built from the events holds the cache's blocks and checkpoints."""
+        self.index.apply("w", self.cache.take_events())
+        assert self.index.blocks("w") == set(self.cache.all_block_hashes())
+        nodes = self.cache._ckpt.slot
+        assert (self.index._states.held("w") or set()) == {n.hashes[-1] for n in nodes}
 
     @rule(n=st.integers(0, 8))
     def evict(self, n):
