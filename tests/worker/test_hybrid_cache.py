@@ -10,9 +10,10 @@ and at each prompt's last full page, in prefill and in decode.
   from one forward without a cache over the engine's whole sequence);
 - a second turn resumes at exactly the deepest checkpoint before its end: its cached tokens are
   that position, and the rest of its prompt is recomputed;
-- the same with chunked prefill, preemption, the overlapped loop, and a state pool so short
-  that checkpoints are evicted (tombstones made and revived): every free slot is poisoned with
-  NaN after every step, so a state read from anything but a live slot or checkpoint would show;
+- the same with chunked prefill, preemption, the overlapped loop, a state pool so short that
+  checkpoints are evicted (tombstones made and revived), all of those at once, and at page
+  sizes 1 and 16: every free slot is poisoned with NaN after every step, so a state read from
+  anything but a live slot or checkpoint would show; ``n=2`` forks; the ``state`` miss cause;
 - ``check_integrity`` (both pools) after every step; every slot and page back after a reset.
 """
 
@@ -125,6 +126,9 @@ CONFIGS = {
     "preempted": {"max_batch_tokens": 8, "num_pages": 12},  # 48 tokens: turn 3 needs 46 + 18
     "overlapped": {"max_batch_tokens": 8, "overlap": "on"},
     "few_slots": {"max_batch_tokens": 8, "state_slots": 3},
+    "all_at_once": {"max_batch_tokens": 8, "num_pages": 12, "overlap": "on", "state_slots": 3},
+    "page_1": {"max_batch_tokens": 8, "page_size": 1},
+    "page_16": {"max_batch_tokens": 8, "page_size": 16},  # points every 16 (lcm with 8)
 }
 
 
@@ -142,6 +146,7 @@ def test_chat_turns_resume_from_checkpoints_exactly(hybrid, family, config):
         assert out == transformers_greedy(hf, prompt, out)
     states = e.scheduler.pages.states
     assert states.num_restored > 0 and states.num_saved > 0
+    assert sum(c for *_, c in done) > 0
     if config == "one_pass":  # nothing evicted: each request resumes at the deepest checkpoint
         for i, (prompt, _, cached) in enumerate(done):
             earlier = [(p, o) for p, o, _ in done[:i]]
@@ -151,7 +156,7 @@ def test_chat_turns_resume_from_checkpoints_exactly(hybrid, family, config):
         assert [c for *_, c in done] == [0, 8, 16, 16, 32, 32]
     if config == "preempted":
         assert e.stats()["preemptions"] > 0
-    if config == "few_slots":
+    if config in ("few_slots", "all_at_once"):
         assert e.cache.num_states_evicted > 0
     if config == "overlapped":
         assert e.overlap.overlapped_steps > 0
@@ -179,6 +184,23 @@ def test_chunks_end_at_checkpoint_points(hybrid):
         e._run(batch, 0.0)
     assert spans == [(0, 8), (8, 16), (16, 20), (20, 22)]
     assert sorted(e.cache.cached_slots()) and e.cache.num_states == 3
+    e.check_integrity()
+
+
+def test_forks_share_the_prefix_and_a_next_turn_resumes(hybrid):
+    """``n=2`` on the state cache: each sample its own copy of the leader's state, both equal
+    to the cache-off engine's; the next turn resumes at the prompt's last full page (16)."""
+    loaded, _ = hybrid("granite_h")
+    e = engine(loaded, max_batch_tokens=8)
+    off = engine(loaded, cache="chunk")
+    p = SYSTEM + MESSAGES[0][0]
+    out = e.generate_batch([p], GREEDY.replace(n=2))
+    want = off.generate_batch([p], GREEDY)[0].token_ids
+    assert out[0].token_ids == out[1].token_ids == want
+    p2 = p + want + [3, 4, 5]
+    (again,) = e.generate_batch([p2], GREEDY)
+    assert again.token_ids == off.generate_batch([p2], GREEDY)[0].token_ids
+    assert again.cached_tokens == 16
     e.check_integrity()
 
 
