@@ -91,6 +91,21 @@ def run(wl, policy="ttft", **kw):
     return simulate(wl, policy, cfg)
 
 
+@pytest.fixture(scope="module")
+def trace_runs(trace):
+    """policy -> its run over the trace at speedup 4 on ``run``'s cluster, every cache's
+    integrity checked every 40 steps: simulated once for the module, read by several tests."""
+    wl = load_mooncake(trace[0], block_tokens=BT, speedup=4.0)
+    made = {}
+
+    def get(policy: str):
+        if policy not in made:
+            made[policy] = run(wl, policy, check_every=40)
+        return made[policy]
+
+    return get
+
+
 def test_trace_file_loads_and_ceiling_matches_independent_count(trace):
     path, rows = trace
     wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
@@ -100,10 +115,9 @@ def test_trace_file_loads_and_ceiling_matches_independent_count(trace):
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "kv_cost", "ttft"])
-def test_every_request_finishes_once_and_hits_stay_under_the_ceiling(trace, policy):
-    path, rows = trace
-    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
-    res = run(wl, policy, check_every=40)  # integrity of every cache every 40 steps
+def test_every_request_finishes_once_and_hits_stay_under_the_ceiling(trace, trace_runs, policy):
+    _, rows = trace
+    res = trace_runs(policy)  # integrity of every cache every 40 steps
     assert len(res.records) == len(rows)
     for rec in res.records:
         assert rec.arrival <= rec.first_token <= rec.finish
@@ -125,12 +139,10 @@ def test_same_seed_same_result(trace):
     assert [r.worker for r in a.records] != [r.worker for r in c.records]
 
 
-def test_cache_affinity_beats_round_robin_on_hits(trace):
-    path, _ = trace
-    wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
-    rr = run(wl, "round_robin").summary()["hit_rate"]
-    assert run(wl, "cache_aware").summary()["hit_rate"] > rr
-    assert run(wl, "ttft").summary()["hit_rate"] > rr
+def test_cache_affinity_beats_round_robin_on_hits(trace_runs):
+    rr = trace_runs("round_robin").summary()["hit_rate"]
+    assert trace_runs("cache_aware").summary()["hit_rate"] > rr
+    assert trace_runs("ttft").summary()["hit_rate"] > rr
 
 
 @pytest.mark.parametrize(
@@ -143,12 +155,12 @@ def test_index_views_all_run(trace, delay, optimistic):
     assert s["index_memory_bytes"] > 0 and s["requests"] == len(wl)
 
 
-def test_small_cache_evicts_and_oversize_requests_still_finish(trace):
+def test_small_cache_evicts_and_oversize_requests_still_finish(trace, trace_runs):
     path, _ = trace
     wl = load_mooncake(path, block_tokens=BT, speedup=4.0)
     res = run(wl, "ttft", num_pages=24, check_every=10)
     assert res.oversize > 0
-    assert res.summary()["hit_rate"] < run(wl, "ttft").summary()["hit_rate"]
+    assert res.summary()["hit_rate"] < trace_runs("ttft").summary()["hit_rate"]
 
 
 def test_multiturn_chat_reuses_answers_and_lfu_runs():
