@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from .cache_contract import MatchResult, check_free_and_held
 from .events import MAMBA, BlockRemoved, BlockStored, KVEvent
+from .ghost import GhostList
 from .page_allocator import PageAllocator
 from .radix_cache import RadixCache
 from .radix_tree import TreeNode
@@ -68,6 +69,9 @@ class MambaRadixCache(RadixCache):
         self.state_allocator = state_allocator
         self._ckpt = Checkpoints()
         self.num_states_evicted = 0  # checkpoints dropped by evict_states
+        # Blocks a request computed past its last checkpoint, which were never cached: a later
+        # miss on them is the cause "state" (seen, not kept for want of a state), not "cold".
+        self._unkept = GhostList(self._ghost.capacity)
 
     # -------------------------------------------------------------- match
 
@@ -101,6 +105,15 @@ class MambaRadixCache(RadixCache):
             if pos <= n and self._ckpt.get(node) is not None:
                 best = pos
         return best
+
+    def note_unkept(self, block_hashes: Sequence[int]) -> None:
+        """Remember blocks computed past a request's last checkpoint (not inserted)."""
+        self._unkept.add(block_hashes)
+
+    def was_unkept(self, block_hashes: Sequence[int]) -> int:
+        """How many leading ``block_hashes`` were computed here and not kept (no checkpoint at
+        or after them; bounded memory, as the ghost list)."""
+        return self._unkept.leading_hits(block_hashes)
 
     def state_at(self, node: TreeNode) -> int | None:
         """The checkpoint slot at ``node``'s end, or None (a tombstone, or a root)."""

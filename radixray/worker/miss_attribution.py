@@ -21,8 +21,9 @@ def attribute(
     ``window``) then ``m.state_tokens`` (KV with no state checkpoint at or after it:
     ``state``); the unaligned tail and the last token's page are ``page_tail``; each page after
     all that is ``in_flight`` (a running request computes it), ``evicted`` (held once, gone
-    from both tiers: the ghost list) or ``cold``. ``cache`` None: reuse is off, all
-    ``disabled``. The values sum to the prompt length."""
+    from both tiers: the ghost list), ``state`` (computed here once but never kept: no state
+    checkpoint at or after it, ``MambaRadixCache.was_unkept``) or ``cold``. ``cache`` None:
+    reuse is off, all ``disabled``. The values sum to the prompt length."""
     miss = dict.fromkeys(MISS_CAUSES, 0)
     L = req.num_prompt
     if cache is None:
@@ -37,12 +38,15 @@ def attribute(
     miss["window"] = max(0, min(m.window_tokens, reusable * P - cached - host))
     miss["state"] = max(0, min(m.state_tokens, reusable * P - cached - host - miss["window"]))
     miss["page_tail"] = L - max(reusable * P, cached + host)
+    unkept = getattr(cache, "was_unkept", None)
     for j in range((cached + host + miss["window"] + miss["state"]) // P, reusable):
         h = req.block_hashes[j]
         if h in in_flight:
             miss["in_flight"] += P
         elif cache.was_evicted((h,)):
             miss["evicted"] += P
+        elif unkept is not None and unkept((h,)):
+            miss["state"] += P
         else:
             miss["cold"] += P
     return miss

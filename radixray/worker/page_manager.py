@@ -312,6 +312,7 @@ class PageManager:
         k = req.num_computed // P
         if self.states is not None:  # KV up to its last checkpoint, with them
             end, kw["states"] = self.states.insertable(req, req.num_computed)
+            self.states.unkept(req, end)
             k = end // P
         ntp = req.num_tree_pages
         to_free: list[int] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from radixray.cache_index import PageAllocator
+from radixray.cache_index import PageAllocator, hash_blocks
 
 from .request import Request
 
@@ -122,6 +122,20 @@ class StateCheckpointer:
         for p in states:
             del req.checkpoints[p]
         return end, states
+
+    def unkept(self, req: Request, end: int) -> None:
+        """Tell the cache which of ``req``'s computed full pages past ``end`` (its last
+        checkpoint) it does not get, so a later miss on them reads ``state``, not ``cold``."""
+        P, known = self.P, req.block_hashes
+        n = req.num_computed // P
+        if n * P <= end:
+            return
+        hashes = list(known[:n])
+        if len(known) < n:  # pages of its output: hashed on from the prompt's last page
+            parent = known[-1] if known else None
+            tokens = req.all_ids[len(known) * P : n * P]
+            hashes += hash_blocks(tokens, P, parent=parent, extra_key=req.extra_key)
+        self.cache.note_unkept(hashes[end // P :])
 
     def drop(self, req: Request) -> None:
         """Free the checkpoints ``req`` still holds (none it could hand to the cache)."""

@@ -75,8 +75,9 @@ def poison_free_slots(e: Engine) -> None:
 
 def chat(e: Engine) -> list[tuple[list[int], list[int], int]]:
     """Both sessions' turns, the sessions side by side, each turn after its last; every step
-    poisons the free slots. Returns (prompt, output, cached tokens) per request, in order."""
-    done = []
+    poisons the free slots. Returns (prompt, output, cached tokens) per request, in order (and
+    keeps each one's miss causes in ``e.misses``)."""
+    done, misses = [], []
     history = [list(SYSTEM) for _ in MESSAGES]
     for turn in range(3):
         sinks = []
@@ -91,7 +92,9 @@ def chat(e: Engine) -> list[tuple[list[int], list[int], int]]:
         for s, (prompt, sink) in enumerate(sinks):
             c = sink.result()
             done.append((prompt, c.token_ids, c.cached_tokens))
+            misses.append(c.miss)
             history[s] = prompt + c.token_ids
+    e.misses = misses
     return done
 
 
@@ -154,6 +157,10 @@ def test_chat_turns_resume_from_checkpoints_exactly(hybrid, family, config):
         # turn 1 (19 tokens): b resumes at a's 8; turn 2 (28): at turn 1's 16 (its last full
         # page and a multiple of 8; 24 is where its last token would start); turn 3 at 32
         assert [c for *_, c in done] == [0, 8, 16, 16, 32, 32]
+        # turn 2 of session a: turn 1 computed 24 tokens and kept KV to its checkpoint at 16;
+        # the pages 16-24 it computed past that were not kept: the cause "state"
+        nonzero = {k: v for k, v in e.misses[2].items() if v}
+        assert nonzero == {"cached": 16, "state": 8, "page_tail": 4}
     if config == "preempted":
         assert e.stats()["preemptions"] > 0
     if config in ("few_slots", "all_at_once"):
