@@ -201,3 +201,12 @@ def test_events_name_checkpointed_blocks_in_the_mamba_group():
     index.insert("w", hash_blocks([1, 2, 7, 7, 7, 7], 2))
     assert index.match(hash_blocks([1, 2, 7, 7, 7, 7, 5, 5], 2)) == {"w": 3}
     assert index.match(hash_blocks([1, 2, 7, 7, 5, 5], 2)) == {}
+
+
+def test_unkept_blocks_are_remembered_for_attribution():
+    cache, alloc, states = make()
+    h = hash_blocks(T, 2)
+    put(cache, alloc, states, T[:4], [4])  # a request computed 8 tokens, checkpointed at 4
+    cache.note_unkept(h[2:])  # and kept nothing past it
+    assert cache.was_unkept(h[2:]) == 2 and cache.was_unkept(h[:2]) == 0
+    assert cache.was_evicted(h[2:]) == 0
