@@ -89,3 +89,25 @@ def test_calibrate_writes_a_model_that_sim_reads(tmp_path, capsys):
     (tmp_path / "bad.json").write_text('{"step_overhead_s": 0.01}')
     assert sim_main([*argv, "--timing", str(tmp_path / "bad.json")]) == 2
     assert "needs the fields" in capsys.readouterr().err
+
+
+def test_calibrate_measures_again_when_a_round_fits_no_prefill_cost(monkeypatch, tmp_path, capsys):
+    """A round whose samples fit no positive cost per prefill token (a busy machine's burst) is
+    measured again; the fit of a later round is written. Three such rounds in a row: the error."""
+    import radixray.sim.calibrate as calibrate
+
+    good = [
+        (b, 64 * b, t, t * t // 2, 0.01 + 0.002 * b + 0.001 * t)
+        for b in (0, 1, 4)
+        for t in (0, 64, 512)
+    ]
+    noisy = [(b, 64 * b, 0, 0, 0.01 + 0.002 * b) for b in (1, 2, 4, 8, 16, 32)]  # no prefill
+    rounds = iter([noisy, noisy, good])
+    monkeypatch.setattr(calibrate, "probe_engine", lambda *a, **k: next(rounds))
+    out = tmp_path / "timing.json"
+    assert calibrate.main(["--model", "tiny", "--quick", "--out", str(out)]) == 0
+    assert "measuring again, round 2 of 3" in capsys.readouterr().err
+    assert load_timing(str(out)).prefill_token_s == pytest.approx(0.001, rel=1e-6)
+    monkeypatch.setattr(calibrate, "probe_engine", lambda *a, **k: noisy)
+    with pytest.raises(ValueError, match="positive cost per prefill token"):
+        calibrate.main(["--model", "tiny", "--quick", "--out", str(out)])
