@@ -40,6 +40,11 @@ __all__ = ["SimWorker"]
 _OUTPUT_BASE = 1 << 30
 
 
+# Empty schedules in a row, with requests waiting, before a worker counts as stalled: the
+# engine would keep scheduling; two suffice after a step that preempted everything.
+_EMPTY_RETRIES = 2
+
+
 class SimWorker:
     def __init__(
         self,
@@ -211,6 +216,14 @@ class SimWorker:
 
     def _start_step(self) -> float | None:
         batch = self.scheduler.schedule()
+        # A schedule can come back empty with requests waiting: one that preempted every running
+        # request admits nobody in the same call. The engine's loop schedules again at once
+        # while it has work (an empty step costs it nothing); so does this worker, or it would
+        # sit idle with a queue until the next arrival (the window pool's preemptions did).
+        for _ in range(_EMPTY_RETRIES):
+            if batch.items or not self.scheduler.has_work():
+                break
+            batch = self.scheduler.schedule()
         if not batch.items:
             return None
         shape = batch.shape()

@@ -161,3 +161,15 @@ def test_a_request_whose_own_path_holds_the_window_pool_is_admitted():
     assert w.allocator.num_window_free == 1
     _serve(w, wl)
     assert cached == {0: 40}
+
+
+def test_a_worker_whose_step_preempted_everyone_schedules_again_not_idles():
+    """A step can preempt every running request for window pages and admit nobody in the same
+    schedule; the engine's loop schedules again at once, and so must a simulated worker, or it
+    sits idle with a queue: here 11 requests never finished on one of two workers."""
+    timing = TIMING_PRESETS["cpu"].with_(max_batch_tokens=64, max_running=4)
+    cfg = SimConfig(num_workers=2, num_pages=120, page_size=16, timing=timing, window=32,
+                    window_pages=24, window_index=False)  # fmt: skip
+    result = simulate(multiturn_chat(num_requests=300, seed=1, rate=2.0), "ttft", cfg)
+    assert len(result.records) == 300  # each finished exactly once (else simulate raises)
+    assert all(r.finish == r.finish for r in result.records)  # a finish time (not NaN) each
