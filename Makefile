@@ -37,7 +37,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format radixray tests benchmarks
 	$(VENV)/bin/ruff check --fix radixray tests benchmarks
 
-# Every test: the unit tests on two processes (as test-fast: 96 s, not ~180 s, on two cores),
+# Every test: the unit tests on two processes (as test-fast: 57 s on two quiet cores, 2026-12-06),
 # then the integration tests one at a time (Ray clusters, servers and benchmark subprocesses:
 # two at once contend for the cores and ports; the benchmarks' quick runs failed so).
 # RADIXRAY_HF_LIVE=1: also load the GGUF in HF transformers and compare logits live (~1 min).
