@@ -277,6 +277,8 @@ class DcLoadReport:
     decode_seq_s: float | None = None
     decode_fit_moments: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     answer_tokens: float | None = None
+    state_total_slots: int = 0
+    state_free_slots: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +407,8 @@ def dc_encode_poll(m: DcPollResult) -> bytes:
                 ld.decode_seq_s,
                 ld.decode_fit_moments,
                 ld.answer_tokens,
+                ld.state_total_slots,
+                ld.state_free_slots,
             ],
             [
                 c.requests_finished,
@@ -438,8 +442,8 @@ _SP_FLOATS = (
 )  # fmt: skip
 _CHUNK_DEFAULTS = [None, None, None, 0, None, 0, 0, None, None, None, 0, 0]  # [0:3] required
 _LOAD_DEFAULTS = [0] * 8 + [None, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, None, 0.0, 0, 0, ()]
-_LOAD_DEFAULTS += [0, 0, 0, None, None, 0, 0, None, (0.0, 0.0, 0.0, 0.0, 0.0), None]
-_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22, 23)
+_LOAD_DEFAULTS += [0, 0, 0, None, None, 0, 0, None, (0.0, 0.0, 0.0, 0.0, 0.0), None, 0, 0]
+_LOAD_INTS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 17, 18, 19, 22, 23, 27, 28)
 _LOAD_OPT_FLOATS = (8, 9, 11, 12, 20, 21, 24, 26)
 _COUNTER_DEFAULTS = [0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0.0]  # None: a fresh {} below
 _COUNTER_INTS = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13)
@@ -624,8 +628,8 @@ def _dc_lp_in(v: Any, name: str, nullable: bool) -> list | None:
 def _dc_load(f: Any) -> DcLoadReport:
     if type(f) is not list:
         raise _bad(TAG_POLL, "load must be an array")
-    if len(f) != 27:
-        f = (f + _LOAD_DEFAULTS[len(f) :])[:27]
+    if len(f) != 29:
+        f = (f + _LOAD_DEFAULTS[len(f) :])[:29]
     for i in _LOAD_INTS:
         if type(f[i]) is not int:
             raise _bad(TAG_POLL, f"load[{i}] must be an int")
@@ -781,6 +785,8 @@ def make_poll(rng: random.Random) -> tuple[PollResult, DcPollResult]:
         "decode_seq_s": rng.uniform(1e-4, 1e-3),
         "decode_fit_moments": tuple(rng.random() * 1e3 for _ in range(5)),
         "answer_tokens": rng.uniform(10, 500),
+        "state_total_slots": 64,
+        "state_free_slots": rng.randrange(64),
     }
     counters = {
         "requests_finished": rng.randrange(10**6),
