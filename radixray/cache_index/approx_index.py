@@ -158,6 +158,7 @@ class ApproxIndex:
         self._windows.stored(worker, hashes, tier, window)
         self._states.stored(worker, hashes, tier, window)
         held = self._windows.held(worker, tier)
+        marks = self._states.held(worker) if tier == "device" else None  # checkpointed blocks
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -177,6 +178,8 @@ class ApproxIndex:
                 _clear_bit(owners, h, bit)
                 if held is not None:
                     held.discard(h)
+                if marks is not None:  # a block the index forgot keeps no checkpoint mark
+                    marks.discard(h)
 
     def remove(self, worker: WorkerId, hashes: Iterable[int], tier: str = "device") -> None:
         """Record that ``worker`` no longer holds these blocks in ``tier``."""

@@ -210,3 +210,17 @@ def test_unkept_blocks_are_remembered_for_attribution():
     cache.note_unkept(h[2:])  # and kept nothing past it
     assert cache.was_unkept(h[2:]) == 2 and cache.was_unkept(h[:2]) == 0
     assert cache.was_evicted(h[2:]) == 0
+
+
+def test_the_index_lru_bound_drops_a_trimmed_blocks_checkpoint_mark():
+    """A block the router's index trims by its per-worker LRU bound loses its checkpoint mark
+    too, so the marks stay within the bound (they grew without it)."""
+    alloc, states = PageAllocator(16), PageAllocator(4)
+    cache = MambaRadixCache(2, alloc, states, enable_events=True)
+    h = hash_blocks(T, 2)
+    put(cache, alloc, states, T, [4, 8])
+    index = ApproxIndex(2, max_blocks_per_worker=4)
+    index.apply("w", cache.take_events())
+    assert index._states.held("w") == {h[1], h[3]}
+    index.insert("w", hash_blocks([9, 9, 9, 9, 9, 9], 2))  # 3 new blocks: 3 of 4 trimmed
+    assert index._states.held("w") <= set(index._lru["w"])
