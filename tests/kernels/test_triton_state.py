@@ -1,0 +1,220 @@
+"""The recurrent-state kernels in Triton (radixray/kernels/triton_state.py) against the plain
+PyTorch reference (state_reference.py), over a step's varlen batch and its state pool.
+
+Two kinds of test:
+
+- the ``case_`` tests, tiny shapes: run by :func:`test_cases_in_a_subprocess`, under
+  TRITON_INTERPRET=1 on a CPU (compiled with CUDA). Triton decides "compiled or interpreted"
+  when a kernel module is imported, so the flag must not be set in the test process itself
+  (test_triton.py runs its cases the same way); here they skip unless the subprocess's
+  ``RADIXRAY_STATE_CASES=1`` is set.
+- ``test_gpu_*``: Granite-4.0-H's shapes (128 heads x 64 head dim x 128 state, conv over 8448
+  channels), bfloat16 and float32, compiled on CUDA; skipped without it (the GPU kit,
+  benchmarks/gpu/run.sh, runs them).
+
+Each batch mixes decode rows and prefill spans of unaligned lengths (one longer than a conv
+time block, one shorter than the conv's window), some from a state, some fresh. Every slot the
+step must not read holds NaN: fresh sequences' slots (a slot is never cleared), and slots no
+sequence owns, which must come out untouched. Tolerances: float32 outputs within 1e-5 (the
+same few sums in another order); conv states exactly (they are copies of inputs); bfloat16
+outputs within one rounding (cases.TOLERANCE).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixray.kernels.state_reference import (
+    causal_conv1d,
+    causal_conv1d_update,
+    ssd_scan,
+    ssd_update,
+)
+from radixray.worker.model.state_metadata import StateMetadata
+from tests.kernels.cases import TOLERANCE
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = "RADIXRAY_STATE_CASES"
+F32, BF16 = torch.float32, torch.bfloat16
+NAN = float("nan")
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
+case = pytest.mark.skipif(
+    os.environ.get(ENV) != "1", reason=f"run by test_cases_in_a_subprocess ({ENV}=1)"
+)
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+@needs_triton
+@pytest.mark.integration  # a subprocess, ~5 s under the interpreter: `make test` runs it
+def test_cases_in_a_subprocess():
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {ENV: "1"}
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "case_"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}"
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch and the reference
+# ---------------------------------------------------------------------------------------------
+
+# (slot, cached, new) per sequence, in batch order: decode rows (cached > 0, new == 1) and
+# prefill spans, fresh (cached == 0) or from a state; slots 3 and 7 belong to no one
+SEQS = [(2, 9, 5), (0, 12, 1), (5, 0, 37), (4, 3, 1), (1, 6, 2), (6, 0, 1)]
+
+
+def _batch(seqs, device):
+    """The step's metadata, the pool's size, the slots whose contents must never be read
+    (NaN-poisoned) and those no sequence owns (which must stay NaN)."""
+    slots, cached, new = zip(*seqs, strict=True)
+    meta = StateMetadata.build(slots, cached, new, device)
+    num_slots = max(slots) + 2
+    unused = sorted(set(range(num_slots)) - set(slots))
+    return meta, sum(new), num_slots, [s for s, c, _ in seqs if c == 0] + unused, unused
+
+
+def _pool(shape, dtype, device, unread, gen):
+    pool = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    pool[unread] = NAN
+    return pool
+
+
+def _ref_conv(u, weight, bias, silu, meta, pool):
+    """The reference, sequence by sequence (state_layers.conv_varlen's plan)."""
+    out = torch.empty_like(u)
+    for row, slot in zip(meta.decode_rows.tolist(), meta.decode_slots.tolist(), strict=True):
+        state = pool[slot : slot + 1].clone()
+        out[row : row + 1] = causal_conv1d_update(u[row : row + 1], weight, bias, state, silu)
+        pool[slot] = state[0]
+    for s in meta.prefills:
+        initial = pool[s.slot] if s.has_initial else None
+        out[s.start : s.end], pool[s.slot] = causal_conv1d(
+            u[s.start : s.end], weight, bias, initial, silu
+        )
+    return out
+
+
+def _ref_ssd(x, dt, A, B, C, D, chunk, meta, pool):
+    y = torch.empty_like(x)
+    for row, slot in zip(meta.decode_rows.tolist(), meta.decode_slots.tolist(), strict=True):
+        r = slice(row, row + 1)
+        state = pool[slot : slot + 1].clone()
+        y[r] = ssd_update(state, x[r], dt[r], A, B[r], C[r], D)
+        pool[slot] = state[0]
+    for s in meta.prefills:
+        r = slice(s.start, s.end)
+        initial = pool[s.slot] if s.has_initial else None
+        y[r], pool[s.slot] = ssd_scan(x[r], dt[r], A, B[r], C[r], D, chunk, initial)
+    return y
+
+
+def check_conv(C, K, bias, silu, dtype, device, seqs=SEQS, strided=True, seed=0):
+    from radixray.kernels.triton_state import conv_varlen
+
+    gen = torch.Generator().manual_seed(seed)
+    meta, T, num_slots, unread, unused = _batch(seqs, device)
+    wide = torch.randn(T, C + 16, generator=gen).to(device=device, dtype=dtype)
+    u = wide[:, 8 : 8 + C] if strided else wide[:, :C].contiguous()  # as Mamba2's xbc split
+    weight = torch.randn(C, 1, K, generator=gen).to(device=device, dtype=dtype)[:, 0]
+    b = torch.randn(C, generator=gen).to(device=device, dtype=dtype) if bias else None
+    pool = _pool((num_slots, C, K - 1), dtype, device, unread, gen)
+    want_pool = pool.clone()
+    want = _ref_conv(u, weight, b, silu, meta, want_pool)
+    got = conv_varlen(u, weight, b, silu, meta, pool)
+    assert not torch.isnan(got).any(), "NaN in the output: a stale slot was read"
+    torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
+    assert torch.isnan(pool[unused]).all(), "a slot no sequence owns was written"
+    torch.testing.assert_close(pool, want_pool, rtol=0, atol=0, equal_nan=True)
+
+
+def check_ssd(H, P, N, G, with_d, dtype, chunk, device, seqs=SEQS, seed=0):
+    from radixray.kernels.triton_state import ssd_varlen
+
+    gen = torch.Generator().manual_seed(seed)
+    meta, T, num_slots, unread, unused = _batch(seqs, device)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+    x = rand(T, H, P + 3)[:, :, 1 : P + 1]  # a view with padded strides, as the split's
+    dt = torch.nn.functional.softplus(torch.randn(T, H, generator=gen)).to(device)
+    A = -torch.rand(H, generator=gen).add(0.5).to(device)
+    B, C = rand(T, G, N, scale=0.5), rand(T, G, N, scale=0.5)
+    D = torch.randn(H, generator=gen).to(device) if with_d else None
+    pool = _pool((num_slots, H, P, N), F32, device, unread, gen)  # float32: ssm_dtype
+    want_pool = pool.clone()
+    want = _ref_ssd(x, dt, A, B, C, D, chunk, meta, want_pool)
+    got = ssd_varlen(x, dt, A, B, C, D, chunk, meta, pool)
+    assert not torch.isnan(got).any(), "NaN in the output: a stale slot was read"
+    torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
+    assert torch.isnan(pool[unused]).all(), "a slot no sequence owns was written"
+    used = sorted({s for s, _, _ in seqs})
+    torch.testing.assert_close(pool[used], want_pool[used], **TOLERANCE[F32])
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny shapes (the interpreter)
+# ---------------------------------------------------------------------------------------------
+
+
+@case
+@pytest.mark.parametrize(
+    "C,K,bias,silu,strided",
+    [
+        (24, 4, True, True, True),  # Mamba2's conv: bias, SiLU, a strided view of in_proj's
+        (20, 3, False, False, False),  # LFM2's: L_cache 3, no bias, no activation
+        (9, 2, True, False, True),  # one tap of state
+    ],
+)
+def test_case_conv(C, K, bias, silu, strided):
+    check_conv(C, K, bias, silu, F32, DEVICE, strided=strided, seed=C)
+
+
+@case
+def test_case_conv_decode_only_and_prefill_only():
+    check_conv(16, 4, True, True, F32, DEVICE, seqs=[(3, 4, 1), (1, 2, 1)])
+    check_conv(16, 4, True, True, F32, DEVICE, seqs=[(6, 0, 3), (2, 5, 33)])
+
+
+@case
+@pytest.mark.parametrize("H,P,N,G,with_d", [(4, 8, 16, 2, True), (3, 5, 12, 1, False)])
+def test_case_ssd(H, P, N, G, with_d):
+    check_ssd(H, P, N, G, with_d, F32, 4, DEVICE, seed=H)
+
+
+# ---------------------------------------------------------------------------------------------
+# Granite-4.0-H's shapes on CUDA
+# ---------------------------------------------------------------------------------------------
+
+GRANITE_SEQS = [(7, 100, 1), (3, 0, 1000), (12, 40, 1), (0, 511, 37), (9, 0, 2), (30, 8, 1)]
+GRANITE_SEQS += [(40 + i, 300 + i, 1) for i in range(20)]  # a decode batch of 23
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_gpu_conv_granite(dtype, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the reference's conv1d
+    check_conv(128 * 64 + 2 * 128, 4, True, True, dtype, "cuda", seqs=GRANITE_SEQS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_gpu_ssd_granite(dtype, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the reference's conv1d
+    check_ssd(128, 64, 128, 1, True, dtype, 256, "cuda", seqs=GRANITE_SEQS)
