@@ -12,9 +12,10 @@ from radixray.cache_index.radix_tree import EVICTION_POLICIES
 from radixray.router.policies import make_policy, policy_names
 from radixray.router.policies.ttft_config import TTFTConfig, with_settings
 from radixray.settings import add_arguments, from_args
-from radixray.worker.scheduler import PACKINGS, PREFILL_ORDERS
+from radixray.worker.scheduler import PACKINGS, PREFILL_ORDERS, SchedulerConfig
 
 from .generators import azure_shared_prefix, hot_prefix, multiturn_chat
+from .hybrid import LAYOUTS, HybridPools, hybrid_timing, state_copy_seconds
 from .results import SUMMARY_KEYS, RunResult
 from .simulator import SimConfig, simulate
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, load_timing
@@ -97,10 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--page-size", type=int, default=SimConfig.page_size)
     c.add_argument(
         "--timing",
-        default=DEFAULT_TIMING,
+        default=None,
         help=f"a preset ({', '.join(sorted(TIMING_PRESETS))}) or a JSON file fitted to a live "
-        "engine by `radixray sim calibrate --out FILE`",
+        f"engine by `radixray sim calibrate --out FILE` (default: {DEFAULT_TIMING}; with "
+        "--model-layout, the gpu preset scaled to that model)",
     )
+    _add_hybrid_arguments(p.add_argument_group("hybrid model (docs/state_cache.md)"))
     c.add_argument("--eviction", choices=EVICTION_POLICIES, default=SimConfig.eviction)
     c.add_argument(
         "--prefill-order",
@@ -156,6 +159,39 @@ def _add_tier_arguments(c: argparse._ArgumentGroup) -> None:
         "layers; 0: in series, copies then forward (default: the timing model's; the gpu preset "
         "32, the cpu preset 0)",
     )
+
+
+def _add_hybrid_arguments(h: argparse._ArgumentGroup) -> None:
+    """A hybrid model's layout: every worker runs mamba_radix with a state pool."""
+    h.add_argument(
+        "--model-layout",
+        choices=sorted(LAYOUTS),
+        default=None,
+        help="simulate a hybrid (state layers + attention layers, sim/hybrid.py): every worker "
+        "runs the engine's mamba_radix cache, KV pages for the attention layers (--pages) and "
+        "--state-slots state slots for running requests and checkpoints",
+    )
+    h.add_argument(
+        "--state-interval",
+        type=_positive,
+        default=SchedulerConfig.state_interval,
+        help="tokens between state checkpoints (taken at page ends that are multiples of it and "
+        "at each prompt's last full page), as the engine's --state-interval",
+    )
+    h.add_argument(
+        "--state-slots",
+        type=_positive,
+        default=None,
+        help="state slots per worker (default: 2x the timing's max_running, the engine's "
+        "default: a slot per running request and as many for checkpoints)",
+    )
+
+
+def _positive(text: str) -> int:
+    """An int >= 1 (argparse names the flag when this refuses)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return int(text)
 
 
 def _pages(text: str) -> int:
@@ -255,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --policies: {e}", file=sys.stderr)
             return 2
     try:
-        timing = load_timing(args.timing)
+        timing = _timing(args)
         if args.overlap_layers is not None:
             timing = timing.with_(overlap_layers=args.overlap_layers)
         wl = build_workload(args)
@@ -267,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"workload {wl.name}: {len(wl)} requests, {wl.total_tokens()} prompt tokens "
         f"{wl.description}; {args.workers} workers x {args.pages} pages{host} of "
-        f"{args.page_size}, timing {args.timing}, {args.prefill_order} prefills",
+        f"{args.page_size}, timing {args.timing}, {args.prefill_order} prefills{_layout(args)}",
         file=sys.stderr,
     )
     results: dict[str, RunResult] = {}
@@ -289,6 +325,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _timing(args: argparse.Namespace):
+    """--timing, or the gpu preset scaled to --model-layout's model (``args.timing`` says which)."""
+    if args.timing is None and args.model_layout:
+        args.timing = f"gpu scaled to {LAYOUTS[args.model_layout].name}"
+        return hybrid_timing(LAYOUTS[args.model_layout])
+    args.timing = args.timing or DEFAULT_TIMING
+    return load_timing(args.timing)
+
+
+def _layout(args: argparse.Namespace) -> str:
+    if not args.model_layout:
+        return ""
+    return f"; {args.model_layout}, mamba_radix, state interval {args.state_interval}"
+
+
+def _hybrid(args: argparse.Namespace, timing) -> HybridPools | None:
+    """Every worker's state pool and checkpoints, for --model-layout."""
+    if not args.model_layout:
+        return None
+    slots = args.state_slots or 2 * timing.max_running
+    copy_s = state_copy_seconds(LAYOUTS[args.model_layout], timing)
+    return HybridPools(slots, args.state_interval, state_copy_s=copy_s)
+
+
 def _config(args: argparse.Namespace, timing) -> SimConfig:
     return SimConfig(
         num_workers=args.workers,
@@ -305,4 +365,5 @@ def _config(args: argparse.Namespace, timing) -> SimConfig:
         max_inflight=args.max_inflight,
         max_inflight_per_worker=args.max_inflight_per_worker,
         max_queue_s=args.max_queue_s,
+        hybrid=_hybrid(args, timing),
     )

@@ -46,6 +46,11 @@ _EMPTY_RETRIES = 2
 
 
 class SimWorker:
+    # A hybrid's state slots (set by ``_make_cache``: sim/hybrid.py) and checkpoint interval;
+    # a model without state layers has none.
+    state_slots: PageAllocator | None = None
+    state_interval: int = SchedulerConfig.state_interval
+
     def __init__(
         self,
         worker_id: int,
@@ -79,11 +84,13 @@ class SimWorker:
                 max_running=timing.max_running,
                 prefill_order=prefill_order,
                 packing=packing,
+                state_interval=self.state_interval,
             ),
             # the engine's rule on the worker's own fits (EngineStats.step_costs)
             step_costs=lambda decodes: fitted_step_costs(
                 self.prefill_cost, self.decode_cost, decodes
             ),
+            state_slots=self.state_slots,
         )
         self.on_first_token = on_first_token
         self.on_finish = on_finish
@@ -128,7 +135,7 @@ class SimWorker:
         host_write_through_hits: int | None,
     ) -> RadixCache:
         """The engine's RadixCache over ``num_pages`` (sets ``allocator``, ``host_allocator``);
-        a subclass builds another of the engine's caches (sim/window_worker.py)."""
+        a subclass builds another of the engine's caches (sim/window.py, sim/hybrid.py)."""
         self.allocator = PageAllocator(num_pages)
         self.host_allocator = PageAllocator(host_pages) if host_pages else None
         return RadixCache(

@@ -29,17 +29,12 @@ from radixray.router.dispatch import DecisionRecord, Dispatcher
 from radixray.router.policies import Policy, RoutingRequest, make_policy
 from radixray.step_cost import pooled_decode_seq_s, pooled_fits
 from radixray.worker.engine_config import EngineConfig
-from radixray.worker.scheduler import (
-    Batch,
-    SchedulerConfig,
-    check_packing,
-    check_prefill_order,
-)
+from radixray.worker.scheduler import Batch, SchedulerConfig, check_packing, check_prefill_order
 
+from .hybrid import HybridPools, check_config, index_states, worker_kind
 from .results import REFUSED, RequestRecord, RunResult, ceiling_hits, pooled_hits, ttft_bound
 from .sim_worker import SimWorker
 from .timing import DEFAULT_TIMING, TIMING_PRESETS, TimingModel
-from .window import SWASimWorker
 from .workload import SimRequest, Workload
 
 __all__ = ["SimConfig", "Simulator", "simulate"]
@@ -82,6 +77,9 @@ class SimConfig:
     window: int = 0
     window_pages: int = 0
     window_index: bool = True
+    # A hybrid model (sim/hybrid.py): every worker gets its state slots and runs mamba_radix
+    # (or a chunk cache); None: a model without state layers.
+    hybrid: HybridPools | None = None
     # keep each request's candidate terms on its record (RequestRecord.terms; memory: a dict a
     # request), not only the term that decided
     explain: bool = False
@@ -111,6 +109,7 @@ class SimConfig:
             raise ValueError(f"max_queue_s must be > 0 or None, got {self.max_queue_s}")
         if self.window and (self.window_pages < 1 or self.host_pages):
             raise ValueError("a window pool needs window_pages >= 1 and no host tier")
+        check_config(self)
         if self.event_delay_s is None and not self.optimistic_index:
             raise ValueError("with no KV events and no optimistic index the router sees nothing")
 
@@ -157,9 +156,8 @@ class _Run:
         self.wl, self.policy, self.cfg, self.on_step = workload, policy, cfg, on_step
         P = cfg.page_size
         self.hashes = workload.block_hashes(P)
-        self.index = ApproxIndex(
-            P, cfg.index_max_blocks or max(cfg.num_pages, cfg.host_pages), cfg.window_index
-        )
+        blocks = cfg.index_max_blocks or max(cfg.num_pages, cfg.host_pages)
+        self.index = ApproxIndex(P, blocks, cfg.window_index, index_states(cfg))
         # The live router's dispatch steps, with no decision log: records are kept below.
         self.dispatch = Dispatcher(
             policy, self.index, optimistic=cfg.optimistic_index, herd_window=0, decision_log_size=0
@@ -175,9 +173,7 @@ class _Run:
             if r.after is not None:
                 self.released_by.setdefault(r.after, []).append(k)
         self.emit = cfg.event_delay_s is not None
-        make, kw = SimWorker, {}
-        if cfg.window:
-            make, kw = SWASimWorker, {"window": cfg.window, "window_pages": cfg.window_pages}
+        make, kw = worker_kind(cfg)
         self.workers = [
             make(
                 w,
