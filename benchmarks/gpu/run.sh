@@ -9,7 +9,7 @@
 # Here, without CUDA (or with RADIXRAY_GPU_DRY=1), it runs the CPU-safe parts with .venv's
 # python and no install, marks the CUDA ones skipped and writes to $OUT or a new /tmp folder:
 # a check of the script itself. Files back: log, summary.txt, env.txt, pytest_gpu.xml,
-# bench_kernels.txt, engine_check.json (the device tool returns at most 8).
+# bench_kernels.txt, state_kernels.txt, engine_check.json (the device tool returns at most 8).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} RAY_AUTH_MODE=disabled
@@ -123,6 +123,14 @@ if [ "$DRY" = 1 ]; then
 else
     step bench_kernels 120 "$PY" benchmarks/bench_kernels.py --reps 10 \
         > >(tee "$OUT/bench_kernels.txt")
+fi
+
+# (c2) the state layers' decode kernels: Triton against the reference at Granite-4.0-H's shapes,
+# batch 1/8/64 (checked, then timed); without CUDA, compiled for sm_90 and the reference timed
+if [ "$DRY" = 1 ]; then
+    step state_kernels_quick 60 "$PY" benchmarks/gpu/state_kernels.py --quick
+else
+    step state_kernels 90 "$PY" benchmarks/gpu/state_kernels.py > >(tee "$OUT/state_kernels.txt")
 fi
 
 # (d) + (e) the engine: greedy tokens equal the CPU's, decode tokens/s, the host tier's copies

@@ -122,24 +122,35 @@ def _conv_kernel(
         acc.to(out_ptr.dtype.element_ty),
         mask=m_out,
     )
-    if tb == 0:  # the new state: inputs length-K+1 .. length-1 (before 0: the old state's)
-        j = tl.arange(0, BLOCK_S)
-        pos = length + j - (K - 1)
-        j_ok = j < K - 1
-        init_s = (tl.zeros([BLOCK_S], dtype=tl.int32) + has_init) != 0
-        m_x = (j_ok & (pos >= 0))[:, None] & c_ok[None, :]
-        m_s = (j_ok & (pos < 0) & init_s)[:, None] & c_ok[None, :]
-        xv = tl.load(
-            u_ptr + (start + pos)[:, None] * stride_ut + offs_c[None, :] * stride_uc,
-            mask=m_x,
-            other=0.0,
-        )
-        sv = tl.load(state + (length + j)[:, None] * stride_sk, mask=m_s, other=0.0)
-        if not DECODE:
-            sv = sv.to(u_ptr.dtype.element_ty)
-        new = tl.where(m_x, xv.to(state_ptr.dtype.element_ty), sv.to(state_ptr.dtype.element_ty))
-        tl.debug_barrier()  # every read of the old state (above, by any thread) before the write
-        tl.store(state + j[:, None] * stride_sk, new, mask=j_ok[:, None] & c_ok[None, :])
+    if tb == 0:  # the one program of these channels that reads the old state writes the new
+        _conv_new_state(u_ptr, state, start, length, has_init, offs_c, c_ok,
+                        stride_ut, stride_uc, stride_sk, K, DECODE, BLOCK_S)  # fmt: skip
+
+
+@triton.jit
+def _conv_new_state(
+    u_ptr, state, start, length, has_init, offs_c, c_ok, stride_ut, stride_uc, stride_sk,
+    K: tl.constexpr, DECODE: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """A sequence's new conv state: its inputs ``length-K+1 .. length-1``, those before its
+    first from the old state (a sequence shorter than ``K - 1``), written over the old."""
+    j = tl.arange(0, BLOCK_S)
+    pos = length + j - (K - 1)
+    j_ok = j < K - 1
+    init = (tl.zeros([BLOCK_S], dtype=tl.int32) + has_init) != 0
+    m_x = (j_ok & (pos >= 0))[:, None] & c_ok[None, :]
+    m_s = (j_ok & (pos < 0) & init)[:, None] & c_ok[None, :]
+    xv = tl.load(
+        u_ptr + (start + pos)[:, None] * stride_ut + offs_c[None, :] * stride_uc,
+        mask=m_x,
+        other=0.0,
+    )
+    sv = tl.load(state + (length + j)[:, None] * stride_sk, mask=m_s, other=0.0)
+    if not DECODE:  # as the reference's prefill: the old state joined to x in x's dtype
+        sv = sv.to(u_ptr.dtype.element_ty)
+    new = tl.where(m_x, xv.to(state.dtype.element_ty), sv.to(state.dtype.element_ty))
+    tl.debug_barrier()  # every read of the old state (by any thread) before the write
+    tl.store(state + j[:, None] * stride_sk, new, mask=j_ok[:, None] & c_ok[None, :])
 
 
 def _launch_conv(u, weight, bias, silu, conv_state, out, seqs, slots, n, max_len, decode):
