@@ -4,7 +4,9 @@
 projections over all rows at once, then the conv and the scan per sequence
 (state_metadata.py): one batched update for the decode rows, one chunk call per prefill.
 
-The kernels are the plain-PyTorch references (kernels/state_reference.py). Parameters keep
+The kernels are the plain-PyTorch references (kernels/state_reference.py), but for the decode
+rows on CPU, which update the pool's slots in place (kernels/state_cpu.py: no gather and
+scatter of the states, the SSM's large one above all). Parameters keep
 transformers' shapes (the conv weight ``[channels, 1, kernel]``), so weights load and export
 as they are (hybrid_weights.py).
 """
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixray.kernels.state_cpu import conv_update_slots, ssd_update_slots
 from radixray.kernels.state_reference import (
     causal_conv1d,
     causal_conv1d_update,
@@ -44,7 +47,10 @@ def conv_varlen(
 ) -> torch.Tensor:  # [T, C]
     """The causal depthwise conv over every sequence of the step, each from its own state."""
     out = torch.empty_like(u)
-    if meta.num_decode:
+    if meta.num_decode and u.device.type == "cpu":
+        rows = meta.decode_rows
+        out[rows] = conv_update_slots(u[rows], weight, bias, conv_state, meta.decode_runs, silu)
+    elif meta.num_decode:
         rows, slots = meta.decode_rows, meta.decode_slots
         state = conv_state.index_select(0, slots)
         out[rows] = causal_conv1d_update(u[rows], weight, bias, state, silu)
@@ -70,7 +76,10 @@ def ssd_varlen(
 ) -> torch.Tensor:  # [T, H, P]
     """Mamba2's scan over every sequence of the step, each from its own state."""
     y = torch.empty_like(x)
-    if meta.num_decode:
+    if meta.num_decode and x.device.type == "cpu":
+        r = meta.decode_rows
+        y[r] = ssd_update_slots(ssm_state, meta.decode_runs, x[r], dt[r], A, B[r], C[r], D)
+    elif meta.num_decode:
         rows, slots = meta.decode_rows, meta.decode_slots
         state = ssm_state.index_select(0, slots)
         y[rows] = ssd_update(state, x[rows], dt[rows], A, B[rows], C[rows], D)

@@ -25,6 +25,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from radixray.kernels.state_cpu import SlotRun, slot_runs
+
 from .upload import upload
 
 __all__ = ["SeqSpan", "StateBatch", "StateMetadata", "StateTensors"]
@@ -47,12 +49,15 @@ class StateMetadata:
     - ``prefills``: sequences run one at a time as a chunk (more than one new token, or no
       context before the step), in batch order;
     - ``decode_rows`` int64 ``[Bd]``: the rows of one-token continuations, run as one batch;
-    - ``decode_slots`` int64 ``[Bd]``: their slots, in the same order.
+    - ``decode_slots`` int64 ``[Bd]``: their slots, in the same order;
+    - ``decode_runs``: the same slots as runs of consecutive ids (host ints), for the CPU path
+      that updates the pool's slots in place as views (kernels/state_cpu.py).
     """
 
     prefills: tuple[SeqSpan, ...]
     decode_rows: torch.Tensor
     decode_slots: torch.Tensor
+    decode_runs: tuple[SlotRun, ...] = ()
 
     @property
     def num_decode(self) -> int:
@@ -89,6 +94,7 @@ class StateMetadata:
             tuple(prefills),
             upload(rows, torch.int64, device),
             upload(decode_slots, torch.int64, device),
+            slot_runs(decode_slots),
         )
 
 
