@@ -158,7 +158,6 @@ class ApproxIndex:
         self._windows.stored(worker, hashes, tier, window)
         self._states.stored(worker, hashes, tier, window)
         held = self._windows.held(worker, tier)
-        marks = self._states.held(worker) if tier == "device" else None  # checkpointed blocks
         bit = 1 << self._slot[worker]
         owners, lrus = self._tier(tier)
         lru = lrus[worker]
@@ -173,13 +172,13 @@ class ApproxIndex:
         excess = len(lru) - self.max_blocks_per_worker
         if excess > 0:
             self.trimmed_blocks += excess
-            for _ in range(excess):
-                h, _ = lru.popitem(last=False)
+            trimmed = [lru.popitem(last=False)[0] for _ in range(excess)]
+            for h in trimmed:
                 _clear_bit(owners, h, bit)
                 if held is not None:
                     held.discard(h)
-                if marks is not None:  # a block the index forgot keeps no checkpoint mark
-                    marks.discard(h)
+            other = self._tier("host" if tier == "device" else "device")[1][worker]
+            self._states.removed(worker, trimmed, tier, other)  # (their checkpoint marks too)
 
     def remove(self, worker: WorkerId, hashes: Iterable[int], tier: str = "device") -> None:
         """Record that ``worker`` no longer holds these blocks in ``tier``."""
@@ -199,7 +198,7 @@ class ApproxIndex:
             if held is not None:
                 held.discard(h)
         self.lost.lost(gone)
-        self._states.removed(worker, hashes, tier)
+        self._states.removed(worker, hashes, tier, other)
 
     def clear(self, worker: WorkerId) -> None:
         """Drop every entry of ``worker``, both tiers (it stays registered)."""
@@ -224,9 +223,9 @@ class ApproxIndex:
                 if self.windows:
                     self._apply_window(worker, ev)
             elif isinstance(ev, (BlockStored, BlockRemoved)) and ev.kind == MAMBA:
-                if self.states and _tier_of(ev.medium) == "device":
+                if self.states:
                     self.add_worker(worker)
-                    self._states.apply(worker, ev, self._lru[worker])
+                    self._states.apply(worker, ev, self._lru[worker], self._host_lru[worker])
             elif isinstance(ev, BlockStored):
                 tier = _tier_of(ev.medium)
                 if tier == "device":  # a lost block computed again? (before it counts as held)
@@ -283,14 +282,15 @@ class ApproxIndex:
         """Per worker holding a prefix in either tier: ``(device, reusable)`` leading blocks,
         ``device`` on its device pool (``match``'s count) and ``reusable`` on its device pool or
         its host tier, block by block (``reusable - device`` blocks would be loaded back)."""
-        windows = self._windows
-        if not self._host_owners:  # (state workers have no host tier: cut here only)
-            device = self._states.cut_all(hashes, windows.cut_all(hashes, self._match(hashes)))
+        windows, states = self._windows, self._states
+        if not self._host_owners:
+            device = states.cut_all(hashes, windows.cut_all(hashes, self._match(hashes)))
             return {w: (n, n) for w, n in device.items()}
         raw, both = self._match_both(hashes)
-        device = windows.cut_all(hashes, raw)
+        device = states.cut_all(hashes, windows.cut_all(hashes, raw))
         for w in windows.window.keys() & both.keys():
             both[w] = windows.cut_tiers(w, hashes, raw.get(w, 0), both[w])
+        both = states.cut_all(hashes, both)  # (a state worker's: at a checkpoint on either tier)
         return {w: (device.get(w, 0), n) for w, n in both.items() if n}
 
     def _match_both(self, hashes: Sequence[int]) -> tuple[dict, dict]:

@@ -58,6 +58,9 @@ class MatchResult(NamedTuple):
     # is cached but with no checkpoint at or after them (attributed to the miss cause "state").
     state_slot: int | None = None
     state_tokens: int = 0
+    # True: ``state_slot`` is a slot of the host state pool (a checkpoint demoted with its node,
+    # ``mamba_host``), copied from there into the request's device slot
+    state_host: bool = False
 
 
 class PrefixCache(ABC):

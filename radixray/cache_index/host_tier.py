@@ -41,6 +41,8 @@ class PageCopy(NamedTuple):
     src: list[int]
     dst: list[int]
     window: bool = False  # True: window-pool pages (``swa_host``), ids of the window pools
+    # True: state slots, not pages (``mamba_host``): device state-pool slot <-> host state slot
+    state: bool = False
 
 
 class HostTier:
@@ -69,19 +71,21 @@ class HostTier:
 
     # ------------------------------------------------------------------ copies
 
-    def _record(self, to_host: bool, src: list[int], dst: list[int], window: bool = False) -> None:
+    def _record(
+        self, to_host: bool, src: list[int], dst: list[int], window: bool = False, state=False
+    ) -> None:
         """Append a copy, merged into the last one when it goes the same way between the same
         pools and writes none of the same pages (then the merged copy has distinct targets)."""
         last = self._copies[-1] if self._copies else None
         if (
             last is not None
-            and (last.to_host, last.window) == (to_host, window)
+            and (last.to_host, last.window, last.state) == (to_host, window, state)
             and self._group_dst.isdisjoint(dst)
         ):
             last.src.extend(src)
             last.dst.extend(dst)
         else:
-            self._copies.append(PageCopy(to_host, list(src), list(dst), window))
+            self._copies.append(PageCopy(to_host, list(src), list(dst), window, state))
             self._group_dst = set()
         self._group_dst.update(dst)
 

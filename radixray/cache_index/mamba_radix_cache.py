@@ -29,8 +29,10 @@ block when it gets one, a ``BlockRemoved`` when it loses it and stays a tombston
 removed from the full group is gone from both). A router's index cuts its matches there
 (``index_states``).
 
-No host tier: a demoted node's checkpoint would have to move to host memory with it
-(not built; ``memory_pool`` refuses ``host_pages`` for these models).
+Host tier (``host_allocator`` and ``host_state_allocator``: host pages and host state slots):
+a demoted node's checkpoint is demoted with it, to a host state slot, and a checkpoint the
+state pool cannot keep moves there too (``mamba_host``). A match then runs over both tiers to
+the deepest checkpoint in either; one on the host is copied from there into the request's slot.
 """
 
 from __future__ import annotations
@@ -38,16 +40,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .cache_contract import MatchResult, check_free_and_held
-from .events import MAMBA, BlockRemoved, BlockStored, KVEvent
+from .events import MAMBA, BlockRemoved, KVEvent
 from .ghost import GhostList
+from .host_tier import HOST
+from .mamba_host import STATE_GROUP, MambaHostTier, check_states, state_stored
 from .page_allocator import PageAllocator
 from .radix_cache import RadixCache
 from .radix_tree import TreeNode
 from .state_checkpoints import Checkpoints, direct_locks
 
 __all__ = ["MambaRadixCache", "STATE_GROUP"]
-
-STATE_GROUP = 1  # the mamba group's group_idx in KV events
 
 
 class MambaRadixCache(RadixCache):
@@ -61,34 +63,88 @@ class MambaRadixCache(RadixCache):
         ghost_capacity: int | None = None,
         medium: str | None = "GPU",
         host_allocator: PageAllocator | None = None,
+        host_state_allocator: PageAllocator | None = None,
     ):
-        if host_allocator is not None:
-            raise ValueError("mamba_radix has no host tier (a checkpoint cannot be demoted yet)")
         kw = {} if ghost_capacity is None else {"ghost_capacity": ghost_capacity}
-        super().__init__(page_size, allocator, eviction, enable_events, medium=medium, **kw)
         self.state_allocator = state_allocator
         self._ckpt = Checkpoints()
+        self._host_slots = host_state_allocator  # (read by _host_tier, which super() calls)
+        self.host: MambaHostTier | None
+        super().__init__(
+            page_size, allocator, eviction, enable_events, medium=medium,
+            host_allocator=host_allocator, **kw,
+        )  # fmt: skip
         self.num_states_evicted = 0  # checkpoints dropped by evict_states
         # Blocks a request computed past its last checkpoint, which were never cached: a later
         # miss on them is the cause "state" (seen, not kept for want of a state), not "cold".
         self._unkept = GhostList(self._ghost.capacity)
 
+    def _host_tier(self, host_allocator, emit) -> MambaHostTier:
+        return MambaHostTier(host_allocator, self._tree, self._ghost, emit, self._host_slots,
+                             self._ckpt, self.state_allocator)  # fmt: skip
+
+    def _has_state(self, node: TreeNode) -> bool:
+        return self._ckpt.get(node) is not None or (
+            self.host is not None and self.host.ckpt.get(node) is not None
+        )
+
+    def _state_of(self, node: TreeNode) -> tuple[int, bool]:
+        """``node``'s checkpoint slot, and whether it is a host slot (a device one first)."""
+        slot = self._ckpt.get(node)
+        if slot is not None:
+            self._ckpt.touch(node, self._ckpt.tick())
+            return slot, False
+        self.host.ckpt.touch(node, self._ckpt.tick())
+        return self.host.ckpt.get(node), True
+
     # -------------------------------------------------------------- match
 
     def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
         """The longest cached prefix cut back to its deepest checkpoint: ``state_slot`` holds
-        the state after ``num_tokens`` tokens; ``state_tokens`` are the cached tokens past it."""
+        the state after ``num_tokens`` tokens; ``state_tokens`` are the cached tokens past it.
+        With a host tier, a checkpoint in the host-only continuation ends the match there:
+        ``host_pages`` up to it, its host slot (``load_back`` brings the KV; if the caller
+        cannot, ``device_part`` is the match without it)."""
         m = super().match_prefix(token_ids, extra_key)
-        node, n = m.node, m.num_tokens
-        while node.parent is not None and self._ckpt.get(node) is None:
+        total = m.num_tokens + m.host_tokens
+        node, n = m.host_node, total
+        while node is not None and node is not m.node and self.host.ckpt.get(node) is None:
+            n -= len(node.key)
+            node = node.parent
+        if node is None or node is m.node:
+            return self._cut(m.node, m.num_tokens, m.pages, total)
+        slot, _ = self._state_of(node)
+        h = n - m.num_tokens
+        host = m.host_pages[: h // self.page_size]
+        return MatchResult(m.pages, m.num_tokens, m.node, host, h, node, state_slot=slot,
+                           state_tokens=total - n, state_host=True)  # fmt: skip
+
+    def _cut(self, node: TreeNode, n: int, pages: Sequence[int], total: int) -> MatchResult:
+        """The device match ending at ``node`` (``n`` tokens) cut back to its deepest node with
+        a checkpoint (on either tier); ``total`` tokens were cached."""
+        while node.parent is not None and not self._has_state(node):
             n -= len(node.key)
             node = node.parent
         if node.parent is None:  # no checkpoint on the path: nothing usable
-            return MatchResult([], 0, node, state_tokens=m.num_tokens)
-        self._ckpt.touch(node, self._ckpt.tick())
-        pages = m.pages[: n // self.page_size]
-        slot = self._ckpt.get(node)
-        return MatchResult(pages, n, node, state_slot=slot, state_tokens=m.num_tokens - n)
+            return MatchResult([], 0, node, state_tokens=total)
+        slot, host = self._state_of(node)
+        return MatchResult(list(pages[: n // self.page_size]), n, node, state_slot=slot,
+                           state_tokens=total - n, state_host=host)  # fmt: skip
+
+    def device_part(self, m: MatchResult) -> MatchResult:
+        """``m`` without its host continuation: its device prefix cut to a checkpoint (what a
+        request starts from when the continuation cannot be loaded back)."""
+        if m.host_node is None:
+            return m
+        total = m.num_tokens + m.host_tokens + m.state_tokens
+        return self._cut(m.node, m.num_tokens, m.pages, total)
+
+    def load_back(self, m: MatchResult, pages: Sequence[int]) -> MatchResult:
+        """``RadixCache.load_back``; the match then names the checkpoint at its end (on the
+        host: it stays there, and is copied into the request's slot)."""
+        full = super().load_back(m, pages)
+        slot, host = self._state_of(full.node)
+        return full._replace(state_slot=slot, state_host=host)
 
     def peek_prefix(
         self, token_ids: list[int], block_hashes: Sequence[int], extra_key: str | None = None
@@ -102,7 +158,7 @@ class MambaRadixCache(RadixCache):
             if node is None:
                 break
             pos += len(node.key)
-            if pos <= n and self._ckpt.get(node) is not None:
+            if pos <= n and self._has_state(node):
                 best = pos
         return best
 
@@ -144,7 +200,8 @@ class MambaRadixCache(RadixCache):
             raise ValueError(f"checkpoint positions {bad} are not page ends within {n} tokens")
         tokens = list(token_ids[:n])
         last = max(states, default=0)
-        if n > last and len(self._tree.match(tokens, extra_key)[0]) * P < n:
+        dev, _, host, _ = self._tree.match_tiers(tokens, extra_key)
+        if n > last and (len(dev) + len(host)) * P < n:
             raise ValueError(
                 f"insert of {n} tokens with its last checkpoint at {last}: a new leaf would "
                 "have no checkpoint (insert only up to the last checkpoint)"
@@ -170,21 +227,22 @@ class MambaRadixCache(RadixCache):
 
     # -------------------------------------------------------------- locks
 
-    def lock_state(self, node: TreeNode) -> None:
-        """Keep ``node``'s checkpoint (and its path's KV: a lock too) from eviction until
-        ``unlock_state``: its state is being copied into a request's slot."""
-        self._ckpt.lock(node)
+    def lock_state(self, node: TreeNode, host: bool = False) -> None:
+        """Keep ``node``'s checkpoint (``host``: its host one) and its path's KV (a lock too)
+        from eviction until ``unlock_state``: its state is being copied into a request's slot."""
+        (self.host.ckpt if host else self._ckpt).lock(node)
         self._tree.lock(node)
 
-    def unlock_state(self, node: TreeNode) -> None:
-        self._ckpt.unlock(node)
+    def unlock_state(self, node: TreeNode, host: bool = False) -> None:
+        (self.host.ckpt if host else self._ckpt).unlock(node)
         self._tree.unlock(node)
 
     # -------------------------------------------------------------- eviction
 
     def evict(self, num_pages: int) -> int:
         """KV leaves on the leaf LRU, each with its checkpoint, and the tombstones above it
-        that it leaves as unlocked leaves."""
+        that it leaves as unlocked leaves. With a host tier a leaf is demoted, its checkpoint
+        with it (``MambaHostTier.demote``), or, with no room there, forgotten."""
         if num_pages <= 0:
             return 0
         freed: list[int] = []
@@ -193,9 +251,36 @@ class MambaRadixCache(RadixCache):
             node = self._tree.device_leaves.pop()
             if node is None:
                 break
-            freed += self._remove(node, slots)
+            pages = self.host.demote(node) if self.host else None
+            if pages is None:
+                if self.host:
+                    self.host.forget_below(node)
+                pages = self._remove(node, slots)
+            freed += pages
+            freed += self._prune(slots)
         self._free(freed, slots)
         return len(freed)
+
+    def make_host_room(self, num_pages: int) -> bool:
+        """``HostTier.make_room`` (host LRU evictions), then the orphans it left pruned."""
+        ok, slots = self.host.make_room(num_pages), []
+        self._free(self._prune(slots), slots)
+        return ok
+
+    def _prune(self, slots: list[int]) -> list[int]:
+        """Remove the host tier's orphans that are childless unlocked tombstones, and the
+        tombstones that leaves as leaves; returns their device pages."""
+        if self.host is None or not self.host.orphans:
+            return []
+        pages: list[int] = []
+        orphans, self.host.orphans = self.host.orphans, []
+        P = self.page_size
+        for node in orphans:
+            parent = node.parent
+            if parent is not None and parent.children.get(tuple(node.key[:P])) is node:
+                if not self._has_state(node) and not node.children and not node.lock_ref:
+                    pages += self._remove(node, slots)
+        return pages
 
     def evictable_states(self) -> int:
         """Checkpoints ``evict_states`` could drop now."""
@@ -203,9 +288,10 @@ class MambaRadixCache(RadixCache):
 
     def evict_states(self, num_slots: int) -> int:
         """Free at least ``min(num_slots, evictable_states())`` state slots, least recently
-        used checkpoint first, skipping those where a request's lock ends. An inner node
-        becomes a tombstone; a leaf is removed with its KV (and any tombstones it leaves as
-        leaves). Returns the slots freed."""
+        used checkpoint first, skipping those where a request's lock ends. With a host tier
+        it moves to a host slot (``MambaHostTier.keep``); where that cannot be had, an inner
+        node becomes a tombstone and a leaf is removed with its KV (and any tombstones it
+        leaves as leaves). Returns the slots freed."""
         slots: list[int] = []
         pages: list[int] = []
         held: list[TreeNode] = []
@@ -217,15 +303,16 @@ class MambaRadixCache(RadixCache):
             if direct_locks(node):  # a running request resumes here: keep it (no tombstone)
                 held.append(node)
                 continue
-            if node.children:
+            if (self.host is not None and self.host.keep(node)) or node.children:
                 slots.append(self._ckpt.drop(node))
-                if self.enable_events:  # a tombstone: gone from the mamba group only
+                if self.enable_events:  # gone from the device's mamba group only
                     ev = BlockRemoved([node.hashes[-1]], self.medium, STATE_GROUP, MAMBA)
                     self._events.append(ev)
             else:
                 pages += self._remove(node, slots)
         for node in held:
             lru.add(node)
+        pages += self._prune(slots)
         self.num_states_evicted += len(slots)
         self._free(pages, slots)
         return len(slots)
@@ -236,33 +323,43 @@ class MambaRadixCache(RadixCache):
         pages: list[int] = []
         first = True
         while node.parent is not None and not node.children and not node.lock_ref:
-            if self._ckpt.get(node) is not None:
-                if not first:
-                    break  # an ancestor with a checkpoint: a leaf now, not a tombstone
-                slots.append(self._ckpt.drop(node))
+            if not first and self._has_state(node):
+                break  # an ancestor with a checkpoint: a leaf now, not a tombstone
             first = False
-            pages += node.pages
             parent = node.parent
-            self._forget(node)
+            pages += self._forget(node, slots)
             node = parent
         return pages
 
-    def _state_event(self, node: TreeNode) -> BlockStored:
-        """The mamba group's store of ``node``'s last block (its end holds a checkpoint)."""
-        P = self.page_size
-        parent = node.hashes[-2] if len(node.hashes) > 1 else node.parent.last_hash
-        h, tokens = [node.hashes[-1]], node.key[-P:]
-        return BlockStored(h, parent, list(tokens), P, self.medium, STATE_GROUP, MAMBA)
+    def _state_event(self, node: TreeNode) -> KVEvent:
+        return state_stored(node, self.page_size, self.medium)
 
     def snapshot_events(self) -> list[KVEvent]:
-        """``RadixCache``'s, then the mamba group's store of every checkpointed block."""
-        return super().snapshot_events() + [self._state_event(n) for n in self._ckpt.slot]
+        """``RadixCache``'s, then the mamba group's store of every checkpointed block (the
+        host's on the host medium)."""
+        events = super().snapshot_events() + [self._state_event(n) for n in self._ckpt.slot]
+        if self.host is not None:
+            events += [state_stored(n, self.page_size, HOST) for n in self.host.ckpt.slot]
+        return events
 
-    def _forget(self, node: TreeNode) -> None:
+    def _forget(self, node: TreeNode, slots: list[int]) -> list[int]:
+        """Take the childless ``node`` out of the tree with its checkpoints (its device slot
+        to ``slots``) and host pages; returns its device pages (the caller frees them)."""
+        if self._ckpt.get(node) is not None:
+            slots.append(self._ckpt.drop(node))
+        host = self.host
+        if host is not None and host.ckpt.get(node) is not None:
+            host.slots.free([host.ckpt.drop(node)])
         self._tree.remove(node)
         self._ghost.add(node.hashes)
-        if self.enable_events:
+        if self.enable_events and node.pages:
             self._events.append(BlockRemoved(list(node.hashes), self.medium))
+        if node.host:
+            host.allocator.free(node.host)
+            host.evicted_pages += len(node.host)
+            if self.enable_events:
+                self._events.append(BlockRemoved(list(node.hashes), HOST))
+        return node.pages
 
     def _free(self, pages: list[int], slots: list[int]) -> None:
         if pages:
@@ -273,8 +370,9 @@ class MambaRadixCache(RadixCache):
     # -------------------------------------------------------------- reset / invariants
 
     def reset(self) -> None:
-        if self._ckpt.locked:
-            raise RuntimeError(f"cannot reset while {self._ckpt.locked} checkpoints are locked")
+        locked = self._ckpt.locked + (self.host.ckpt.locked if self.host else 0)
+        if locked:
+            raise RuntimeError(f"cannot reset while {locked} checkpoints are locked")
         super().reset()
         self._free([], self._ckpt.clear())
 
@@ -289,30 +387,14 @@ class MambaRadixCache(RadixCache):
     def check_integrity(
         self, held_pages: Iterable[int] | None = None, held_slots: Iterable[int] | None = None
     ) -> None:
-        """``RadixCache``'s checks, then the checkpoints': each on a node of the tree at the
-        position it says, no leaf without one, their LRU and locks; with ``held_slots`` (slots
-        private to callers), free + cached + held is every slot, each once."""
+        """``RadixCache``'s checks (device and host pages), then the checkpoints' on both tiers
+        (``check_states``); with ``held_slots`` (device slots private to callers), free +
+        cached + held is every device slot, each once, and every host slot is free or cached."""
         super().check_integrity(held_pages)
-        self._ckpt.check()
-        seen = 0
-        for root in self._tree.roots().values():
-            stack = [(c, 0) for c in root.children.values()]
-            while stack:
-                node, start = stack.pop()
-                end = start + len(node.key)
-                if not node.children and self._ckpt.get(node) is None:
-                    raise AssertionError(f"leaf {node!r} is a tombstone (no checkpoint)")
-                if self._ckpt.get(node) is not None:
-                    seen += 1
-                    if self._ckpt.end[node] != end:
-                        raise AssertionError(
-                            f"checkpoint of {node!r} says {self._ckpt.end[node]} tokens, is {end}"
-                        )
-                stack += [(c, end) for c in node.children.values()]
-        if seen != len(self._ckpt):
-            raise AssertionError(f"{len(self._ckpt) - seen} checkpoints on nodes not in the tree")
-        cached = self.cached_slots()
-        check_free_and_held(self.state_allocator, cached, held_slots)
+        check_states(self._tree, self._ckpt, self.host.ckpt if self.host else None)
+        check_free_and_held(self.state_allocator, self.cached_slots(), held_slots)
+        if self.host is not None:
+            check_free_and_held(self.host.slots, list(self.host.ckpt.slot.values()), ())
 
     def __repr__(self) -> str:
         return f"Mamba{super().__repr__()[:-1]}, states={len(self._ckpt)})"

@@ -12,6 +12,9 @@ deeper checkpoint on the same path serves every request the shallower one serves
 Since a chat's next turn resumes from its deepest checkpoint, the ancestors' checkpoints age
 and go before their descendants'.
 
+A cache with a host tier keeps two of these (``mamba_host``): the device pool's slots and the
+host state pool's; a node may hold one, the other, both (the same state) or neither.
+
 Locks (``lock`` / ``unlock``, counted): a locked checkpoint is not evicted (a request that
 matched it holds it until the engine has copied the state into its own slot).
 """
@@ -54,6 +57,10 @@ class Checkpoints:
         assert node not in self.slot, f"{node!r} already holds checkpoint {self.slot[node]}"
         self.slot[node], self.end[node], self._access[node] = slot, end, now
         self._refresh(node)
+
+    def access(self, node: TreeNode) -> int:
+        """When ``node``'s checkpoint was last used (a moved checkpoint keeps its age)."""
+        return self._access[node]
 
     def touch(self, node: TreeNode, now: int) -> None:
         if node in self.slot:

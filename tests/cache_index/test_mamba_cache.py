@@ -159,7 +159,7 @@ def test_integrity_counts_slots_held_by_requests():
 def test_registry_builds_it():
     cache = make_cache("mamba_radix", 2, PageAllocator(4), state_allocator=PageAllocator(2))
     assert isinstance(cache, MambaRadixCache)
-    with pytest.raises(ValueError, match="host tier"):
+    with pytest.raises(ValueError, match="host_state_allocator"):  # host pages need host slots
         MambaRadixCache(2, PageAllocator(4), PageAllocator(2), host_allocator=PageAllocator(4))
 
 
