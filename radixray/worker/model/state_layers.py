@@ -6,12 +6,15 @@ projections over all rows at once, then the conv and the scan per sequence
 
 The kernels are the plain-PyTorch references (kernels/state_reference.py), but for the decode
 rows on CPU, which update the pool's slots in place (kernels/state_cpu.py: no gather and
-scatter of the states, the SSM's large one above all). Parameters keep
+scatter of the states, the SSM's large one above all), and for CUDA tensors, which run
+kernels/triton_state.py where Triton imports. Parameters keep
 transformers' shapes (the conv weight ``[channels, 1, kernel]``), so weights load and export
 as they are (hybrid_weights.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,17 @@ def _param(*shape: int, device=None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device), requires_grad=False)
 
 
+@functools.cache
+def _triton_state():
+    """kernels/triton_state.py (the Triton path for CUDA tensors), None where Triton does not
+    import: the references then run on CUDA too."""
+    try:
+        from radixray.kernels import triton_state
+    except ImportError:
+        return None
+    return triton_state
+
+
 def conv_varlen(
     u: torch.Tensor,  # [T, C] the step's rows
     weight: torch.Tensor,  # [C, K]
@@ -46,6 +60,8 @@ def conv_varlen(
     conv_state: torch.Tensor,  # [slots, C, K-1], read and written at the step's slots
 ) -> torch.Tensor:  # [T, C]
     """The causal depthwise conv over every sequence of the step, each from its own state."""
+    if u.is_cuda and _triton_state():  # the same plan in two launches (docs/models.md)
+        return _triton_state().conv_varlen(u, weight, bias, silu, meta, conv_state)
     out = torch.empty_like(u)
     if meta.num_decode and u.device.type == "cpu":
         rows = meta.decode_rows
@@ -75,6 +91,8 @@ def ssd_varlen(
     ssm_state: torch.Tensor,  # [slots, H, P, N]
 ) -> torch.Tensor:  # [T, H, P]
     """Mamba2's scan over every sequence of the step, each from its own state."""
+    if x.is_cuda and _triton_state():  # decode rows in one launch; prefill as below
+        return _triton_state().ssd_varlen(x, dt, A, B, C, D, chunk_size, meta, ssm_state)
     y = torch.empty_like(x)
     if meta.num_decode and x.device.type == "cpu":
         r = meta.decode_rows
