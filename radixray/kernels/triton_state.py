@@ -211,20 +211,27 @@ def conv_varlen(
         rows, slots = meta.decode_rows, meta.decode_slots
         _launch_conv(u, weight, bias, silu, conv_state, out, rows, slots, len(rows), 1, True)
     if meta.prefills:
-        table = [(s.start, s.end - s.start, s.slot, int(s.has_initial)) for s in meta.prefills]
-        seqs = _upload(table, u.device)
-        max_len = max(n for _, n, _, _ in table)
-        _launch_conv(u, weight, bias, silu, conv_state, out, seqs, seqs, len(table), max_len, False)
+        seqs, max_len = _prefill_table(meta, u.device)
+        n = len(meta.prefills)
+        _launch_conv(u, weight, bias, silu, conv_state, out, seqs, seqs, n, max_len, False)
     return out
 
 
-def _upload(table: list[tuple[int, ...]], device: torch.device) -> torch.Tensor:
-    """The prefill spans as an int32 ``[n, 4]`` device table, copied without waiting for the
-    device (worker/model/upload.py's way; inlined to keep kernels/ free of the worker)."""
-    t = torch.tensor(table, dtype=torch.int32)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+_last_table: list = [None, None, None]  # (meta, device table, longest span) of the last call
+
+
+def _prefill_table(meta: StateMetadata, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The prefill spans as an int32 ``[n, 4]`` device table (start, length, slot,
+    has_initial) and the longest span's length. Every state layer of a step gets the same
+    ``meta``: the table is uploaded once a step, not once a layer. The copy does not wait for
+    the device (worker/model/upload.py's way; inlined to keep kernels/ free of the worker)."""
+    if _last_table[0] is meta and _last_table[1].device == device:
+        return _last_table[1], _last_table[2]
+    rows = [(s.start, s.end - s.start, s.slot, int(s.has_initial)) for s in meta.prefills]
+    t = torch.tensor(rows, dtype=torch.int32)
+    t = t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+    _last_table[:] = [meta, t, max(r[1] for r in rows)]
+    return t, _last_table[2]
 
 
 @triton.jit

@@ -120,23 +120,25 @@ def _ref_ssd(x, dt, A, B, C, D, chunk, meta, pool):
     return y
 
 
-def check_conv(C, K, bias, silu, dtype, device, seqs=SEQS, strided=True, seed=0):
+def check_conv(C, K, bias, silu, dtype, device, seqs=SEQS, strided=True, seed=0, layers=1):
+    """``layers`` conv layers run one step's batch (the same ``meta``), each on its own pool."""
     from radixray.kernels.triton_state import conv_varlen
 
     gen = torch.Generator().manual_seed(seed)
     meta, T, num_slots, unread, unused = _batch(seqs, device)
-    wide = torch.randn(T, C + 16, generator=gen).to(device=device, dtype=dtype)
-    u = wide[:, 8 : 8 + C] if strided else wide[:, :C].contiguous()  # as Mamba2's xbc split
-    weight = torch.randn(C, 1, K, generator=gen).to(device=device, dtype=dtype)[:, 0]
-    b = torch.randn(C, generator=gen).to(device=device, dtype=dtype) if bias else None
-    pool = _pool((num_slots, C, K - 1), dtype, device, unread, gen)
-    want_pool = pool.clone()
-    want = _ref_conv(u, weight, b, silu, meta, want_pool)
-    got = conv_varlen(u, weight, b, silu, meta, pool)
-    assert not torch.isnan(got).any(), "NaN in the output: a stale slot was read"
-    torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
-    assert torch.isnan(pool[unused]).all(), "a slot no sequence owns was written"
-    torch.testing.assert_close(pool, want_pool, rtol=0, atol=0, equal_nan=True)
+    for _ in range(layers):
+        wide = torch.randn(T, C + 16, generator=gen).to(device=device, dtype=dtype)
+        u = wide[:, 8 : 8 + C] if strided else wide[:, :C].contiguous()  # as Mamba2's xbc split
+        weight = torch.randn(C, 1, K, generator=gen).to(device=device, dtype=dtype)[:, 0]
+        b = torch.randn(C, generator=gen).to(device=device, dtype=dtype) if bias else None
+        pool = _pool((num_slots, C, K - 1), dtype, device, unread, gen)
+        want_pool = pool.clone()
+        want = _ref_conv(u, weight, b, silu, meta, want_pool)
+        got = conv_varlen(u, weight, b, silu, meta, pool)
+        assert not torch.isnan(got).any(), "NaN in the output: a stale slot was read"
+        torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
+        assert torch.isnan(pool[unused]).all(), "a slot no sequence owns was written"
+        torch.testing.assert_close(pool, want_pool, rtol=0, atol=0, equal_nan=True)
 
 
 def check_ssd(H, P, N, G, with_d, dtype, chunk, device, seqs=SEQS, seed=0):
@@ -183,9 +185,10 @@ def test_case_conv(C, K, bias, silu, strided):
 
 
 @case
-def test_case_conv_decode_only_and_prefill_only():
+def test_case_conv_decode_only_prefill_only_and_layers_sharing_a_step():
     check_conv(16, 4, True, True, F32, DEVICE, seqs=[(3, 4, 1), (1, 2, 1)])
     check_conv(16, 4, True, True, F32, DEVICE, seqs=[(6, 0, 3), (2, 5, 33)])
+    check_conv(12, 4, False, True, F32, DEVICE, layers=2)  # one prefill table for both
 
 
 @case
@@ -218,3 +221,45 @@ def test_gpu_ssd_granite(dtype, monkeypatch):
         pytest.skip("needs CUDA")
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the reference's conv1d
     check_ssd(128, 64, 128, 1, True, dtype, 256, "cuda", seqs=GRANITE_SEQS)
+
+
+@pytest.mark.gpu
+def test_gpu_state_layers_dispatch_to_triton_and_equal_the_cpu_path(monkeypatch):
+    """state_layers' own entry points on CUDA tensors run triton_state's (counted), and give
+    the CPU path's outputs and pools (LFM2's conv, then Mamba2's conv and scan)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from radixray.kernels import triton_state
+    from radixray.worker.model import state_layers
+
+    calls = []
+    for name in ("conv_varlen", "ssd_varlen"):
+        fn = getattr(triton_state, name)
+        spy = lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a)  # noqa: E731
+        monkeypatch.setattr(triton_state, name, spy)
+    gen = torch.Generator().manual_seed(3)
+    H, P, N, G, K = 4, 16, 8, 2, 4
+    Cc = H * P + 2 * G * N
+    meta_cpu, T, num_slots, unread, _ = _batch(SEQS, "cpu")
+    meta_gpu = _batch(SEQS, "cuda")[0]
+    cpu = {
+        "u": torch.randn(T, Cc, generator=gen),
+        "w": torch.randn(Cc, K, generator=gen),
+        "b": torch.randn(Cc, generator=gen),
+        "conv": _pool((num_slots, Cc, K - 1), F32, "cpu", unread, gen),
+        "dt": torch.rand(T, H, generator=gen),
+        "A": -torch.rand(H, generator=gen).add(0.5),
+        "D": torch.randn(H, generator=gen),
+        "ssm": _pool((num_slots, H, P, N), F32, "cpu", unread, gen),
+    }
+    gpu = {k: v.cuda() for k, v in cpu.items()}
+    outs = []
+    for t, meta in ((cpu, meta_cpu), (gpu, meta_gpu)):
+        xbc = state_layers.conv_varlen(t["u"], t["w"], t["b"], True, meta, t["conv"])
+        x, B, C = xbc.split([H * P, G * N, G * N], dim=-1)
+        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        y = state_layers.ssd_varlen(x, t["dt"], t["A"], B, C, t["D"], 4, meta, t["ssm"])
+        outs.append((xbc, y, t["conv"], t["ssm"]))
+    assert calls == ["conv_varlen", "ssd_varlen"]
+    for want, got in zip(*outs, strict=True):
+        torch.testing.assert_close(got.cpu(), want, equal_nan=True, **TOLERANCE[F32])
