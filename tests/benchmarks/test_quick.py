@@ -55,6 +55,7 @@ CASES = {
     "bench_sim_load.py": (["--out", "{out}/load.json"], "sustainable rate", (needs_trace,)),
     "bench_sim_tiers.py": (["--out", "{out}/tiers.json"], "excess p50 vs all-device", ()),
     "bench_engine.py": (["--json", "{out}/bench_engine.json"], "TTFT 128 tokens", (integration,)),
+    "bench_hybrid_engine.py": (["--json", "{out}/hybrid.json"], "lfm2: ", (integration,)),
     "bench_structured.py": ([], "| llguidance |", ()),
     "bench_host_step.py": ([], "| 8 |", ()),
     "bench_overlap.py": ([], "| True |", ()),
