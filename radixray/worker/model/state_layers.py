@@ -62,6 +62,8 @@ def conv_varlen(
     """The causal depthwise conv over every sequence of the step, each from its own state."""
     if u.is_cuda and _triton_state():  # the same plan in two launches (docs/models.md)
         return _triton_state().conv_varlen(u, weight, bias, silu, meta, conv_state)
+    if meta.num_decode and not meta.prefills and u.device.type == "cpu":  # rows == decode rows
+        return conv_update_slots(u, weight, bias, conv_state, meta.decode_runs, silu)
     out = torch.empty_like(u)
     if meta.num_decode and u.device.type == "cpu":
         rows = meta.decode_rows
@@ -93,6 +95,8 @@ def ssd_varlen(
     """Mamba2's scan over every sequence of the step, each from its own state."""
     if x.is_cuda and _triton_state():  # decode rows in one launch; prefill as below
         return _triton_state().ssd_varlen(x, dt, A, B, C, D, chunk_size, meta, ssm_state)
+    if meta.num_decode and not meta.prefills and x.device.type == "cpu":  # rows == decode rows
+        return ssd_update_slots(ssm_state, meta.decode_runs, x, dt, A, B, C, D)
     y = torch.empty_like(x)
     if meta.num_decode and x.device.type == "cpu":
         r = meta.decode_rows
