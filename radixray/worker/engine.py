@@ -75,7 +75,7 @@ class Engine:
         self.page_size = config.page_size
         self.state_pool = state_pool_for(mcfg, config, self.device)  # a hybrid's, else None
         slots = self.state_pool.allocator if self.state_pool else None
-        self.cache = self.pool.make_cache(self.cache_kind, config, slots)
+        self.cache = self.pool.make_cache(self.cache_kind, config, self.state_pool)
         self.meter = EngineStats()  # counters, step cost fit, rates
         self.scheduler = Scheduler(self.cache, config.scheduler(), self.meter.step_costs, slots)
         self.runner = ModelRunner(
@@ -265,11 +265,11 @@ class Engine:
             for f in self._live.fork(self._live[req.request_id], self._detokenizer, matcher):
                 pairs = self.scheduler.fork(req, f)
                 if pairs is not None:
+                    self._run_copies()  # what its allocation demoted is copied out before reuse
                     self.runner.fork_state(req, f)  # its own copy of the leader's state
                     copies += pairs
                     rows.append(row)
                     out.append(f)
-        self._run_copies()  # a page demoted by a fork's allocation is copied out before reuse
         self.pool.copy_pages(copies)
         return rows, out
 

@@ -36,6 +36,7 @@ __all__ = [
     "pages_for_budget",
     "default_kv_budget",
     "default_host_pages",
+    "default_host_state_slots",
     "DTYPES",
     "cache_kind",
 ]
@@ -116,16 +117,16 @@ def default_host_pages(device: torch.device, device_pages: int, bytes_per_page: 
     return max(0, min(2 * device_pages, available // 2 // max(1, bytes_per_page)))
 
 
+def default_host_state_slots(host_pages: int, num_pages: int, state_slots: int) -> int:
+    """Host state slots beside ``host_pages`` host pages (a state cache's host tier, docs/
+    state_cache.md): the device pools' ratio of state slots to KV pages, so the host tier can
+    keep checkpoints as densely as the device can; at least 2."""
+    return max(2, -(-host_pages * state_slots // max(1, num_pages)))
+
+
 def _host_pages(config, mcfg, device: torch.device, num_pages: int, reuse: bool) -> int:
     """``EngineConfig.host_pages`` for a pool of ``num_pages`` device pages: 0 without prefix
-    reuse (nothing to keep), the device's default (``default_host_pages``) for None. Asked of
-    a model with state layers, refused: its cache (``mamba_radix``) cannot demote a state
-    checkpoint to the host yet, so a demoted node could never be resumed from."""
-    if config.host_pages and mcfg.state_layers:
-        raise ValueError(
-            f"host_pages={config.host_pages}: {mcfg.architecture} has recurrent-state layers, "
-            "whose state cache has no host tier yet; leave --host-pages unset or 0"
-        )
+    reuse (nothing to keep), the device's default (``default_host_pages``) for None."""
     if not reuse:
         return 0
     if config.host_pages is not None:
@@ -198,6 +199,8 @@ class KVPool:
         self.copier = (
             HostCopies(self.layer_slots, self.host, self.host_window) if self.host else None
         )
+        self.state_pool = None  # a state cache's host tier: the StatePool its copies go to
+        self.kv_index: dict[int, int] | None = None  # a hybrid's model layer -> pool layer
 
     @classmethod
     def for_model(
@@ -222,9 +225,13 @@ class KVPool:
             budget = config.kv_memory_bytes or default_kv_budget(device)
             cap = -(-config.max_running * max_model_len // P)
             num_pages = max(2, min(pages_for_budget(budget, P, per_token), cap))
-        host_pages = _host_pages(config, mcfg, device, num_pages, reuse=cache == "radix")
+        reuse = cache in ("radix", "mamba_radix")  # mamba_radix: checkpoints go to the host too
+        host_pages = _host_pages(config, mcfg, device, num_pages, reuse=reuse)
         shape = (layers, num_pages, P, mcfg.num_kv_heads, mcfg.head_dim)
-        return cls(*shape, dtype, device, host_pages)
+        pool = cls(*shape, dtype, device, host_pages)
+        if mcfg.state_layers:  # the forward names model layers; the pool's are the KV ones
+            pool.kv_index = {layer: j for j, layer in enumerate(mcfg.attention_layers)}
+        return pool
 
     @classmethod
     def _windowed(cls, mcfg, config, device, max_model_len: int, windows, cache) -> KVPool:
@@ -297,15 +304,32 @@ class KVPool:
         (after any staged ones); the bytes moved."""
         if not copies or self.copier is None:
             return 0
-        return self.copier.run(copies)
+        copies, moved = self._state_copies(copies)
+        return moved + (self.copier.run(copies) if copies else 0)
 
-    def make_cache(self, kind: str, config, state_slots=None) -> PrefixCache:
+    def _state_copies(self, copies) -> tuple[list, int]:
+        """Run the state-slot copies among ``copies`` now (``StatePool.host_copies``: on the
+        current stream, so before the next forward and in order with every step's own state
+        copies; KV and state copies touch different memory, so splitting keeps each in its
+        order); return the KV copies and the state bytes moved."""
+        state = [c for c in copies if c.state]
+        if not state:
+            return copies, 0
+        return [c for c in copies if not c.state], self.state_pool.host_copies(state)
+
+    def make_cache(self, kind: str, config, state_pool=None) -> PrefixCache:
         """The prefix cache of ``kind`` on this pool for an ``EngineConfig``
         (``cache_index.make_cache``): its allocator, and for a reusing cache its eviction,
-        events and host tier; for ``mamba_radix`` the state pool's slot ids too."""
+        events and host tier; for ``mamba_radix`` the state pool's slot ids too (``state_pool``:
+        the engine's ``StatePool``), and with a host tier host state slots beside the host
+        pages (``default_host_state_slots``)."""
         kw: dict = {"allocator": self.allocator}
         if kind == "mamba_radix":
-            kw["state_allocator"] = state_slots
+            kw["state_allocator"] = state_pool.allocator
+            if self.host_allocator is not None:
+                n = default_host_state_slots(self.host_pages, self.num_pages, state_pool.num_slots)
+                kw["host_state_allocator"] = state_pool.add_host(n)
+                self.state_pool = state_pool
         if kind != "chunk":
             kw.update(
                 eviction=config.eviction,
@@ -325,6 +349,8 @@ class KVPool:
         and the seconds the forward spent on copies (``HostCopies.finish``)."""
         if self.copier is None:
             return [], 0.0
+        if copies:
+            copies, _ = self._state_copies(copies)
         done, held = self.copier.finish(wait and not copies)
         if copies:
             self.copier.stage(copies)
@@ -336,7 +362,7 @@ class KVPool:
     def before_layer(self, i: int) -> None:
         """The forward's hook: model layer ``i`` is about to use its KV (None-safe alias)."""
         if self.copier is not None:
-            self.copier.before_layer(i)
+            self.copier.before_layer(self.kv_index[i] if self.kv_index else i)
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each (source, destination) page's K and V, every layer (a sample forked from

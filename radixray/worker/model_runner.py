@@ -218,7 +218,7 @@ class ModelRunner:
         if fix is not None:
             prep.input_ids.index_copy_(0, *fix)
         if prep.batch.state_copies:  # before the forward, in the device's order of steps
-            self.state.run_copies([(c.src, c.dst) for c in prep.batch.state_copies])
+            self.state.run_copies(prep.batch.state_copies)
         logits = self.model(
             prep.input_ids,
             prep.positions,
@@ -270,7 +270,7 @@ class ModelRunner:
         step ended before it ran)."""
         self._state_copies(copies)
         if copies:
-            self.state.run_copies([(c.src, c.dst) for c in copies])
+            self.state.run_copies(copies)
 
     def _state_copies(self, copies) -> None:
         """Check each state copy of the step against the ledger and record it: a save reads
@@ -279,6 +279,9 @@ class ModelRunner:
         the request's slot holding its state after them."""
         ledger = self._state_at
         for c in copies:
+            if c.host:  # a restore from the host tier's slot (not in this ledger: the cache's)
+                ledger[c.dst] = (c.req, c.tokens)
+                continue
             held = ledger.get(c.src)
             owner = c.req if c.save else None
             if held is None or held[0] is not owner or held[1] != c.tokens:

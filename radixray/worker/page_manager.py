@@ -121,6 +121,9 @@ class PageManager:
             loaded = self._admit_loading(req, m, budget)
             if loaded is not None:
                 return loaded
+            device_part = getattr(self.cache, "device_part", None)
+            if device_part is not None:  # a state cache: its device prefix ends at a checkpoint
+                m = device_part(m)
         upto = m.num_tokens + min(req.num_tokens - m.num_tokens, budget)
         return m if self.admit(req, m, upto) else None
 
@@ -139,6 +142,8 @@ class PageManager:
         req.node = full.node
         req.num_computed = full.num_tokens
         self.num_loaded_pages += n_host
+        if self.states is not None:  # its slot gets the checkpoint at the loaded end first
+            self.states.restore(req, full)
         return full
 
     def grow(self, req: Request, upto: int) -> bool:

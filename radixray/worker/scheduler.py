@@ -335,9 +335,9 @@ class Scheduler:
         start = self.pages.admit_first(req, m, budget)
         if start is None:
             return None
-        if req.miss is None:
-            loaded = start.num_tokens - m.num_tokens
-            req.miss = self.pages.attribute(req, m, in_flight, loaded)
+        if req.miss is None:  # not loaded: ``start`` (a state cache's device part, perhaps)
+            m = start if start.num_tokens <= m.num_tokens else m
+            req.miss = self.pages.attribute(req, m, in_flight, start.num_tokens - m.num_tokens)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)

@@ -16,7 +16,8 @@ at a chunk's commit or at its release), which takes them with the pages up to th
 Restores: a request admitted on a match that names a checkpoint gets that state copied into its
 own slot (never shared in place: it writes its slot from its next token on) before its first
 forward. The checkpoint is locked from admission until the copy is queued with the step, after
-which any reuse of the slot comes later in the device's order.
+which any reuse of the slot comes later in the device's order. With a host tier the match may
+name a checkpoint in a host slot (``state_host``): the restore copies it from there.
 
 Checkpoints are optional: when the state pool is short even after evicting unlocked ones, a
 point is skipped (the KV after the last checkpoint is then not cached).
@@ -42,6 +43,7 @@ class StateCopy(NamedTuple):
     req: Request
     tokens: int
     save: bool
+    host: bool = False  # a restore from a host slot (a checkpoint on the host tier)
 
 
 class StateCheckpointer:
@@ -57,6 +59,7 @@ class StateCheckpointer:
         self._locked: list = []  # checkpoints matched this step, unlocked once queued
         self.num_saved = 0
         self.num_restored = 0
+        self.num_restored_host = 0  # of those, from a host slot
         self.num_skipped = 0  # points with no slot to spare
 
     def next_point(self, req: Request, start: int) -> int:
@@ -84,10 +87,12 @@ class StateCheckpointer:
         before its first forward; the checkpoint stays locked until then."""
         if m.state_slot is None:
             return
-        self.cache.lock_state(m.node)
-        self._locked.append(m.node)
-        self._copies.append(StateCopy(m.state_slot, req.state_slot, req, m.num_tokens, False))
+        host = m.state_host
+        self.cache.lock_state(m.node, host=host)
+        self._locked.append((m.node, host))
+        self._copies.append(StateCopy(m.state_slot, req.state_slot, req, m.num_tokens, False, host))
         self.num_restored += 1
+        self.num_restored_host += host
 
     def take(self, items) -> list[StateCopy]:
         """The step's copies, in order: the restores of the requests admitted for it, then a
@@ -107,8 +112,8 @@ class StateCheckpointer:
             req.checkpoints[start] = slot
             self._copies.append(StateCopy(req.state_slot, slot, req, start, True))
             self.num_saved += 1
-        for node in self._locked:  # queued: the copy runs before any later use of the slot
-            self.cache.unlock_state(node)
+        for node, host in self._locked:  # queued: the copy runs before any later use of the slot
+            self.cache.unlock_state(node, host=host)
         copies, self._copies, self._locked = self._copies, [], []
         return copies
 

@@ -11,6 +11,13 @@ model writes in place (worker/model/state_metadata.py). Slot ids are plain ints 
 :class:`~radixray.cache_index.PageAllocator` (the same contract as pages: ``alloc`` returns None
 when short, a double free raises); nothing here is read by the scheduler but those ints.
 
+Host slots (``add_host``, a state cache with a host tier: docs/state_cache.md, "Host tier"):
+the same tensors with ``host_slots`` slots in host memory (pinned on CUDA), where checkpoints
+demoted with their nodes live. Slot ids of the two pools are separate ints (``host_allocator``).
+Copies between them run on the device's stream in the order they are given: the cache's
+demotions (``host_copies``, before a step's forward) and a step's restores from a host slot
+(``run_copies``, a ``StateCopy`` with ``host`` set).
+
 Dtypes: conv states hold past inputs exactly, so they are kept in the model's dtype; SSM states
 accumulate over the whole sequence, so they are float32 by default (``ssm_dtype``), as vLLM's
 and SGLang's Mamba caches keep them.
@@ -25,6 +32,7 @@ import torch
 from radixray.cache_index import PageAllocator
 from radixray.model_meta.model_config import ModelConfig
 
+from .host_copies import cpu_zeros
 from .memory_pool import DTYPES
 
 __all__ = ["StatePool", "state_pool_for"]
@@ -51,6 +59,8 @@ class StatePool:
             raise ValueError(f"{config.architecture}: a model without state layers has no state")
         self.allocator = PageAllocator(num_slots)
         self.num_slots = num_slots
+        self.host: dict[str, torch.Tensor] = {}  # host slots' tensors (``add_host``), or none
+        self.host_allocator: PageAllocator | None = None
         self._where: dict[int, tuple[str, int]] = {}  # layer -> (kind, index among its kind)
         counts = {"conv": 0, "mamba": 0}
         for i in config.state_layers:
@@ -118,12 +128,52 @@ class StatePool:
             t[:, dst].copy_(t[:, src])
 
     def run_copies(self, pairs) -> None:
-        """The state copies of a step, (src, dst) slot pairs in order, as its forward runs
-        (the scheduler checked the slots when it planned them; some may be free by now, their
-        copy harmless: nothing reads a free slot)."""
-        for src, dst in pairs:
-            for t in self.tensors.values():
-                t[:, dst].copy_(t[:, src])
+        """The state copies of a step, (src, dst) slot pairs or ``StateCopy``s in order, as its
+        forward runs (the scheduler checked the slots when it planned them; some may be free
+        by now, their copy harmless: nothing reads a free slot). A ``StateCopy`` with ``host``
+        set reads host slot ``src`` (a checkpoint on the host tier)."""
+        for c in pairs:
+            src, dst = c[0], c[1]
+            host = getattr(c, "host", False)
+            for name, t in self.tensors.items():
+                if host:
+                    _copy_slot(t, dst, self.host[name], src)
+                else:
+                    t[:, dst].copy_(t[:, src])
+
+    # --- the host tier's slots ----------------------------------------------------------------
+
+    def add_host(self, host_slots: int) -> PageAllocator:
+        """Give the pool ``host_slots`` host slots (every state layer's state, in host memory:
+        pinned on CUDA so the copies are DMA); returns their allocator (for the cache)."""
+        if host_slots < 1:
+            raise ValueError(f"host_slots must be >= 1, got {host_slots!r}")
+        cuda = next(iter(self.tensors.values())).device.type == "cuda"
+        self.host = {}
+        for name, t in self.tensors.items():
+            shape = (t.shape[0], host_slots, *t.shape[2:])
+            self.host[name] = (
+                torch.zeros(shape, dtype=t.dtype, pin_memory=True)
+                if cuda
+                else cpu_zeros(shape, t.dtype)
+            )
+        self.host_allocator = PageAllocator(host_slots)
+        return self.host_allocator
+
+    def host_copies(self, copies) -> int:
+        """Run the cache's state copies (``PageCopy(state=True)``: device slots -> host slots,
+        or back), in order, now, on the current stream; the bytes moved."""
+        n = 0
+        for c in copies:
+            for name, t in self.tensors.items():
+                h = self.host[name]
+                for a, b in zip(c.src, c.dst, strict=True):
+                    if c.to_host:
+                        _copy_slot(h, b, t, a)
+                    else:
+                        _copy_slot(t, b, h, a)
+            n += len(c.src)
+        return n * self.bytes_per_slot
 
     def conv_state(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s conv state of every slot, ``[num_slots, channels, kernel - 1]``."""
@@ -152,6 +202,14 @@ class StatePool:
             f"StatePool(num_slots={self.num_slots}, num_free={self.num_free}, "
             f"bytes_per_slot={self.bytes_per_slot})"
         )
+
+
+def _copy_slot(dst: torch.Tensor, d: int, src: torch.Tensor, s: int) -> None:
+    """Slot ``s`` of ``src`` into slot ``d`` of ``dst``, layer by layer (each a contiguous
+    block: a plain DMA between device and pinned host memory, asynchronous to the host thread
+    and in order on the current stream)."""
+    for layer in range(dst.shape[0]):
+        dst[layer, d].copy_(src[layer, s], non_blocking=True)
 
 
 def state_pool_for(mcfg: ModelConfig, config, device: torch.device) -> StatePool | None:

@@ -14,7 +14,9 @@ and at each prompt's last full page, in prefill and in decode.
   checkpoints are evicted (tombstones made and revived), all of those at once, and at page
   sizes 1 and 16: every free slot is poisoned with NaN after every step, so a state read from
   anything but a live slot or checkpoint would show; ``n=2`` forks; the ``state`` miss cause;
-- ``check_integrity`` (both pools) after every step; every slot and page back after a reset.
+- ``check_integrity`` (both pools) after every step; every slot and page back after a reset;
+- with a host tier (docs/state_cache.md, "Host tier"): a next turn resumes from a checkpoint
+  demoted to the host, and chat turns with preemption or a short state pool stay exact.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixray.cache_index.mamba_radix_cache import MambaRadixCache
 from radixray.worker import Engine, EngineConfig, SamplingParams
+from radixray.worker.memory_pool import default_host_state_slots
 from radixray.worker.model import load_model
 from radixray.worker.request import CompletionBuilder
 
@@ -229,4 +233,71 @@ def test_kv_past_the_last_checkpoint_is_a_state_miss_and_a_recompute_revives_it(
     assert done.token_ids == transformers_greedy(hf, b, done.token_ids)
     (again,) = e.generate_batch([a[:18] + [9] * 6], GREEDY)
     assert again.cached_tokens == 16 and again.miss["state"] == 0
+    e.check_integrity()
+
+
+def run_one(e, prompt):
+    """One request, stepped by hand; free device slots poisoned after every step."""
+    req = e.requests.build(prompt, GREEDY, None, None)
+    sink = CompletionBuilder(req.request_id)
+    e.add(req, sink)
+    while e.has_work():
+        e.step()
+        poison_free_slots(e)
+    return sink.result()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_next_turn_resumes_from_a_host_checkpoint(hybrid, family):
+    """A prompt's KV and its checkpoints all demoted to the host; the next turn loads the KV
+    back and copies the checkpoint from its host slot into its own (every free device slot
+    poisoned first: only the host copy gives the right state), resumes at exactly the deepest
+    checkpoint (its cached tokens all the miss cause ``host``), and its greedy tokens equal the
+    cache-off engine's."""
+    loaded, _ = hybrid(family)
+    e = engine(loaded, host_pages=32, max_batch_tokens=64)
+    assert isinstance(e.cache, MambaRadixCache) and e.cache.host is not None
+    assert e.cache.host.slots.num_pages == default_host_state_slots(32, 256, 2 * 64)
+    a = SYSTEM + MESSAGES[0][0] + [1, 2, 3]  # 22 tokens: checkpoints at 8, 16, 20 and 24
+    first = run_one(e, a)
+    assert e.cache.num_states == 4
+    e.cache.evict(e.pool.num_pages)  # all of it to the host, the checkpoints with it
+    e._run_copies()  # (as the next step would, before its forward)
+    assert e.cache.total_tokens == 0 and e.cache.host.demoted_states == 4
+    assert e.cache.num_states == 0 and len(e.cache.host.ckpt) == 4
+    poison_free_slots(e)  # every device slot: only the host copies hold the states
+    b = a + first.token_ids + [3, 4, 5]
+    again = run_one(e, b)
+    assert again.cached_tokens == 24 and again.miss["host"] == 24
+    off = engine(loaded, cache="chunk")
+    assert again.token_ids == off.generate_batch([b], GREEDY)[0].token_ids
+    assert e.scheduler.pages.states.num_restored_host == 1
+    e.check_integrity()
+    e.cache.reset()
+    assert e.cache.host.slots.num_free == e.cache.host.slots.num_pages
+    assert e.state_pool.num_free == e.state_pool.num_slots
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("short", ["pages", "slots", "all_at_once"])
+def test_chat_with_the_host_tier_equals_cache_off(hybrid, family, short):
+    """Chat turns with a host tier on a pool so small that requests are preempted and nodes
+    demoted (``pages``), or a state pool so short that checkpoints move to the host
+    (``slots``), or both with the overlapped loop: greedy tokens equal the cache-off engine's;
+    checkpoints were demoted and restored from the host; ``check_integrity`` (four pools)
+    after every step."""
+    loaded, _ = hybrid(family)
+    kw = {"pages": {"num_pages": 12}, "slots": {"state_slots": 3}}.get(short) or {
+        "num_pages": 12, "state_slots": 3, "overlap": "on",
+    }  # fmt: skip
+    e = engine(loaded, max_batch_tokens=8, host_pages=24, **kw)
+    done = chat(e)
+    off = engine(loaded, cache="chunk")
+    ref = off.generate_batch([p for p, _, _ in done], GREEDY)
+    assert [out for _, out, _ in done] == [c.token_ids for c in ref]
+    host = e.cache.host
+    assert host.demoted_states > 0 and (short != "pages" or e.stats()["preemptions"] > 0)
+    assert short != "all_at_once" or e.overlap.overlapped_steps > 0
+    assert e.scheduler.pages.states.num_restored_host > 0
+    assert sum(c for *_, c in done) > 0
     e.check_integrity()

@@ -197,7 +197,7 @@ def test_the_runner_refuses_kv_without_its_state(hybrid):
     e.runner.prepare(Batch([ScheduledItem(req, req.num_computed, 1, True)]))  # its own: fine
 
 
-def test_host_tier_and_graphs_are_off_with_their_reasons(hybrid):
+def test_graphs_are_off_with_their_reason_and_the_host_tier_is_opt_in(hybrid):
     loaded, _, _ = hybrid("granite_h")
     model, mcfg, _ = loaded
     e = engine(loaded, cache="radix")
@@ -206,7 +206,8 @@ def test_host_tier_and_graphs_are_off_with_their_reasons(hybrid):
     assert "state layers" in graph_unsupported(model, e.pool)
     assert e.state_pool.num_slots == 2 * e.config.max_running  # the documented defaults
     assert engine(loaded).state_pool.num_slots == e.config.max_running  # reuse off
-    with pytest.raises(ValueError, match="host_pages=8: granitemoehybrid has recurrent-state"):
-        engine(loaded, host_pages=8, cache="radix")
+    tiered = engine(loaded, host_pages=8, cache="radix")  # the state cache has a host tier
+    # host state slots at the device's ratio: 8 host pages x 128 slots / 256 pages
+    assert tiered.pool.host is not None and tiered.cache.host.slots.num_pages == 4
     with pytest.raises(ValueError, match="cache='swa_radix'"):
         engine(loaded, cache="swa_radix")
