@@ -36,7 +36,6 @@ __all__ = [
     "pages_for_budget",
     "default_kv_budget",
     "default_host_pages",
-    "default_host_state_slots",
     "DTYPES",
     "cache_kind",
 ]
@@ -115,13 +114,6 @@ def default_host_pages(device: torch.device, device_pages: int, bytes_per_page: 
     except ImportError:
         return 0
     return max(0, min(2 * device_pages, available // 2 // max(1, bytes_per_page)))
-
-
-def default_host_state_slots(host_pages: int, num_pages: int, state_slots: int) -> int:
-    """Host state slots beside ``host_pages`` host pages (a state cache's host tier, docs/
-    state_cache.md): the device pools' ratio of state slots to KV pages, so the host tier can
-    keep checkpoints as densely as the device can; at least 2."""
-    return max(2, -(-host_pages * state_slots // max(1, num_pages)))
 
 
 def _host_pages(config, mcfg, device: torch.device, num_pages: int, reuse: bool) -> int:
@@ -322,12 +314,12 @@ class KVPool:
         (``cache_index.make_cache``): its allocator, and for a reusing cache its eviction,
         events and host tier; for ``mamba_radix`` the state pool's slot ids too (``state_pool``:
         the engine's ``StatePool``), and with a host tier host state slots beside the host
-        pages (``default_host_state_slots``)."""
+        pages (``StatePool.host_slots_for``)."""
         kw: dict = {"allocator": self.allocator}
         if kind == "mamba_radix":
             kw["state_allocator"] = state_pool.allocator
             if self.host_allocator is not None:
-                n = default_host_state_slots(self.host_pages, self.num_pages, state_pool.num_slots)
+                n = state_pool.host_slots_for(self.host_pages, self.num_pages)
                 kw["host_state_allocator"] = state_pool.add_host(n)
                 self.state_pool = state_pool
         if kind != "chunk":

@@ -35,7 +35,7 @@ from radixray.model_meta.model_config import ModelConfig
 from .host_copies import cpu_zeros
 from .memory_pool import DTYPES
 
-__all__ = ["StatePool", "state_pool_for"]
+__all__ = ["StatePool", "state_pool_for", "default_host_state_slots"]
 
 
 class StatePool:
@@ -160,6 +160,15 @@ class StatePool:
         self.host_allocator = PageAllocator(host_slots)
         return self.host_allocator
 
+    def host_slots_for(self, host_pages: int, num_pages: int) -> int:
+        """Host slots beside ``host_pages`` host pages behind ``num_pages`` device pages
+        (``default_host_state_slots``, capped on CUDA by ``_host_state_budget``)."""
+        device = next(iter(self.tensors.values())).device
+        budget = _host_state_budget(device)
+        return default_host_state_slots(
+            host_pages, num_pages, self.num_slots, budget, self.bytes_per_slot
+        )
+
     def host_copies(self, copies) -> int:
         """Run the cache's state copies (``PageCopy(state=True)``: device slots -> host slots,
         or back), in order, now, on the current stream; the bytes moved."""
@@ -202,6 +211,32 @@ class StatePool:
             f"StatePool(num_slots={self.num_slots}, num_free={self.num_free}, "
             f"bytes_per_slot={self.bytes_per_slot})"
         )
+
+
+def default_host_state_slots(
+    host_pages: int, num_pages: int, state_slots: int, budget: int | None = None, slot: int = 1
+) -> int:
+    """Host state slots beside ``host_pages`` host pages (a state cache's host tier, docs/
+    state_cache.md): the device pools' ratio of state slots to KV pages, so the host tier can
+    keep checkpoints as densely as the device can; within ``budget`` bytes at ``slot`` bytes a
+    slot if given (on CUDA a quarter of the host memory available: the host KV takes up to
+    half, ``default_host_pages``); at least 2."""
+    n = -(-host_pages * state_slots // max(1, num_pages))
+    if budget is not None:
+        n = min(n, budget // max(1, slot))
+    return max(2, n)
+
+
+def _host_state_budget(device: torch.device) -> int | None:
+    """Host bytes the host state slots may take: on CUDA a quarter of what is available now
+    (pinned memory is not swappable); on the CPU no cap (host_pages was set explicitly)."""
+    if device.type != "cuda":
+        return None
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available // 4
 
 
 def _copy_slot(dst: torch.Tensor, d: int, src: torch.Tensor, s: int) -> None:

@@ -26,9 +26,9 @@ import torch
 
 from radixray.cache_index.mamba_radix_cache import MambaRadixCache
 from radixray.worker import Engine, EngineConfig, SamplingParams
-from radixray.worker.memory_pool import default_host_state_slots
 from radixray.worker.model import load_model
 from radixray.worker.request import CompletionBuilder
+from radixray.worker.state_pool import default_host_state_slots
 
 from .model.test_hybrid_families import hf_model
 
