@@ -59,6 +59,14 @@ class StateMetadata:
     decode_slots: torch.Tensor
     decode_runs: tuple[SlotRun, ...] = ()
 
+    def __post_init__(self) -> None:
+        covered = sum(run.count for run in self.decode_runs)
+        if covered != self.num_decode:
+            raise ValueError(
+                f"decode_runs must cover the {self.num_decode} decode slots, covers {covered} "
+                "(StateMetadata.build makes them with slot_runs)"
+            )
+
     @property
     def num_decode(self) -> int:
         return int(self.decode_rows.shape[0])
