@@ -116,3 +116,35 @@ def test_copy_needs_two_allocated_slots():
     with pytest.raises(ValueError, match="out of range"):
         pool.copy(a, 3)
     pool.copy(a, a)  # a no-op
+
+
+def test_host_slots_take_and_give_back_every_layers_state_in_order():
+    """``add_host``: host slots of every tensor; the cache's copies (``PageCopy(state=True)``)
+    run in their order, and a step's restore from a host slot (``StateCopy(host=True)``)
+    writes the device slot; host and device slot ids are separate ints."""
+    from radixray.cache_index.host_tier import PageCopy
+    from radixray.worker.state_checkpointer import StateCopy
+    from radixray.worker.state_pool import default_host_state_slots
+
+    pool = StatePool(GRANITE, 3)
+    alloc = pool.add_host(2)
+    assert alloc.num_pages == 2 and set(pool.host) == set(pool.tensors)
+    for t in pool.tensors.values():
+        t.copy_(torch.randn(t.shape))
+    before = {k: t.clone() for k, t in pool.tensors.items()}
+    # slots 1, 2 -> host 1, 0; then slot 1 -> host 0 again (reused): the last copy wins
+    moved = pool.host_copies([PageCopy(True, [1, 2], [1, 0], state=True),
+                              PageCopy(True, [1], [0], state=True)])  # fmt: skip
+    assert moved == 3 * pool.bytes_per_slot
+    for k, h in pool.host.items():
+        assert torch.equal(h[:, 0], before[k][:, 1]) and torch.equal(h[:, 1], before[k][:, 1])
+    pool.tensors["mamba_ssm"][:, 1] = float("nan")  # the device slot is reused meanwhile
+    pool.run_copies([StateCopy(1, 0, None, 4, False, host=True)])  # host 1 -> device 0
+    pool.host_copies([PageCopy(False, [0], [2], state=True)])  # host 0 -> device 2
+    for k, t in pool.tensors.items():
+        assert torch.equal(t[:, 0], before[k][:, 1]) and torch.equal(t[:, 2], before[k][:, 1])
+    assert default_host_state_slots(64, 16, 8) == 32  # the device's ratio of slots to pages
+    assert default_host_state_slots(1, 16, 8) == 2  # at least 2
+    assert default_host_state_slots(64, 16, 8, budget=10 * 100, slot=100) == 10  # capped
+    with pytest.raises(ValueError, match="host_slots must be >= 1"):
+        StatePool(LFM2, 2).add_host(0)
