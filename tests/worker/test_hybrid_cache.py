@@ -301,3 +301,21 @@ def test_chat_with_the_host_tier_equals_cache_off(hybrid, family, short):
     assert e.scheduler.pages.states.num_restored_host > 0
     assert sum(c for *_, c in done) > 0
     e.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forks_whose_allocations_demote_checkpoints_stay_exact(hybrid, family):
+    """``n=3`` on a pool so small that a fork's pages demote nodes, their checkpoints with
+    them: the slot a demotion frees may be the fork's own, so the demotion's copy runs before
+    the leader's state is copied into it (``Engine._fork``); without that, outputs differ."""
+    loaded, _ = hybrid(family)
+    e = engine(loaded, max_batch_tokens=8, num_pages=12, host_pages=24, state_slots=4)
+    off = engine(loaded, cache="chunk")
+    for msgs in MESSAGES:
+        for m in msgs[:2]:
+            prompts = [SYSTEM + m, SYSTEM + m + [5, 6, 7]]
+            got = e.generate_batch(prompts, GREEDY.replace(n=3))
+            want = [c.token_ids for c in off.generate_batch(prompts, GREEDY)]
+            assert [c.token_ids for c in got] == [w for w in want for _ in range(3)]
+    assert e.cache.host.demoted_states > 0
+    e.check_integrity()
