@@ -67,6 +67,7 @@ CASES = {
     "bench_tier_steps.py": (["--out", "{out}/steps.json"], "| host pages |", (needs_trace,)),
     "bench_window_pool.py": ([], "held at end:", ()),
     "bench_sim_window.py": (["--out", "{out}/window.json"], "| window-blind |", ()),
+    "bench_sim_hybrid.py": (["--out", "{out}/hybrid.json"], "| request ends |", ()),
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
     "bench_router.py": (["--out", "{out}", "--targets", "smg", "http"], "|", (integration,)),
