@@ -101,8 +101,9 @@ def run_one(args, run: dict) -> dict:
     timing = args.timing
     P = args.page_size
     chunk = run["interval"] is None
-    # chunk: a slot per running request, the engine's state_slots default for cache=chunk
-    slots = timing.max_running if chunk else run["slots"]
+    # chunk: a slot per running request (the engine's state_slots default for cache=chunk),
+    # within the row's slots
+    slots = min(timing.max_running, run["slots"]) if chunk else run["slots"]
     pages, slots = hybrid_pools(layout, int(args.memory_gib * GIB), P, slots)
     pools = HybridPools(
         slots,

@@ -238,7 +238,7 @@ class HybridSimWorker(SimWorker):
 
     def _make_cache(self, num_pages, eviction, enable_events, host_pages, write_through):
         if host_pages:
-            raise ValueError("a hybrid's state cache has no host tier (mamba_radix refuses one)")
+            raise ValueError("a hybrid's host tier is not modelled in the simulator")
         self.allocator = PageAllocator(num_pages)
         self.host_allocator = None
         self.state_slots = PageAllocator(self._pools.state_slots)
@@ -285,6 +285,8 @@ def index_states(cfg) -> bool:
 
 
 def check_config(cfg) -> None:
-    """A ``SimConfig``'s hybrid is neither windowed nor tiered (neither composes yet)."""
+    """A ``SimConfig``'s hybrid is neither windowed (a model with both kinds of layers is
+    not simulated) nor tiered (the engine's state host tier is not modelled here: its copies
+    of state slots would need pricing)."""
     if cfg.hybrid is not None and (cfg.window or cfg.host_pages):
         raise ValueError("a hybrid (SimConfig.hybrid) has no window pool and no host tier here")
