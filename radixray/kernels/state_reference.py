@@ -25,15 +25,21 @@ written in their own dtype.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 
 __all__ = [
     "causal_conv1d",
     "causal_conv1d_update",
+    "conv_state_at",
     "mamba_dt",
+    "save_conv_states",
+    "ssd_prefills",
     "ssd_recurrent",
     "ssd_scan",
+    "ssd_scan_cut",
     "ssd_update",
 ]
 
@@ -54,6 +60,26 @@ def causal_conv1d(
     if silu:
         out = F.silu(out)
     return out.transpose(0, 1).to(x.dtype), xs[:, L:].clone()
+
+
+def conv_state_at(
+    x: torch.Tensor,  # [L, C] one sequence's new inputs
+    state: torch.Tensor | None,  # [C, K-1] the inputs before x; None: zeros
+    offset: int,  # 0 <= offset <= L
+    kernel: int,  # K
+) -> torch.Tensor:  # [C, K-1] in x's dtype
+    """The conv state after the first ``offset`` rows of ``x``: the last ``K - 1`` inputs
+    before row ``offset``, oldest first, those before ``x`` from ``state`` when ``offset <
+    K - 1``. What :func:`causal_conv1d` returns for ``x[:offset]``, without running the conv:
+    a checkpoint saved inside a prefill span (``conv_varlen``'s saves)."""
+    if not 0 <= offset <= x.shape[0]:
+        raise ValueError(f"offset must be in [0, {x.shape[0]}] (the rows of x), got {offset}")
+    k1 = kernel - 1
+    rows = x[max(0, offset - k1) : offset].transpose(0, 1)  # [C, min(offset, K-1)]
+    if offset >= k1:
+        return rows.clone()
+    before = x.new_zeros(x.shape[1], k1) if state is None else state.to(x.dtype)
+    return torch.cat((before[:, offset:], rows), dim=1)
 
 
 def causal_conv1d_update(
@@ -147,6 +173,34 @@ def ssd_scan(
     return y.to(x.dtype), s
 
 
+def ssd_scan_cut(
+    x: torch.Tensor,  # [L, H, P] one sequence
+    dt: torch.Tensor,  # [L, H] after mamba_dt
+    A: torch.Tensor,  # [H]
+    B: torch.Tensor,  # [L, G, N]
+    C: torch.Tensor,  # [L, G, N]
+    D: torch.Tensor | None,  # [H]
+    chunk_size: int,
+    state: torch.Tensor | None,  # [H, P, N] before x; None: zeros
+    cuts: list[int] | tuple[int, ...],  # increasing, each in (0, L)
+) -> tuple[torch.Tensor, list[torch.Tensor]]:  # y [L, H, P]; the states after each cut, then L
+    """:func:`ssd_scan` in sub-spans split at ``cuts``, each from the one before's final
+    state: the states after ``cuts[i]`` rows (float32) are the state checkpoints a prefill
+    span saves inside the forward, the last one is the span's final state. The same scans as
+    running each sub-span as its own step (a prefill chunk cut at each point), so the result is
+    bitwise that of the cut chunks: the scan's chunks restart at each cut, as they would at a
+    step's first token."""
+    bounds = [0, *cuts, x.shape[0]]
+    if cuts and any(b >= e for b, e in pairwise(bounds)):
+        raise ValueError(f"cuts must increase strictly within (0, {x.shape[0]}), got {cuts}")
+    ys, states = [], []
+    for b, e in pairwise(bounds):
+        y, state = ssd_scan(x[b:e], dt[b:e], A, B[b:e], C[b:e], D, chunk_size, state)
+        ys.append(y)
+        states.append(state)
+    return (torch.cat(ys) if len(ys) > 1 else ys[0]), states
+
+
 def ssd_update(
     state: torch.Tensor,  # [B, H, P, N], updated in place
     x: torch.Tensor,  # [B, H, P]
@@ -180,3 +234,33 @@ def ssd_recurrent(x, dt, A, B, C, D, state=None) -> tuple[torch.Tensor, torch.Te
     ]
     y = torch.cat(ys) if ys else x.new_zeros(0, H, P)
     return y, s[0]
+
+
+def save_conv_states(u: torch.Tensor, kernel: int, spans, conv_state: torch.Tensor) -> None:
+    """Every prefill span's in-forward saves of the conv state (``SeqSpan.saves``: offset,
+    slot): ``conv_state[slot]`` gets :func:`conv_state_at` of the span's rows of ``u [T, C]``.
+    Run before the conv writes the spans' own slots: a save within ``K - 1`` rows of its
+    span's start reads the span's initial state there."""
+    for span in spans:
+        if span.saves:
+            x = u[span.start : span.end]
+            initial = conv_state[span.slot] if span.has_initial else None
+            for offset, slot in span.saves:
+                conv_state[slot] = conv_state_at(x, initial, offset, kernel)
+
+
+def ssd_prefills(x, dt, A, B, C, D, chunk_size, spans, ssm_state, y) -> None:
+    """Every prefill span (``SeqSpan``) through :func:`ssd_scan_cut` at its saves' offsets,
+    each from its slot's state (zeros without one): ``y`` gets the span's rows, each save's slot
+    the state after its offset, the span's slot its final state. ``x``, ``dt``, ``B``, ``C``,
+    ``y`` are the step's flat rows; ``ssm_state`` the pool's ``[slots, H, P, N]``."""
+    for span in spans:
+        s, e = span.start, span.end
+        initial = ssm_state[span.slot] if span.has_initial else None
+        cuts = [offset for offset, _ in span.saves]
+        y[s:e], states = ssd_scan_cut(
+            x[s:e], dt[s:e], A, B[s:e], C[s:e], D, chunk_size, initial, cuts
+        )
+        for (_, slot), state in zip(span.saves, states, strict=False):
+            ssm_state[slot] = state
+        ssm_state[span.slot] = states[-1]

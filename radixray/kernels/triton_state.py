@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixray.kernels.state_reference import ssd_scan
+from radixray.kernels.state_reference import save_conv_states, ssd_prefills
 
 if TYPE_CHECKING:
     from radixray.worker.model.state_metadata import StateMetadata
@@ -204,9 +204,12 @@ def conv_varlen(
     meta: StateMetadata,
     conv_state: torch.Tensor,  # [slots, C, K-1], read and written at the step's slots
 ) -> torch.Tensor:  # [T, C] in u's dtype
-    """state_layers.conv_varlen in at most two launches: every prefill span, every decode row."""
+    """state_layers.conv_varlen in at most two launches: every prefill span, every decode row
+    (the prefill spans' in-forward saves in PyTorch before them: a save near a span's start
+    reads the initial state the launch overwrites)."""
     _check_conv(u, weight, conv_state)
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    save_conv_states(u, weight.shape[1], meta.prefills, conv_state)  # PyTorch, before the kernels
     if meta.num_decode:
         rows, slots = meta.decode_rows, meta.decode_slots
         _launch_conv(u, weight, bias, silu, conv_state, out, rows, slots, len(rows), 1, True)
@@ -365,9 +368,5 @@ def ssd_varlen(
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if meta.num_decode:
         ssd_decode(ssm_state, x, dt, A, B, C, D, meta.decode_rows, meta.decode_slots, y)
-    for span in meta.prefills:
-        s, e = span.start, span.end
-        initial = ssm_state[span.slot] if span.has_initial else None
-        y[s:e], last = ssd_scan(x[s:e], dt[s:e], A, B[s:e], C[s:e], D, chunk_size, initial)
-        ssm_state[span.slot] = last
+    ssd_prefills(x, dt, A, B, C, D, chunk_size, meta.prefills, ssm_state, y)  # saves too
     return y

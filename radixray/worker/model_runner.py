@@ -128,7 +128,7 @@ class ModelRunner:
         P = self.pool.page_size
         items = batch.items
         self._state_copies(batch.state_copies)  # checkpoints saved and restored, then:
-        state = self._state(items)  # checked first: nothing is built for a stale state
+        state = self._state(items, batch.state_copies)  # checked first: nothing built if stale
         if self.replays(batch):  # the graphs' own buffers take the rows
             rows = batch.decode_rows(P)
             return Prepared(batch, True, rows=rows, fix=self._fix(batch, rows, pending_rows))
@@ -218,7 +218,7 @@ class ModelRunner:
         if fix is not None:
             prep.input_ids.index_copy_(0, *fix)
         if prep.batch.state_copies:  # before the forward, in the device's order of steps
-            self.state.run_copies(prep.batch.state_copies)
+            self.state.run_copies(_before(prep.batch.state_copies))
         logits = self.model(
             prep.input_ids,
             prep.positions,
@@ -237,16 +237,33 @@ class ModelRunner:
             at += n
         return logits[: prep.num_rows] if prep.spans else logits
 
-    def _state(self, items) -> StateBatch | None:
+    def _state(self, items, copies=()) -> StateBatch | None:
         """The step's state inputs (None without state layers), after checking each item against
         the ledger: an item that starts past its first token must find in its slot the state
         after exactly its ``start`` tokens, run into that slot by this request's own earlier
         steps (or copied there by ``fork_state``). Raises AssertionError otherwise: with reuse
         off nothing else can put a state in a slot, so a request admitted with cached KV (a
-        prefix cache, a host tier) would be computed on from a stale state."""
+        prefix cache, a host tier) would be computed on from a stale state. The ``inside``
+        saves of ``copies`` go to their items' spans (``StateMetadata.build`` checks each is
+        inside its chunk), and the ledger records each destination as a checkpoint after that
+        many tokens; those of a request not in ``items`` (it ended before the step ran, and its
+        checkpoints with it) are not written."""
         if self.state is None:
             return None
+        inside: dict[int, list[tuple[int, int]]] = {}
+        for c in copies:
+            if c.inside:
+                if c.src != c.req.state_slot:
+                    raise AssertionError(
+                        f"{c.req.request_id}: an in-forward save reads its own slot "
+                        f"{c.req.state_slot}, got {c.src}"
+                    )
+                inside.setdefault(id(c.req), []).append((c.tokens, c.dst))
         ledger, slots, cached, new = self._state_at, [], [], []
+        saves = [inside.get(id(it.req), ()) for it in items]
+        for at in saves:
+            for tokens, dst in at:
+                ledger[dst] = (None, tokens)  # a checkpoint, once this step has run
         for it in items:
             req, slot = it.req, it.req.state_slot
             if slot is None:
@@ -263,11 +280,13 @@ class ModelRunner:
             slots.append(slot)
             cached.append(it.start)
             new.append(it.num_tokens)
-        return StateBatch(StateMetadata.build(slots, cached, new, self.device), self.state)
+        meta = StateMetadata.build(slots, cached, new, self.device, saves)
+        return StateBatch(meta, self.state)
 
     def run_state_copies(self, copies) -> None:
         """Check and run a step's state copies without its forward (every request of the
-        step ended before it ran)."""
+        step ended before it ran: its in-forward saves are not written, and not recorded)."""
+        copies = _before(copies)
         self._state_copies(copies)
         if copies:
             self.state.run_copies(copies)
@@ -278,7 +297,7 @@ class ModelRunner:
         of ``tokens`` tokens (``None`` in the ledger: a checkpoint, whoever saved it) and leaves
         the request's slot holding its state after them."""
         ledger = self._state_at
-        for c in copies:
+        for c in _before(copies):
             if c.host:  # a restore from the host tier's slot (not in this ledger: the cache's)
                 ledger[c.dst] = (c.req, c.tokens)
                 continue
@@ -311,6 +330,11 @@ class ModelRunner:
         wtables = [pool.allocator.window_table(t) for t in tables]
         meta, _ = AttentionMetadata.build(wtables, cached, new, pool.page_size, self.device)
         return WindowKV(meta, pool.window_k, pool.window_v, pool.layer_slots)
+
+
+def _before(copies) -> list:
+    """The state copies that run before a step's forward: all but its in-forward saves."""
+    return [c for c in copies if not c.inside]
 
 
 def resolve_device(device: str) -> torch.device:

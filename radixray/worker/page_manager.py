@@ -184,10 +184,8 @@ class PageManager:
         return self.slots is None or self.slots.num_free > 0 or bool(states and states.free_slot())
 
     def chunk(self, req: Request, limit: int) -> int:
-        """Tokens of ``req``'s next chunk: what is left, at most ``limit``, and with a state
-        cache never past a checkpoint point."""
-        if self.states is not None:
-            return self.states.chunk(req, limit)
+        """Tokens of ``req``'s next chunk: what is left, at most ``limit`` (a state cache's
+        checkpoints inside it are saved by its forward: state_checkpointer.py)."""
         return min(req.num_tokens - req.num_computed, limit)
 
     def state_copies(self, items) -> tuple | list:

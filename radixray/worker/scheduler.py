@@ -163,7 +163,7 @@ class Scheduler:
         preempted itself, or capped by ``packing``)."""
         n = req.num_tokens - req.num_computed
         cap = self._room(req, n, budget, scheduled) if req.in_prefill else budget
-        n = self.pages.chunk(req, cap)  # (with a state cache: not past a checkpoint point)
+        n = self.pages.chunk(req, cap)
         if n <= 0 or not self._ensure_pages(req, req.num_computed + n, scheduled):
             return 0
         self._schedule(

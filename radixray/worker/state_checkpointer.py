@@ -5,13 +5,27 @@ its ledger of what each slot holds.
 
 Where checkpoints are taken: at the page ends ``p`` that are multiples of ``state_interval``, and
 at the end of the prompt's last full page (what the next turn of a chat, which extends this
-prompt and its answer, matches at least). A prefill chunk is cut at those points (``chunk``), so
-a step *starts* at one; the state in the request's slot when that step begins is exactly the
-state after ``p`` tokens, so the save is a copy run just before that step's forward (``take``,
-in the step's order on the device: the forward of the step before wrote it, the one after
-reads it). The same holds for a decode step that starts at one. A request's checkpoints are its
-own (``Request.checkpoints``: position -> slot) until it hands its KV to the cache (``insert``
-at a chunk's commit or at its release), which takes them with the pages up to the last one.
+prompt and its answer, matches at least). A prefill chunk is not cut at those points (it is
+limited by the token budget only); ``take`` allocates each point's slot when the step is
+planned, and the state is saved two ways::
+
+    points       256      512      768      1024          (interval 256, a budget of 600)
+    steps    |0 .............. 600|600 ........... 1024|1024 ...
+    saves     256, 512 in its forward   768 in its forward   1024: a copy before its forward
+
+- a point strictly inside a prefill chunk (``start < p < end``) is saved *inside* the forward
+  (``StateCopy(inside=True)``): the state layers write their state after ``p`` tokens into the
+  slot as they run the chunk (model/state_metadata.py, ``SeqSpan.saves``), the scan split at
+  ``p``, which is bitwise what a chunk cut at ``p`` computed;
+- a point where a step starts (a chunk the budget ended there, a decode step) is in the
+  request's slot already: the save is a slot-to-slot copy run just before that step's forward,
+  in the step's order on the device (the forward of the step before wrote it, the one after
+  reads it). A point where a chunk ends is saved by the next step, as it starts there.
+
+A request's checkpoints are its own (``Request.checkpoints``: position -> slot) until it hands
+its KV to the cache (``insert`` at a chunk's commit or at its release), which takes them with the
+pages up to the last one: a chunk's commit comes after its forward, so an in-forward save is in
+its slot (in the device's order) before the cache can hand it to anyone.
 
 Restores: a request admitted on a match that names a checkpoint gets that state copied into its
 own slot (never shared in place: it writes its slot from its next token on) before its first
@@ -36,7 +50,9 @@ __all__ = ["StateCheckpointer", "StateCopy"]
 
 class StateCopy(NamedTuple):
     """Copy slot ``src``'s state into slot ``dst`` before the step's forward: ``req``'s state
-    after ``tokens`` tokens, saved to a checkpoint (``save``) or restored from one."""
+    after ``tokens`` tokens, saved to a checkpoint (``save``) or restored from one. With
+    ``inside`` the step's forward writes it instead, at that point of ``req``'s chunk (``src``
+    is ``req``'s slot, which holds the state after the chunk's end once the step has run)."""
 
     src: int
     dst: int
@@ -44,6 +60,8 @@ class StateCopy(NamedTuple):
     tokens: int
     save: bool
     host: bool = False  # a restore from a host slot (a checkpoint on the host tier)
+    # a save written by the step's forward, inside ``req``'s chunk (not a copy before it)
+    inside: bool = False
 
 
 class StateCheckpointer:
@@ -58,22 +76,20 @@ class StateCheckpointer:
         self._copies: list[StateCopy] = []
         self._locked: list = []  # checkpoints matched this step, unlocked once queued
         self.num_saved = 0
+        self.num_saved_inside = 0  # of those, written by a forward inside a chunk
         self.num_restored = 0
         self.num_restored_host = 0  # of those, from a host slot
         self.num_skipped = 0  # points with no slot to spare
 
-    def next_point(self, req: Request, start: int) -> int:
-        """The first checkpoint point after ``start``."""
-        nxt = (start // self.step + 1) * self.step
+    def points(self, req: Request, start: int, end: int) -> list[int]:
+        """The checkpoint points ``p`` with ``start < p < end``, increasing."""
+        step = self.step
+        out = list(range((start // step + 1) * step, end, step))
         last_page = req.num_prompt // self.P * self.P
-        return min(nxt, last_page) if last_page > start else nxt
-
-    def chunk(self, req: Request, limit: int) -> int:
-        """Tokens of ``req``'s next chunk from ``num_computed``: at most ``limit`` and what is
-        left, and never past a checkpoint point (the next step starts there)."""
-        start = req.num_computed
-        n = min(req.num_tokens - start, limit)
-        return min(n, self.next_point(req, start) - start) if n > 1 else n
+        if start < last_page < end and last_page % step:
+            out.append(last_page)
+            out.sort()
+        return out
 
     def is_point(self, req: Request, pos: int) -> bool:
         return pos > 0 and (pos % self.step == 0 or pos == req.num_prompt // self.P * self.P)
@@ -95,27 +111,35 @@ class StateCheckpointer:
         self.num_restored_host += host
 
     def take(self, items) -> list[StateCopy]:
-        """The step's copies, in order: the restores of the requests admitted for it, then a
-        save for each item that starts at a checkpoint point not yet cached or saved."""
+        """The step's copies, in order: the restores of the requests admitted for it, then for
+        each item a save (a copy) if it starts at a checkpoint point and one for each point
+        inside its chunk (``inside``: its forward writes them), each point not yet cached or
+        saved and given a slot if one can be had."""
         for it in items:
             req, start = it.req, it.start
-            if (
-                not self.is_point(req, start)
-                or start <= req.num_tree_pages * self.P
-                or start in req.checkpoints
-            ):
-                continue
-            if not self.free_slot():
-                self.num_skipped += 1
-                continue
-            slot = self.slots.alloc(1)[0]
-            req.checkpoints[start] = slot
-            self._copies.append(StateCopy(req.state_slot, slot, req, start, True))
-            self.num_saved += 1
+            if self.is_point(req, start):
+                self._save(req, start, False)
+            if it.num_tokens > 1:
+                for p in self.points(req, start, start + it.num_tokens):
+                    self._save(req, p, True)
         for node, host in self._locked:  # queued: the copy runs before any later use of the slot
             self.cache.unlock_state(node, host=host)
         copies, self._copies, self._locked = self._copies, [], []
         return copies
+
+    def _save(self, req: Request, pos: int, inside: bool) -> None:
+        """A checkpoint of ``req`` at ``pos``, unless the tree or the request has one there, or
+        no slot is free even after evicting checkpoints (the point is skipped)."""
+        if pos <= req.num_tree_pages * self.P or pos in req.checkpoints:
+            return
+        if not self.free_slot():
+            self.num_skipped += 1
+            return
+        slot = self.slots.alloc(1)[0]
+        req.checkpoints[pos] = slot
+        self._copies.append(StateCopy(req.state_slot, slot, req, pos, True, inside=inside))
+        self.num_saved += 1
+        self.num_saved_inside += inside
 
     def insertable(self, req: Request, upto: int) -> tuple[int, dict[int, int]]:
         """Where ``req``'s KV may go into the cache, for KV computed up to ``upto``: its last

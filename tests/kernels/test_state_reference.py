@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from radixray.kernels.state_reference import (
     causal_conv1d,
     causal_conv1d_update,
+    conv_state_at,
     mamba_dt,
     ssd_recurrent,
     ssd_scan,
+    ssd_scan_cut,
     ssd_update,
 )
 
@@ -67,6 +69,35 @@ def test_conv_split_anywhere_equals_one_pass_and_decode_steps_continue_it(K):
         torch.testing.assert_close(out[0], whole[t], **TOL)
         torch.testing.assert_close(out[1], whole[t - 6], **TOL)
     assert torch.equal(states[0], final)
+
+
+@pytest.mark.parametrize("K", [2, 3, 4])
+@pytest.mark.parametrize("initial", [False, True])
+def test_conv_state_at_any_offset_is_the_state_after_that_many_rows(K, initial):
+    """An in-forward save's conv state: at every offset, near the start (part of it the
+    initial state, or zeros for a fresh sequence) and past ``K - 1``, exactly the state
+    ``causal_conv1d`` leaves after those rows."""
+    x, w, b = conv_inputs(7, K=K)
+    state = torch.randn(x.shape[1], K - 1) if initial else None
+    assert torch.equal(conv_state_at(x, state, 0, K), state if initial else torch.zeros(6, K - 1))
+    for offset in range(1, 8):
+        _, want = causal_conv1d(x[:offset], w, b, state)
+        assert torch.equal(conv_state_at(x, state, offset, K), want), offset
+    with pytest.raises(ValueError, match=r"offset must be in \[0, 7\]"):
+        conv_state_at(x, state, 8, K)
+
+
+def test_scan_cut_at_points_gives_each_points_state_and_refuses_cuts_outside():
+    x, dt, A, B, C, D, _ = ssd_inputs(11)
+    y, states = ssd_scan_cut(x, dt, A, B, C, D, 4, None, [3, 8])
+    _, at3 = ssd_scan(x[:3], dt[:3], A, B[:3], C[:3], D, 4)
+    _, at8 = ssd_scan(x[3:8], dt[3:8], A, B[3:8], C[3:8], D, 4, at3)
+    rest, final = ssd_scan(x[8:], dt[8:], A, B[8:], C[8:], D, 4, at8)
+    assert len(states) == 3 and torch.equal(states[1], at8) and torch.equal(states[2], final)
+    assert torch.equal(y[8:], rest)
+    for cuts in ([0], [11], [5, 5], [6, 2]):
+        with pytest.raises(ValueError, match="cuts must increase strictly"):
+            ssd_scan_cut(x, dt, A, B, C, D, 4, None, cuts)
 
 
 def ssd_inputs(L: int, H: int = 6, P: int = 4, G: int = 2, N: int = 5, seed: int = 0):

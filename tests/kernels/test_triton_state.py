@@ -13,9 +13,11 @@ Two kinds of test:
   benchmarks/gpu/run.sh, runs them).
 
 Each batch mixes decode rows and prefill spans of unaligned lengths (one longer than a conv
-time block, one shorter than the conv's window), some from a state, some fresh. Every slot the
-step must not read holds NaN: fresh sequences' slots (a slot is never cleared), and slots no
-sequence owns, which must come out untouched. Tolerances: float32 outputs within 1e-5 (the
+time block, one shorter than the conv's window), some from a state, some fresh, some saving
+checkpoints inside the span (against the reference cut at those points, as the engine ran it
+before the saves moved into the forward). Every slot the step must not read holds NaN: fresh
+sequences' slots (a slot is never cleared), the saves' slots, and slots no sequence owns,
+which must come out untouched. Tolerances: float32 outputs within 1e-5 (the
 same few sums in another order); conv states exactly (they are copies of inputs); bfloat16
 outputs within one rounding (cases.TOLERANCE).
 """
@@ -26,6 +28,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -70,19 +73,33 @@ def test_cases_in_a_subprocess():
 # the batch and the reference
 # ---------------------------------------------------------------------------------------------
 
-# (slot, cached, new) per sequence, in batch order: decode rows (cached > 0, new == 1) and
-# prefill spans, fresh (cached == 0) or from a state; slots 3 and 7 belong to no one
-SEQS = [(2, 9, 5), (0, 12, 1), (5, 0, 37), (4, 3, 1), (1, 6, 2), (6, 0, 1)]
+# (slot, cached, new[, saves]) per sequence, in batch order: decode rows (cached > 0, new == 1)
+# and prefill spans, fresh (cached == 0) or from a state, some saving checkpoints inside the
+# span as (tokens, slot) (state_metadata.SeqSpan.saves): one two tokens in (within K - 1 of the
+# start, from a state), one two tokens into a fresh span, one in the middle; slots 3, 7 and 11
+# belong to no one
+SEQS = [(2, 9, 5, ((11, 8),)), (0, 12, 1), (5, 0, 37, ((2, 9), (20, 10))), (4, 3, 1)]
+SEQS += [(1, 6, 2), (6, 0, 1)]
 
 
 def _batch(seqs, device):
     """The step's metadata, the pool's size, the slots whose contents must never be read
-    (NaN-poisoned) and those no sequence owns (which must stay NaN)."""
-    slots, cached, new = zip(*seqs, strict=True)
-    meta = StateMetadata.build(slots, cached, new, device)
-    num_slots = max(slots) + 2
-    unused = sorted(set(range(num_slots)) - set(slots))
-    return meta, sum(new), num_slots, [s for s, c, _ in seqs if c == 0] + unused, unused
+    (NaN-poisoned: fresh sequences' and saves') and those no one owns (which must stay NaN)."""
+    seqs = [(*s, ()) if len(s) == 3 else s for s in seqs]
+    slots, cached, new, saves = zip(*seqs, strict=True)
+    meta = StateMetadata.build(slots, cached, new, device, saves)
+    dsts = [dst for at in saves for _, dst in at]
+    num_slots = max(*slots, *dsts) + 2
+    unused = sorted(set(range(num_slots)) - set(slots) - set(dsts))
+    return meta, sum(new), num_slots, [s[0] for s in seqs if s[1] == 0] + dsts + unused, unused
+
+
+def _pieces(span):
+    """A prefill span's rows cut at its saves, each piece with the slot its state goes to (the
+    engine's old plan: a step per piece, the state copied to the save's slot after it)."""
+    bounds = [span.start + o for o, _ in span.saves]
+    slots = [slot for _, slot in span.saves] + [span.slot]
+    return zip(pairwise([span.start, *bounds, span.end]), slots, strict=True)
 
 
 def _pool(shape, dtype, device, unread, gen):
@@ -99,10 +116,10 @@ def _ref_conv(u, weight, bias, silu, meta, pool):
         out[row : row + 1] = causal_conv1d_update(u[row : row + 1], weight, bias, state, silu)
         pool[slot] = state[0]
     for s in meta.prefills:
-        initial = pool[s.slot] if s.has_initial else None
-        out[s.start : s.end], pool[s.slot] = causal_conv1d(
-            u[s.start : s.end], weight, bias, initial, silu
-        )
+        state = pool[s.slot] if s.has_initial else None
+        for (b, e), slot in _pieces(s):
+            out[b:e], state = causal_conv1d(u[b:e], weight, bias, state, silu)
+            pool[slot] = state
     return out
 
 
@@ -114,9 +131,10 @@ def _ref_ssd(x, dt, A, B, C, D, chunk, meta, pool):
         y[r] = ssd_update(state, x[r], dt[r], A, B[r], C[r], D)
         pool[slot] = state[0]
     for s in meta.prefills:
-        r = slice(s.start, s.end)
-        initial = pool[s.slot] if s.has_initial else None
-        y[r], pool[s.slot] = ssd_scan(x[r], dt[r], A, B[r], C[r], D, chunk, initial)
+        state = pool[s.slot] if s.has_initial else None
+        for (b, e), slot in _pieces(s):
+            y[b:e], state = ssd_scan(x[b:e], dt[b:e], A, B[b:e], C[b:e], D, chunk, state)
+            pool[slot] = state
     return y
 
 
@@ -162,7 +180,7 @@ def check_ssd(H, P, N, G, with_d, dtype, chunk, device, seqs=SEQS, seed=0):
     assert not torch.isnan(got).any(), "NaN in the output: a stale slot was read"
     torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
     assert torch.isnan(pool[unused]).all(), "a slot no sequence owns was written"
-    used = sorted({s for s, _, _ in seqs})
+    used = sorted(set(range(num_slots)) - set(unused))
     torch.testing.assert_close(pool[used], want_pool[used], **TOLERANCE[F32])
 
 
@@ -201,7 +219,8 @@ def test_case_ssd(H, P, N, G, with_d):
 # Granite-4.0-H's shapes on CUDA
 # ---------------------------------------------------------------------------------------------
 
-GRANITE_SEQS = [(7, 100, 1), (3, 0, 1000), (12, 40, 1), (0, 511, 37), (9, 0, 2), (30, 8, 1)]
+GRANITE_SEQS = [(7, 100, 1), (3, 0, 1000, ((256, 60), (512, 61), (768, 62))), (12, 40, 1)]
+GRANITE_SEQS += [(0, 511, 37, ((512, 63),)), (9, 0, 2), (30, 8, 1)]
 GRANITE_SEQS += [(40 + i, 300 + i, 1) for i in range(20)]  # a decode batch of 23
 
 

@@ -179,22 +179,52 @@ def test_chat_turns_resume_from_checkpoints_exactly(hybrid, family, config):
     e.shutdown()
 
 
-def test_chunks_end_at_checkpoint_points(hybrid):
-    """A 22-token prompt in one step's budget still runs as chunks 0-8, 8-16, 16-20, 20-22: the
-    steps start where checkpoints are taken (every 8th token, the last full page at 20)."""
-    loaded, _ = hybrid("lfm2")
-    e = engine(loaded)
-    prompt = SYSTEM + MESSAGES[0][0] + [1, 2, 3]
+def slot_state(e: Engine, slot: int) -> list[torch.Tensor]:
+    """Every state layer's state in ``slot`` (copies)."""
+    return [t[:, slot].clone() for t in e.state_pool.tensors.values()]
+
+
+def test_checkpoints_inside_a_chunk_are_saved_by_its_forward(hybrid):
+    """A 42-token prompt (5 intervals and a bit) on a budget of 32 runs in 2 steps (0-32,
+    32-42), not one per checkpoint: the points 8, 16, 24 inside the first are saved by its
+    forward, 32 (where the second starts) by a copy before it, 40 (an interval point and its
+    last full page) by the second's forward. Each checkpoint holds the state a cold run cut
+    there has after exactly that many tokens, to float rounding (~1e-6: the layers' matmuls ran
+    32 rows at once; tests/worker/model/test_state_saves.py holds the state layers themselves
+    to bitwise), and later requests resume where they did when chunks were cut."""
+    loaded, _ = hybrid("granite_h")
+    e = engine(loaded, max_batch_tokens=32)
+    prompt = torch.randint(0, 300, (42,), generator=torch.Generator().manual_seed(5)).tolist()
     e.add_request(prompt, GREEDY.replace(max_tokens=1))
-    spans = []
+    spans, saves = [], {}
     while e.has_work():
         batch = e.scheduler.schedule()
         spans += [(it.start, it.start + it.num_tokens) for it in batch.items]
-        saves = [(c.src, c.tokens) for c in batch.state_copies if c.save]
-        assert [t for _, t in saves] == [s for s, _ in spans[-1:] if s in (8, 16, 20)]
+        saves |= {c.tokens: (c.dst, c.inside) for c in batch.state_copies if c.save}
         e._run(batch, 0.0)
-    assert spans == [(0, 8), (8, 16), (16, 20), (20, 22)]
-    assert sorted(e.cache.cached_slots()) and e.cache.num_states == 3
+        poison_free_slots(e)
+    assert spans == [(0, 32), (32, 42)]
+    assert {p: inside for p, (_, inside) in saves.items()} == {
+        8: True, 16: True, 24: True, 32: False, 40: True
+    }  # fmt: skip
+    assert e.scheduler.pages.states.num_saved_inside == 4 and e.cache.num_states == 5
+    assert sorted(e.cache.cached_slots()) == sorted(slot for slot, _ in saves.values())
+    for p, (slot, _) in saves.items():
+        assert e.runner._state_at[slot] == (None, p)  # the ledger: a checkpoint after p tokens
+    cold = engine(loaded, cache="chunk", max_batch_tokens=INTERVAL)  # the old cut chunks
+    req = cold.requests.build(prompt, GREEDY.replace(max_tokens=1), None, None)
+    cold.add(req, CompletionBuilder(req.request_id))
+    while req.num_computed < 40:
+        cold.step()
+        if req.num_computed in saves:
+            got = slot_state(e, saves[req.num_computed][0])
+            for have, want in zip(got, slot_state(cold, req.state_slot), strict=True):
+                assert not have.isnan().any()
+                torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
+    for q in (13, 30, 41):  # a second request on the first q tokens
+        (done,) = e.generate_batch([prompt[:q] + [7, 7, 7]], GREEDY.replace(max_tokens=1))
+        assert done.cached_tokens == expected_cached(prompt[:q] + [7, 7, 7], [(prompt, [0])])
+        assert done.cached_tokens == {13: 8, 30: 24, 41: 40}[q]
     e.check_integrity()
 
 

@@ -25,7 +25,8 @@ from radixray.kernels.state_reference import (
     causal_conv1d,
     causal_conv1d_update,
     mamba_dt,
-    ssd_scan,
+    save_conv_states,
+    ssd_prefills,
     ssd_update,
 )
 from radixray.model_meta.model_config import ModelConfig
@@ -59,7 +60,8 @@ def conv_varlen(
     meta: StateMetadata,
     conv_state: torch.Tensor,  # [slots, C, K-1], read and written at the step's slots
 ) -> torch.Tensor:  # [T, C]
-    """The causal depthwise conv over every sequence of the step, each from its own state."""
+    """The causal depthwise conv over every sequence of the step, each from its own state; a
+    prefill span's saves (``SeqSpan.saves``) get the state at their offsets."""
     if u.is_cuda and _triton_state():  # the same plan in two launches (docs/models.md)
         return _triton_state().conv_varlen(u, weight, bias, silu, meta, conv_state)
     if meta.num_decode and not meta.prefills and u.device.type == "cpu":  # rows == decode rows
@@ -73,6 +75,7 @@ def conv_varlen(
         state = conv_state.index_select(0, slots)
         out[rows] = causal_conv1d_update(u[rows], weight, bias, state, silu)
         conv_state.index_copy_(0, slots, state)
+    save_conv_states(u, weight.shape[1], meta.prefills, conv_state)  # before the slots change
     for span in meta.prefills:
         start, end = span.start, span.end
         initial = conv_state[span.slot] if span.has_initial else None
@@ -92,7 +95,8 @@ def ssd_varlen(
     meta: StateMetadata,
     ssm_state: torch.Tensor,  # [slots, H, P, N]
 ) -> torch.Tensor:  # [T, H, P]
-    """Mamba2's scan over every sequence of the step, each from its own state."""
+    """Mamba2's scan over every sequence of the step, each from its own state; a prefill span
+    is scanned in sub-spans split at its saves, each save's slot getting the state there."""
     if x.is_cuda and _triton_state():  # decode rows in one launch; prefill as below
         return _triton_state().ssd_varlen(x, dt, A, B, C, D, chunk_size, meta, ssm_state)
     if meta.num_decode and not meta.prefills and x.device.type == "cpu":  # rows == decode rows
@@ -106,11 +110,7 @@ def ssd_varlen(
         state = ssm_state.index_select(0, slots)
         y[rows] = ssd_update(state, x[rows], dt[rows], A, B[rows], C[rows], D)
         ssm_state.index_copy_(0, slots, state)
-    for span in meta.prefills:
-        s, e = span.start, span.end
-        initial = ssm_state[span.slot] if span.has_initial else None
-        y[s:e], last = ssd_scan(x[s:e], dt[s:e], A, B[s:e], C[s:e], D, chunk_size, initial)
-        ssm_state[span.slot] = last
+    ssd_prefills(x, dt, A, B, C, D, chunk_size, meta.prefills, ssm_state, y)
     return y
 
 

@@ -15,6 +15,15 @@ holds: a slot is never cleared, and stale contents are never read. Any other seq
 in its slot the state after exactly its cached tokens (the last step's chunk, or a checkpoint
 the cache copied in). Every state layer writes the state after the step's last row back into
 the same slot: prefill chunks carry it across chunk boundaries, decode updates it in place.
+
+A prefill span may also carry *saves*: state checkpoints taken inside it (the state cache's,
+worker/state_checkpointer.py), each an offset within the span and a destination slot. Every
+state layer writes its state after that many of the span's rows into the destination (the conv
+its last ``K - 1`` inputs there, the scan split at the offset), so a long prompt runs in one
+step instead of one step per checkpoint::
+
+    span (0, 600, slot 2, fresh), saves ((256, 7), (512, 9)):   slot 7 <- state after 256 rows,
+                                                                slot 9 <- after 512, slot 2 <- 600
 """
 
 from __future__ import annotations
@@ -40,6 +49,9 @@ class SeqSpan(NamedTuple):
     end: int
     slot: int
     has_initial: bool
+    # (offset within the span, slot): the state after ``offset`` rows goes to ``slot`` too;
+    # offsets increasing, each in (0, end - start)
+    saves: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,25 +90,33 @@ class StateMetadata:
         num_cached: Sequence[int],
         num_new: Sequence[int],
         device: torch.device | str = "cpu",
+        saves: Sequence[Sequence[tuple[int, int]]] | None = None,
     ) -> StateMetadata:
         """From one entry per sequence, in the batch's order (AttentionMetadata.build's).
-        Slots must be distinct: two sequences of a step never share a state."""
-        if not (len(slots) == len(num_cached) == len(num_new)):
+        Slots must be distinct: two sequences of a step never share a state. ``saves``: per
+        sequence, the checkpoints to save inside its span, (tokens, slot): its state after
+        ``tokens`` of its tokens (``num_cached < tokens < num_cached + num_new``, increasing)
+        into ``slot``, a slot no sequence of the step owns."""
+        if saves is None:
+            saves = [()] * len(slots)
+        if not (len(slots) == len(num_cached) == len(num_new) == len(saves)):
             raise ValueError(
-                f"slots, num_cached and num_new need one entry per sequence, got "
-                f"{len(slots)}, {len(num_cached)}, {len(num_new)}"
+                f"slots, num_cached, num_new and saves need one entry per sequence, got "
+                f"{len(slots)}, {len(num_cached)}, {len(num_new)}, {len(saves)}"
             )
         if len(set(slots)) != len(slots) or any(s < 0 for s in slots):
             raise ValueError(f"state slots must be distinct and >= 0, got {list(slots)}")
+        _check_saves(slots, num_cached, num_new, saves)
         prefills, rows, decode_slots, row = [], [], [], 0
-        for slot, cached, new in zip(slots, num_cached, num_new, strict=True):
+        for slot, cached, new, at in zip(slots, num_cached, num_new, saves, strict=True):
             if new < 0 or cached < 0:
                 raise ValueError(f"num_cached and num_new must be >= 0, got {cached}, {new}")
             if new == 1 and cached > 0:
                 rows.append(row)
                 decode_slots.append(slot)
             elif new > 0:
-                prefills.append(SeqSpan(row, row + new, slot, cached > 0))
+                offs = tuple((t - cached, dst) for t, dst in at)
+                prefills.append(SeqSpan(row, row + new, slot, cached > 0, offs))
             row += new
         return cls(
             tuple(prefills),
@@ -104,6 +124,24 @@ class StateMetadata:
             upload(decode_slots, torch.int64, device),
             slot_runs(decode_slots),
         )
+
+
+def _check_saves(slots, num_cached, num_new, saves) -> None:
+    """Each sequence's saves strictly inside its span, increasing, into distinct slots that no
+    sequence of the step owns (a save must not overwrite a state the step reads)."""
+    dsts = [dst for at in saves for _, dst in at]
+    if len(set(dsts)) != len(dsts) or set(dsts) & set(slots) or any(d < 0 for d in dsts):
+        raise ValueError(
+            f"saves need distinct slots >= 0 that no sequence owns, got {dsts} (owned: "
+            f"{list(slots)})"
+        )
+    for cached, new, at in zip(num_cached, num_new, saves, strict=True):
+        points = [t for t, _ in at]
+        if points != sorted(set(points)) or any(not cached < t < cached + new for t in points):
+            raise ValueError(
+                f"saves must be increasing token counts in ({cached}, {cached + new}) (strictly "
+                f"inside the span of a sequence with {cached} cached and {new} new), got {points}"
+            )
 
 
 class StateTensors(Protocol):
