@@ -114,32 +114,44 @@ class StateCheckpointer:
         """The step's copies, in order: the restores of the requests admitted for it, then for
         each item a save (a copy) if it starts at a checkpoint point and one for each point
         inside its chunk (``inside``: its forward writes them), each point not yet cached or
-        saved and given a slot if one can be had."""
+        saved and given a slot if one can be had. Slots go round the items deepest point
+        first (every item's deepest, then every item's next): when they run short the shallow
+        points are skipped and no item goes without its deepest, as when chunks were cut at
+        every point (one save a step, evicting the request's older ones)."""
+        wanted = []
         for it in items:
-            req, start = it.req, it.start
-            if self.is_point(req, start):
-                self._save(req, start, False)
-            if it.num_tokens > 1:
-                for p in self.points(req, start, start + it.num_tokens):
-                    self._save(req, p, True)
+            start = it.start
+            points = self.points(it.req, start, start + it.num_tokens) if it.num_tokens > 1 else []
+            if self.is_point(it.req, start):
+                points.insert(0, start)
+            wanted.append((it, points[::-1]))
+        saves: list[list[StateCopy]] = [[] for _ in items]
+        for depth in range(max((len(p) for _, p in wanted), default=0)):
+            for (it, points), got in zip(wanted, saves, strict=True):
+                if depth < len(points):
+                    p = points[depth]
+                    if (c := self._save(it.req, p, p > it.start)) is not None:
+                        got.append(c)
+        for got in saves:
+            self._copies += got[::-1]
         for node, host in self._locked:  # queued: the copy runs before any later use of the slot
             self.cache.unlock_state(node, host=host)
         copies, self._copies, self._locked = self._copies, [], []
         return copies
 
-    def _save(self, req: Request, pos: int, inside: bool) -> None:
+    def _save(self, req: Request, pos: int, inside: bool) -> StateCopy | None:
         """A checkpoint of ``req`` at ``pos``, unless the tree or the request has one there, or
         no slot is free even after evicting checkpoints (the point is skipped)."""
         if pos <= req.num_tree_pages * self.P or pos in req.checkpoints:
-            return
+            return None
         if not self.free_slot():
             self.num_skipped += 1
-            return
+            return None
         slot = self.slots.alloc(1)[0]
         req.checkpoints[pos] = slot
-        self._copies.append(StateCopy(req.state_slot, slot, req, pos, True, inside=inside))
         self.num_saved += 1
         self.num_saved_inside += inside
+        return StateCopy(req.state_slot, slot, req, pos, True, inside=inside)
 
     def insertable(self, req: Request, upto: int) -> tuple[int, dict[int, int]]:
         """Where ``req``'s KV may go into the cache, for KV computed up to ``upto``: its last

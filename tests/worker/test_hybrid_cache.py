@@ -228,6 +228,26 @@ def test_checkpoints_inside_a_chunk_are_saved_by_its_forward(hybrid):
     e.check_integrity()
 
 
+def test_short_of_slots_each_chunk_keeps_its_deepest_point(hybrid):
+    """Two 22-token prompts in one step, with 2 slots to spare for checkpoints: the slots go
+    round the items deepest first, so each keeps its last full page (20), the point the next
+    turn resumes from, and 8 and 16 are skipped (not the first item taking both slots)."""
+    loaded, _ = hybrid("lfm2")
+    e = engine(loaded, max_batch_tokens=64, state_slots=4)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(2):  # (no shared prefix: the second would wait for the first to cache it)
+        e.add_request(
+            torch.randint(0, 300, (22,), generator=g).tolist(), GREEDY.replace(max_tokens=1)
+        )
+    batch = e.scheduler.schedule()
+    assert [(it.start, it.num_tokens) for it in batch.items] == [(0, 22), (0, 22)]
+    saves = [(c.req, c.tokens, c.inside) for c in batch.state_copies]
+    assert saves == [(it.req, 20, True) for it in batch.items]
+    assert e.scheduler.pages.states.num_skipped == 4
+    e._run(batch, 0.0)
+    e.check_integrity()
+
+
 def test_forks_share_the_prefix_and_a_next_turn_resumes(hybrid):
     """``n=2`` on the state cache: each sample its own copy of the leader's state, both equal
     to the cache-off engine's; the next turn resumes at the prompt's last full page (16)."""
