@@ -136,6 +136,7 @@ sys.exit(code)
 
 
 @pytest.mark.integration
+@pytest.mark.parallel_safe
 def test_the_gpu_path_imports_only_the_image_and_the_kit(tmp_path):
     tests = sorted(
         str(p.relative_to(REPO))

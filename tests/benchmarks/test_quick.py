@@ -4,7 +4,8 @@ Each script runs in a subprocess (as a reader runs it), with this checkout first
 its working directory and every output it writes in a temporary folder, never in the repository.
 All of them are in the integration tier (`make test`, CI), not in `make test-fast`: each is a fresh
 interpreter that imports torch, seconds apiece of the inner loop; the marks per script below
-say which also start servers, worker processes or child processes.
+say which also start servers, worker processes or child processes. Those run one at a time;
+the others only compute, and `make test` runs them two at once (`parallel_safe`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ CASES = {
 }
 
 
+@pytest.mark.parallel_safe
 def test_every_benchmark_script_has_a_quick_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.glob("*.py")}
     scripts |= {p.relative_to(BENCH).as_posix() for p in BENCH.glob("studies/*.py")}
@@ -102,9 +104,15 @@ def test_every_benchmark_script_has_a_quick_run():
     assert scripts == set(CASES)
 
 
+def _marks(marks: tuple) -> tuple:
+    """A script with no `integration` mark of its own starts no server and asserts on no time:
+    it may run beside another test (`make test`'s two-process pass)."""
+    return marks if integration in marks else (*marks, pytest.mark.parallel_safe)
+
+
 @pytest.mark.parametrize(
     "script",
-    [pytest.param(name, marks=marks, id=name) for name, (_, _, marks) in CASES.items()],
+    [pytest.param(name, marks=_marks(marks), id=name) for name, (_, _, marks) in CASES.items()],
 )
 def test_quick_run(script: str, tmp_path: Path):
     args, expect, _ = CASES[script]

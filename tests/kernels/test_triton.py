@@ -23,6 +23,7 @@ pytestmark = [
         importlib.util.find_spec("triton") is None, reason="triton is not installed"
     ),
     pytest.mark.integration,  # subprocesses, ~45 s under the interpreter: `make test` runs them
+    pytest.mark.parallel_safe,  # CPU work only: two at once in `make test`
 ]
 
 

@@ -56,11 +56,13 @@ def test_prompt_and_token_logprobs_match_transformers(smollm2_loaded):
 
 
 @pytest.mark.integration  # ~10 s
+@pytest.mark.parallel_safe
 def test_decode_logprobs_match_transformers(smollm2_loaded):
     check_decode(load_decode_reference(), smollm2_loaded)
 
 
 @pytest.mark.integration
+@pytest.mark.parallel_safe
 @pytest.mark.skipif(
     os.environ.get("RADIXRAY_HF_LIVE") != "1",
     reason="recomputing the HF reference takes ~1 min; set RADIXRAY_HF_LIVE=1 (needs accelerate)",

@@ -179,7 +179,10 @@ def checkpoints(tmp_path_factory):
 # integration tests (each is 1-3 s on a busy 2-core machine).
 VARIANTS = ("mistral", "qwen3_moe_unnormalised", "qwen2_window", "gemma3", "llama_linear")
 GREEDY_FAMILIES = [
-    pytest.param(f, marks=pytest.mark.integration) if f in VARIANTS else f for f in FAMILIES
+    pytest.param(f, marks=[pytest.mark.integration, pytest.mark.parallel_safe])
+    if f in VARIANTS
+    else f
+    for f in FAMILIES
 ]
 
 
