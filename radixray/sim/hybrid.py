@@ -5,9 +5,10 @@ a fixed-size recurrent state, so a prefix is reusable only up to a point where t
 saved: a *checkpoint*, a slot of the state pool. The engine runs ``mamba_radix``
 (``MambaRadixCache``: KV pages + checkpoints) and takes checkpoints where its
 ``StateCheckpointer`` says (page ends that are multiples of ``state_interval``, and the
-prompt's last full page); ``HybridSimWorker`` is a simulated worker over exactly those, the
-engine's own scheduler holding a state slot per running request, so checkpoint saves,
-restores, the checkpoint LRU and the KV events of the ``mamba`` group happen as they would live.
+prompt's last full page; saved inside a prefill chunk's forward, or copied where a step
+starts); ``HybridSimWorker`` is a simulated worker over exactly those, the engine's own
+scheduler holding a state slot per running request, so checkpoint saves, restores, the
+checkpoint LRU and the KV events of the ``mamba`` group happen as they would live.
 
 ``HybridLayout`` is a model's memory: the attention layers' KV bytes a token and one slot's
 state bytes (every state layer's conv state in the model's dtype, its SSM state in float32, as
@@ -43,7 +44,8 @@ H100-class GPU: 8.0B parameters, 7.0B without the embeddings, 32 layers of 32 qu
   ``decode_seq_s`` (Granite + 47 us, Qwen3-Next + 24 us);
 - ``max_running`` 64 (the gpu preset's 256 would hold 36 GiB of Granite states); each state
   copy (a checkpoint saved or restored) reads and writes a slot at that rate too
-  (``state_copy_seconds``), run before the step's forward, in series (``overlap_layers`` 0).
+  (``state_copy_seconds``), run before the step's forward, in series (``overlap_layers`` 0); a
+  save the forward writes inside a prefill chunk costs half (the write).
 """
 
 from __future__ import annotations
@@ -249,10 +251,12 @@ class HybridSimWorker(SimWorker):
         )
 
     def _copy_time(self) -> float:
-        """The step's state copies (no host tier here), in series before its forward."""
-        n = len(self._batch.state_copies)
-        t = n * self._pools.state_copy_s
-        self.state_copies += n
+        """The step's state copies (no host tier here), in series before its forward: a slot
+        read and written each; a save the forward writes inside a chunk costs the write only."""
+        copies = self._batch.state_copies
+        inside = sum(1 for c in copies if c.inside)
+        t = (len(copies) - inside / 2) * self._pools.state_copy_s
+        self.state_copies += len(copies)
         self.state_copy_seconds += t
         return t
 
