@@ -19,8 +19,8 @@ a worker's match at its deepest checkpoint) or checkpoint-blind (``index_states=
 blocks only, as Dynamo's). Each row: hit rate, TTFT p50 / p99, checkpoints saved and restored
 per request, and the predicted tokens the worker did not deliver.
 
-    .venv/bin/python benchmarks/bench_sim_hybrid.py --jobs 2     # Mooncake, 512-token pages
-    .venv/bin/python benchmarks/bench_sim_hybrid.py --quick      # a smoke run (seconds)
+    .venv/bin/python benchmarks/bench_sim_hybrid.py --jobs 2   # Mooncake, 512-token pages, ~25 min
+    .venv/bin/python benchmarks/bench_sim_hybrid.py --quick    # a smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -192,11 +192,11 @@ def main(argv=None) -> int:
     p.add_argument("--default-slots", type=int, default=128,
                    help="state slots a worker in the modes and index rows (default: the "
                    "engine's, 2x max_running; 18.2 GiB of Granite-4.0-H-Small's)")  # fmt: skip
-    p.add_argument("--sweep-slots", type=_ints, default=[64, 128],
+    p.add_argument("--sweep-slots", type=_ints, default=[64, 128, 256],
                    help="state slots a worker the sweep runs")  # fmt: skip
-    p.add_argument("--intervals", type=_ints, default=[1, 2, 4, 16],
+    p.add_argument("--intervals", type=_ints, default=[1, 4, 16],
                    help="intervals the sweep runs, in pages (request ends always)")  # fmt: skip
-    p.add_argument("--blind", type=_ints, default=[0],
+    p.add_argument("--blind", type=_ints, default=[1, 0],
                    help="intervals (pages; 0: request ends) of the blind index's rows")  # fmt: skip
     p.add_argument("--sections", default="modes,index,sweep")
     p.add_argument("--page-size", type=int, default=512)
