@@ -40,6 +40,12 @@ class LeafHeap:
             self.members.add(node)
             self._push(node)
 
+    def lowered(self, node) -> None:
+        """``node``'s priority fell (the one exception to "only grow"): an entry at the new
+        priority; the old one is refreshed or skipped when popped."""
+        if node in self.members:
+            self._push(node)
+
     def discard(self, node) -> None:
         self.members.discard(node)
 

@@ -19,9 +19,9 @@ that it leaves as leaves). A node that a request's lock ends at keeps its checkp
 unlocked, so a lock never ends at a tombstone.
 
 Eviction: KV on the usual leaf LRU (``evict``; a leaf's checkpoint goes with it), checkpoints
-on their own LRU when the state pool is short (``evict_states``; ancestors before descendants
-at equal times): an inner node's checkpoint leaves a tombstone, a leaf's takes the leaf.
-Inserting through a tombstone with a checkpoint at its end gives it the checkpoint back.
+on their own LRU when the state pool is short (``evict_states``; spare ones first, see
+``state_checkpoints``): an inner node's leaves a tombstone, a leaf's takes the leaf. Inserting
+through a tombstone with a checkpoint at its end gives it the checkpoint back.
 
 KV events: the full-attention group as ``RadixCache``'s; and a ``mamba`` group (vLLM's kind,
 group 1) naming the blocks whose end holds a checkpoint: a ``BlockStored`` of the node's last
@@ -92,7 +92,7 @@ class MambaRadixCache(RadixCache):
         """``node``'s checkpoint slot, and whether it is a host slot (a device one first)."""
         slot = self._ckpt.get(node)
         if slot is not None:
-            self._ckpt.touch(node, self._ckpt.tick())
+            self._ckpt.resume(node, self._ckpt.tick())
             return slot, False
         self.host.ckpt.touch(node, self._ckpt.tick())
         return self.host.ckpt.get(node), True
@@ -213,7 +213,8 @@ class MambaRadixCache(RadixCache):
             if cached is None and c < p:
                 cached = c
             if p in states:
-                self._give(self._tree.match(tokens[:p], extra_key)[1], states[p], p, now)
+                self._give(node := self._tree.match(tokens[:p], extra_key)[1], states[p], p, now)
+        self._ckpt.spare_above(node) if states else None  # above its deepest: spare
         return n if cached is None else cached
 
     def _give(self, node: TreeNode, slot: int, end: int, now: int) -> None:
@@ -287,11 +288,10 @@ class MambaRadixCache(RadixCache):
         return sum(1 for n in self._ckpt.lru.members if not direct_locks(n))
 
     def evict_states(self, num_slots: int) -> int:
-        """Free at least ``min(num_slots, evictable_states())`` state slots, least recently
-        used checkpoint first, skipping those where a request's lock ends. With a host tier
-        it moves to a host slot (``MambaHostTier.keep``); where that cannot be had, an inner
-        node becomes a tombstone and a leaf is removed with its KV (and any tombstones it
-        leaves as leaves). Returns the slots freed."""
+        """Free at least ``min(num_slots, evictable_states())`` state slots in ``Checkpoints``'
+        order, but where a request's lock ends. With a host tier a checkpoint moves to a host
+        slot (``MambaHostTier.keep``); else an inner node becomes a tombstone and a leaf goes
+        with its KV (and the tombstones it leaves as leaves). Returns the slots freed."""
         slots: list[int] = []
         pages: list[int] = []
         held: list[TreeNode] = []

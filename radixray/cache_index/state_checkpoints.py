@@ -6,11 +6,16 @@ layer's state after the node's last token. Kept beside the tree rather than on `
 keeps the end on the original node object (``RadixTree._split``), so keying by node stays right
 through splits. Ints only.
 
-Eviction order: least recently *used checkpoint* first (a match touches only the checkpoint it
-resumes from, an insert the ones it gives), and among equal times the shallower first: a
-deeper checkpoint on the same path serves every request the shallower one serves and more.
-Since a chat's next turn resumes from its deepest checkpoint, the ancestors' checkpoints age
-and go before their descendants'.
+Eviction order: *spare* checkpoints first, then least recently *used checkpoint* first (a match
+touches only the checkpoint it resumes from, an insert the ones it gives), and among equal times
+the shallower first: a deeper checkpoint on the same path serves every request the shallower one
+serves and more. A checkpoint is spare once a deeper one is given on its path (``spare``) and
+until a match resumes from it (``resume``): a request leaves a checkpoint every interval, but
+a chat's next turn resumes from the deepest, and an inner one pays only if another request
+branches there, which a match at it shows. Without this, each new request's inner checkpoints,
+the newest of all, pushed out older conversations' deepest ones (leaves, whose KV goes with
+them): in the simulator finer intervals then hit less than checkpoints at request ends only
+(benchmarks/README.md, "Hybrid models in the simulator").
 
 A cache with a host tier keeps two of these (``mamba_host``): the device pool's slots and the
 host state pool's; a node may hold one, the other, both (the same state) or neither.
@@ -39,8 +44,12 @@ class Checkpoints:
         self._access: dict[TreeNode, int] = {}
         self._locks: dict[TreeNode, int] = {}
         self._clock = 0
-        # unlocked checkpoints, in eviction order; priorities only grow (access times)
-        self.lru = LeafHeap(lambda n: (self._access[n], self.end[n]))
+        self._spare: set[TreeNode] = set()  # a deeper one on the path, never resumed from
+        self._resumed: set[TreeNode] = set()  # a match resumed from it: never spare again
+        # unlocked checkpoints, in eviction order; priorities grow (access times, a spare one
+        # resumed from) but for ``spare``, which pushes a fresh entry (LeafHeap's lazy refresh
+        # then skips the stale one)
+        self.lru = LeafHeap(lambda n: (n not in self._spare, self._access[n], self.end[n]))
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -66,12 +75,33 @@ class Checkpoints:
         if node in self.slot:
             self._access[node] = max(self._access[node], now)
 
+    def resume(self, node: TreeNode, now: int) -> None:
+        """A match resumes from ``node``'s checkpoint: used now, and never spare again."""
+        self._resumed.add(node)
+        self._spare.discard(node)
+        self.touch(node, now)
+
+    def spare(self, node: TreeNode) -> None:
+        """A deeper checkpoint was given on ``node``'s path: unless a match has resumed from
+        it, ``node``'s goes before every checkpoint that is not spare."""
+        if node in self.slot and node not in self._resumed and node not in self._spare:
+            self._spare.add(node)
+            if node in self.lru:
+                self.lru.lowered(node)
+
+    def spare_above(self, node: TreeNode) -> None:
+        """``spare`` every checkpoint above ``node`` (given one) on its path."""
+        while (node := node.parent) is not None:
+            self.spare(node)
+
     def drop(self, node: TreeNode) -> int:
         """Take ``node``'s checkpoint away; return its slot (the caller frees it)."""
         if self._locks.get(node):
             raise ValueError(f"checkpoint of {node!r} is locked")
         slot = self.slot.pop(node)
         del self.end[node], self._access[node]
+        self._spare.discard(node)
+        self._resumed.discard(node)
         self.lru.discard(node)
         return slot
 
@@ -103,6 +133,8 @@ class Checkpoints:
         self.slot.clear()
         self.end.clear()
         self._access.clear()
+        self._spare.clear()
+        self._resumed.clear()
         self.lru.clear()
         return slots
 

@@ -122,6 +122,26 @@ def test_match_touches_its_checkpoint_so_ancestors_go_first():
     check(cache)
 
 
+def test_a_paths_inner_checkpoints_are_spare_until_a_match_resumes_there():
+    cache, alloc, states = make(slots=6)
+    _, (b4,) = put(cache, alloc, states, [9, 9, 9, 9], [4])  # an older conversation's end
+    _, (a4, a8, a12) = put(cache, alloc, states, T + [5, 5, 5, 5], [4, 8, 12])
+    # newer than b4, but a4 and a8 are inner points of a path that goes on to 12: spare
+    assert cache.evict_states(1) == 1 and set(cache.cached_slots()) == {b4, a8, a12}
+    # a request branching after 8 resumes there: a8 is not spare any more (and is the newest)
+    m = cache.match_prefix(T + [7, 7])
+    assert (m.num_tokens, m.state_slot) == (8, a8)
+    assert cache.evict_states(1) == 1 and set(cache.cached_slots()) == {a8, a12}  # b4: oldest
+    assert cache.evict_states(1) == 1 and cache.cached_slots() == [a8]  # a12 older than a8
+    check(cache)
+    # a new deeper checkpoint does not make a resumed one spare again
+    put(cache, alloc, states, T + [5, 5, 5, 5, 6, 6], [12, 14])
+    _, (c4,) = put(cache, alloc, states, [8, 8, 8, 8], [4])
+    assert cache.evict_states(1) == 1  # the spare a12 (inner now), not a8 nor the newer c4
+    assert 8 == cache.match_prefix(T + [7]).num_tokens and c4 in cache.cached_slots()
+    check(cache)
+
+
 def test_locks_keep_the_path_and_the_checkpoint():
     cache, alloc, states = make()
     put(cache, alloc, states, T, [4, 8])
