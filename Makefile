@@ -42,6 +42,8 @@ format: $(STAMP)
 # runs, the Triton interpreter, HF references; ~1/3 of the integration pass's serial time, now
 # on both cores), then the other integration tests one at a time (Ray clusters, servers and
 # live benchmarks: two at once contend for the cores and ports; their quick runs failed so).
+# A fresh clone's `.ci/run` (install included) took 601 s on 2026-12-06: 139 s for the first pass,
+# 349 s for the second (10m12s-11m06s the day before, with everything but the units serial).
 # RADIXRAY_HF_LIVE=1: also load the GGUF in HF transformers and compare logits live (~1 min).
 # (Exit status 5 is pytest's "nothing collected": PYTEST_ARGS naming only one kind of test.)
 test: lint
