@@ -112,6 +112,8 @@ class MambaHostTier(HostTier):
         """``node``'s device checkpoint ``slot`` is copied to ``host_slot`` (announced)."""
         self._record(True, [slot], [host_slot], state=True)
         self.ckpt.set(node, host_slot, self.device.end[node], self.device.access(node))
+        if self.device.is_spare(node):  # still spare on the host: it goes first there too
+            self.ckpt.spare(node)
         self.demoted_states += 1
         if self.emit:
             self.emit(state_stored(node, self.P, HOST))

@@ -94,7 +94,7 @@ class MambaRadixCache(RadixCache):
         if slot is not None:
             self._ckpt.resume(node, self._ckpt.tick())
             return slot, False
-        self.host.ckpt.touch(node, self._ckpt.tick())
+        self.host.ckpt.resume(node, self._ckpt.tick())  # (a spare one moved there: not now)
         return self.host.ckpt.get(node), True
 
     # -------------------------------------------------------------- match

@@ -89,6 +89,9 @@ class Checkpoints:
             if node in self.lru:
                 self.lru.lowered(node)
 
+    def is_spare(self, node: TreeNode) -> bool:
+        return node in self._spare
+
     def spare_above(self, node: TreeNode) -> None:
         """``spare`` every checkpoint above ``node`` (given one) on its path."""
         while (node := node.parent) is not None:
