@@ -123,8 +123,9 @@ class MambaHostTier(HostTier):
 
     def make_state_room(self, n: int) -> bool:
         """Free host slots until ``n`` are free: host copies of device checkpoints first, then
-        host checkpoints least recently used first, skipping those where a request's lock ends
-        (as ``evict_states`` does). False when even that is not enough."""
+        host checkpoints in ``Checkpoints``' order (spare ones, then least recently used),
+        skipping those where a request's lock ends (as ``evict_states`` does). False when even
+        that is not enough."""
         held: list[TreeNode] = []
         try:
             while self.slots.num_free < n:
