@@ -92,6 +92,7 @@ class MambaHostTier(HostTier):
         if slot is not None:
             if host_slot is not None:
                 self._adopt(node, slot, host_slot)
+            self._carry_spare(node)
             self.device.drop(node)
             self.device_slots.free([slot])  # its copy out is recorded first
         if not self.has_state(node):
@@ -106,17 +107,22 @@ class MambaHostTier(HostTier):
             if host_slot is None:
                 return False
             self._adopt(node, self.device.get(node), host_slot)
+        self._carry_spare(node)
         return True
 
     def _adopt(self, node: TreeNode, slot: int, host_slot: int) -> None:
         """``node``'s device checkpoint ``slot`` is copied to ``host_slot`` (announced)."""
         self._record(True, [slot], [host_slot], state=True)
         self.ckpt.set(node, host_slot, self.device.end[node], self.device.access(node))
-        if self.device.is_spare(node):  # still spare on the host: it goes first there too
-            self.ckpt.spare(node)
         self.demoted_states += 1
         if self.emit:
             self.emit(state_stored(node, self.P, HOST))
+
+    def _carry_spare(self, node: TreeNode) -> None:
+        """The device checkpoint of ``node`` is dropped for its host one: a spare one (a deeper
+        one on its path, no match resumed from it) stays spare there, to go first there too."""
+        if self.device.is_spare(node):
+            self.ckpt.spare(node)
 
     def _host_slot(self) -> int | None:
         return self.slots.alloc(1)[0] if self.make_state_room(1) else None

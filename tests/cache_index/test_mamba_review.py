@@ -56,3 +56,18 @@ def test_a_match_resuming_from_a_spare_host_checkpoint_makes_it_not_spare():
     assert cache.match_prefix(B + [15]).num_tokens == 0
     m = cache.match_prefix([1, 2, 3, 4, 99])
     assert (m.num_tokens, m.state_slot, m.state_host) == (4, 0, True)
+
+
+def test_a_device_checkpoint_marked_spare_after_its_host_copy_was_made_leaves_it_spare():
+    cache, alloc, states = make()
+    put(cache, alloc, states, B, [4])
+    put(cache, alloc, states, A[:4], [4])
+    assert cache.evict_states(2) == 2  # B's 4 to host slot 0, A's 4 to host slot 1
+    put(cache, alloc, states, A, [4, 8])  # A's 4 on the device again (spare now), and its 8
+    assert cache.evict_states(1) == 1  # the spare device A 4 goes: its host copy is kept
+    assert cache.evict_states(1) == 1  # A's 8 needs a host slot: the spare A 4 gives its own
+    cache.check_integrity(held_pages=[], held_slots=[])
+    b = cache.match_prefix(B + [15])
+    assert (b.num_tokens, b.state_slot, b.state_host) == (4, 0, True)  # B's deepest is kept
+    a = cache.match_prefix(A + [9])
+    assert (a.num_tokens, a.state_slot, a.state_host) == (8, 1, True)
