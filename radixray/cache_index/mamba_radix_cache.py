@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .cache_contract import MatchResult, check_free_and_held
+from .checkpoint_walk import store_segment, walk_to_positions
 from .events import MAMBA, BlockRemoved, KVEvent
 from .ghost import GhostList
 from .host_tier import HOST
@@ -206,22 +207,23 @@ class MambaRadixCache(RadixCache):
                 f"insert of {n} tokens with its last checkpoint at {last}: a new leaf would "
                 "have no checkpoint (insert only up to the last checkpoint)"
             )
-        cached = None
-        now = self._ckpt.tick()
-        for p in sorted(states) or [n]:
-            c = super().insert(tokens[:p], pages[: p // P], extra_key, block_hashes)
-            if cached is None and c < p:
-                cached = c
-            if p in states:
-                self._give(node := self._tree.match(tokens[:p], extra_key)[1], states[p], p, now)
-        self._ckpt.spare_above(node) if states else None  # above its deepest: spare
-        return n if cached is None else cached
+        now, mark = self._ckpt.tick(), len(self._events)
+        if not states:  # only host-only nodes on the cached path can adopt pages
+            return super().insert(tokens, pages, extra_key, block_hashes)
+        c = super().insert(tokens[:last], pages[: last // P], extra_key, block_hashes)
+        del self._events[mark:]  # re-emitted: a BlockStored per segment between checkpoints
+        events = self._events if self.enable_events else None
+        for p, node, seg in walk_to_positions(self._tree, tokens, extra_key, sorted(states), c):
+            store_segment(seg, P, self._ghost, events, self.medium)
+            self._give(node, states[p], p, now)
+        self._ckpt.spare_above(node)  # above its deepest: spare
+        return n if c >= last else c
 
     def _give(self, node: TreeNode, slot: int, end: int, now: int) -> None:
         if self._ckpt.get(node) is None:
             self._ckpt.set(node, slot, end, now)
             if self.enable_events:
-                self._events.append(self._state_event(node))
+                self._events.append(state_stored(node, self.page_size, self.medium))
         else:  # the same state after the same tokens is there already
             self._ckpt.touch(node, now)
             self.state_allocator.free([slot])
@@ -331,13 +333,11 @@ class MambaRadixCache(RadixCache):
             node = parent
         return pages
 
-    def _state_event(self, node: TreeNode) -> KVEvent:
-        return state_stored(node, self.page_size, self.medium)
-
     def snapshot_events(self) -> list[KVEvent]:
         """``RadixCache``'s, then the mamba group's store of every checkpointed block (the
         host's on the host medium)."""
-        events = super().snapshot_events() + [self._state_event(n) for n in self._ckpt.slot]
+        events = super().snapshot_events()
+        events += [state_stored(n, self.page_size, self.medium) for n in self._ckpt.slot]
         if self.host is not None:
             events += [state_stored(n, self.page_size, HOST) for n in self.host.ckpt.slot]
         return events

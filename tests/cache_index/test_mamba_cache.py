@@ -244,3 +244,43 @@ def test_the_index_lru_bound_drops_a_trimmed_blocks_checkpoint_mark():
     assert index._states.held("w") == {h[1], h[3]}
     index.insert("w", hash_blocks([9, 9, 9, 9, 9, 9], 2))  # 3 new blocks: 3 of 4 trimmed
     assert index._states.held("w") <= set(index._lru["w"])
+
+
+def _tree(cache):
+    """Every node as (its path's tokens, pages, hashes, checkpoint slot), in path order."""
+    rows = []
+    for node in cache._tree.iter_nodes():
+        path, n = [], node
+        while n.parent is not None:
+            path[:0] = n.key
+            n = n.parent
+        rows.append((tuple(path), node.pages, node.hashes, cache.state_at(node)))
+    return sorted(rows)
+
+
+def test_one_insert_of_checkpoints_equals_an_insert_per_checkpoint():
+    # (1 2 3 4 5 6 7 8) is one node with a checkpoint at 8; the request checkpoints at 4
+    # (inside it: a split), 8 (its end: a duplicate, freed), 10 and 14 (a new leaf, split).
+    R = T + [11, 12, 13, 14, 15, 16]
+    caches = []
+    for _ in range(2):
+        alloc, states = PageAllocator(32), PageAllocator(8)
+        cache = MambaRadixCache(2, alloc, states, enable_events=True)
+        put(cache, alloc, states, T, [8])
+        cache.take_events()
+        caches.append((cache, alloc, states, alloc.alloc(7), states.alloc(4)))
+    at = [4, 8, 10, 14]
+    one, alloc1, states1, pages, slots = caches[0]
+    got = one.insert(R, pages, states=dict(zip(at, slots, strict=True)))
+    each, alloc2, states2, pages2, slots2 = caches[1]
+    assert (pages2, slots2) == (pages, slots)
+    per_position = zip(at, slots, strict=True)
+    rets = [each.insert(R[:p], pages[: p // 2], states={p: s}) for p, s in per_position]
+    assert rets == [4, 8, 8, 10] and got == 8  # the first insert that found new tokens
+    assert _tree(one) == _tree(each)
+    assert _tree(one)[-1] == (tuple(R), pages[5:], hash_blocks(R, 2)[-2:], slots[3])
+    assert one.take_events() == each.take_events()
+    assert states1.free_pages() == states2.free_pages()  # the duplicate at 8 freed alike
+    assert states1.num_free == 8 - 4  # 3 new checkpoints and the one before
+    check(one, held_pages=pages[:4])
+    check(each, held_pages=pages[:4])
