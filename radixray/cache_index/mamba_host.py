@@ -74,6 +74,12 @@ class MambaHostTier(HostTier):
     def has_state(self, node: TreeNode) -> bool:
         return self.device.get(node) is not None or self.ckpt.get(node) is not None
 
+    def spare_above(self, node: TreeNode) -> None:
+        """``Checkpoints.spare_above`` on both tiers: a host-only checkpoint above a deeper one
+        just given is spare too (a request went past it without resuming there)."""
+        self.device.spare_above(node)
+        self.ckpt.spare_above(node)
+
     # ------------------------------------------------------------------ moves
 
     def demote(self, node: TreeNode) -> list[int] | None:

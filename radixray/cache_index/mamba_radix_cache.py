@@ -216,7 +216,7 @@ class MambaRadixCache(RadixCache):
         for p, node, seg in walk_to_positions(self._tree, tokens, extra_key, sorted(states), c):
             store_segment(seg, P, self._ghost, events, self.medium)
             self._give(node, states[p], p, now)
-        self._ckpt.spare_above(node)  # above its deepest: spare
+        (self.host or self._ckpt).spare_above(node)  # above its deepest, either tier: spare
         return n if c >= last else c
 
     def _give(self, node: TreeNode, slot: int, end: int, now: int) -> None:

@@ -71,3 +71,17 @@ def test_a_device_checkpoint_marked_spare_after_its_host_copy_was_made_leaves_it
     assert (b.num_tokens, b.state_slot, b.state_host) == (4, 0, True)  # B's deepest is kept
     a = cache.match_prefix(A + [9])
     assert (a.num_tokens, a.state_slot, a.state_host) == (8, 1, True)
+
+
+def test_a_host_only_checkpoint_above_a_deeper_one_given_is_spare():
+    cache, alloc, states = make()
+    put(cache, alloc, states, B, [4])
+    put(cache, alloc, states, A[:4], [4])
+    assert cache.evict_states(2) == 2  # B's 4 to host slot 0, A's 4 to host slot 1
+    put(cache, alloc, states, A, [8])  # a request went past A's 4 without resuming there
+    assert cache.evict_states(1) == 1  # A's 8 needs a host slot: the spare host A 4 gives it
+    cache.check_integrity(held_pages=[], held_slots=[])
+    b = cache.match_prefix(B + [15])
+    assert (b.num_tokens, b.state_slot, b.state_host) == (4, 0, True)  # B's deepest is kept
+    a = cache.match_prefix(A + [9])
+    assert (a.num_tokens, a.state_slot, a.state_host) == (8, 1, True)
