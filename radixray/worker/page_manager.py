@@ -117,8 +117,10 @@ class PageManager:
         it: the copies are recorded in the cache for the engine), else the request starts from
         the device prefix alone. Returns the match it starts from (``num_tokens`` of it are
         computed), or None (nothing changed) when not even that fits."""
-        if len(m.host_pages) >= MIN_LOAD_PAGES and m.host_node is not None:
-            loaded = self._admit_loading(req, m, budget)
+        if m.host_node is not None:  # a host continuation: loaded back, or left behind
+            loaded = (
+                self._admit_loading(req, m, budget) if len(m.host_pages) >= MIN_LOAD_PAGES else None
+            )
             if loaded is not None:
                 return loaded
             device_part = getattr(self.cache, "device_part", None)
