@@ -21,11 +21,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_kernels
+
+from bench_kernels import _L2_FLUSH_BYTES, _cuda_time_ms  # noqa: E402
 
 from radixray.kernels.state_reference import causal_conv1d_update, ssd_update  # noqa: E402
 
@@ -93,22 +97,6 @@ def _triton_fns():
     return conv, ssd
 
 
-def _cuda_us(fn, t: dict, reps: int, flush: torch.Tensor) -> float:
-    """Median microseconds of fn(t), CUDA events, L2 flushed before each rep."""
-    fn(t)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(t)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
-
-
 def _check(name: str, ref, fast, t: dict, pool: str) -> None:
     """One call of each on copies of the same inputs: outputs and pools agree."""
     a = {k: v.clone() for k, v in t.items()}
@@ -121,7 +109,7 @@ def _check(name: str, ref, fast, t: dict, pool: str) -> None:
 
 def run_gpu(reps: int) -> None:
     conv, ssd = _triton_fns()
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     print(torch.cuda.get_device_name(), "| Granite-4.0-H Mamba2 layer, decode update")
     rows = []
     for batch in BATCHES:
@@ -129,7 +117,7 @@ def run_gpu(reps: int) -> None:
         _check("conv", ref_conv, conv, t, "conv")
         _check("ssd", ref_ssd, ssd, t, "ssm")
         for name, ref, fast in (("conv", ref_conv, conv), ("ssd", ref_ssd, ssd)):
-            r, f = _cuda_us(ref, t, reps, flush), _cuda_us(fast, t, reps, flush)
+            r, f = (1000 * _cuda_time_ms(partial(fn, t), reps, flush) for fn in (ref, fast))
             gbs = 2 * batch * H * P * N * 4 / (f * 1e-6) / 1e9 if name == "ssd" else None
             rows.append((batch, name, r, f, gbs))
     print("\n| batch | update | reference µs | triton µs | speed-up | triton GB/s (SSM state) |")
