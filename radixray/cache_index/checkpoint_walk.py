@@ -3,21 +3,19 @@
 ``MambaRadixCache.insert`` inserts a request's prefix once, up to its last checkpoint, and
 then needs, for every checkpoint position ``p``, the node ending exactly at ``p`` (splitting
 the node that ``p`` falls inside) and the nodes between the previous position and ``p`` that
-got device pages from this insert (their ``BlockStored`` event, one per segment as an insert
-per position gave). Walking the path once costs O(depth + checkpoints); an insert and a match
-per position cost O(checkpoints * depth), which at per-page intervals dominated the
-simulator's hybrid runs.
+got device pages from this insert (``RadixCache._stored`` gives them their ``BlockStored``,
+one per segment as an insert per position gave). Walking the path once costs
+O(depth + checkpoints); an insert and a match per position cost O(checkpoints * depth), which
+at per-page intervals dominated the simulator's hybrid runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .events import BlockStored, KVEvent
-from .ghost import GhostList
 from .radix_tree import RadixTree, TreeNode
 
-__all__ = ["walk_to_positions", "store_segment"]
+__all__ = ["walk_to_positions"]
 
 
 def walk_to_positions(
@@ -45,22 +43,3 @@ def walk_to_positions(
             node = child
         out.append((p, node, seg))
     return out
-
-
-def store_segment(
-    seg: list[TreeNode],
-    page_size: int,
-    ghost: GhostList,
-    events: list[KVEvent] | None,
-    medium: str | None,
-) -> None:
-    """A chain of nodes that just got device pages (none: nothing to do): its last node's
-    blocks leave the ghost list and, with ``events``, its ``BlockStored`` is appended, as
-    ``RadixCache.insert`` does for the nodes of one insert."""
-    if not seg:
-        return
-    ghost.discard(seg[-1].hashes)
-    if events is not None:
-        hashes = [h for n in seg for h in n.hashes]
-        key = [t for n in seg for t in n.key]
-        events.append(BlockStored(hashes, seg[0].parent.last_hash, key, page_size, medium))

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .cache_contract import MatchResult, check_free_and_held
-from .checkpoint_walk import store_segment, walk_to_positions
+from .checkpoint_walk import walk_to_positions
 from .events import MAMBA, BlockRemoved, KVEvent
 from .ghost import GhostList
 from .host_tier import HOST
@@ -212,9 +212,8 @@ class MambaRadixCache(RadixCache):
             return super().insert(tokens, pages, extra_key, block_hashes)
         c = super().insert(tokens[:last], pages[: last // P], extra_key, block_hashes)
         del self._events[mark:]  # re-emitted: a BlockStored per segment between checkpoints
-        events = self._events if self.enable_events else None
         for p, node, seg in walk_to_positions(self._tree, tokens, extra_key, sorted(states), c):
-            store_segment(seg, P, self._ghost, events, self.medium)
+            self._stored(seg)
             self._give(node, states[p], p, now)
         (self.host or self._ckpt).spare_above(node)  # above its deepest, either tier: spare
         return n if c >= last else c

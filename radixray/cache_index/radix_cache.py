@@ -109,15 +109,21 @@ class RadixCache(PrefixCache):
 
         tokens = token_ids if type(token_ids) is list else list(token_ids)
         cached, stored = self._tree.insert(tokens, list(pages), hash_fn, extra_key)
-        if stored:
-            # host-only nodes on the path adopt the caller's pages, then the new leaf: one chain
-            hashes = [h for n in stored for h in n.hashes]
-            self._ghost.discard(stored[-1].hashes)
-            if self.enable_events:
-                parent_hash = stored[0].parent.last_hash
-                key = [t for n in stored for t in n.key]
-                self._events.append(BlockStored(hashes, parent_hash, key, P, self.medium))
+        # host-only nodes on the path adopt the caller's pages, then the new leaf: one chain
+        self._stored(stored)
         return cached
+
+    def _stored(self, chain: list[TreeNode]) -> None:
+        """A chain of nodes that just got device pages (none: nothing to do): its blocks leave
+        the ghost list and, with events on, one ``BlockStored`` names them."""
+        if not chain:
+            return
+        self._ghost.discard(chain[-1].hashes)
+        if self.enable_events:
+            hashes = [h for n in chain for h in n.hashes]
+            key = [t for n in chain for t in n.key]
+            parent = chain[0].parent.last_hash
+            self._events.append(BlockStored(hashes, parent, key, self.page_size, self.medium))
 
     def lock(self, node: TreeNode) -> None:
         self._tree.lock(node)
