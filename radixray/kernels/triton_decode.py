@@ -190,22 +190,47 @@ def _decode_merge_kernel(
     )
 
 
+# Split-kernel programs an SM runs at once. bf16, head_dim 128 on sm_90 (``bench_kernels.py
+# --compile-check 90``, Triton 3.6-3.9): 96-113 registers x 128 threads, so 4 fit in the 64K
+# register file (5 at 96); the 3-stage load pipeline's ~38 KB of shared memory would allow 5.
+_PROGRAMS_PER_SM = 4
+
+
 @functools.lru_cache(maxsize=8)
 def _num_programs_to_fill(device: torch.device) -> int:
-    """Programs that keep every SM busy: two waves of one program per SM."""
+    """Programs that fill every SM's resident slots at once (one wave)."""
     if device.type != "cuda":
         return 8  # the interpreter: a few splits, so the merge path is exercised on CPU too
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits_for(batch: int, kv_heads: int, max_len: int, block_n: int, programs: int) -> int:
+    """The split count for ``batch`` sequences of at most ``max_len`` tokens over ``kv_heads``
+    KV heads, when ``programs`` programs fill the device: as many splits as batch * kv_heads *
+    splits stays within ``programs`` (one wave: a program past it would wait for a slot and run
+    in a tail), each split keeping at least _MIN_CHUNKS_PER_SPLIT chunks of ``block_n`` tokens,
+    at most _MAX_SPLITS.
+
+    Why a full wave of resident programs (``_PROGRAMS_PER_SM`` per SM), not one or two per SM:
+    a decode split streams its K/V and does little arithmetic, so its bandwidth is the bytes in
+    flight, i.e. the programs resident at once. The first GPU run (H200, 132 SMs, eager,
+    benchmarks/README.md) read 1 x 4k and 1 x 32k with the same 264 programs (2 per SM, the
+    rule then): the extra 117 MB of the longer context cost 0.092 ms, a marginal 1.3 TB/s (30%
+    of the copy), where 16 and 64 sequences (384 and 512 programs) read their extra bytes at
+    ~4.3-4.5 TB/s (and 64 x 32k at 93% in all). At 132 SMs one sequence of Hkv = 8 now takes 64
+    splits (the cap; 512 programs) at 32k, where it took 33 (one of them empty). A 4k sequence
+    keeps 32 (two chunks a split); in a CUDA graph ``max_len`` is the static block table's width
+    (the engine's ``max_model_len``), not the length on the device, so a 4k sequence in a 32k
+    graph gets 64 splits of one chunk each."""
+    want = programs // max(1, batch * kv_heads)
+    useful = triton.cdiv(max_len, block_n * _MIN_CHUNKS_PER_SPLIT)
+    return max(1, min(want, useful, _MAX_SPLITS))
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_len: int, block_n: int, device) -> int:
-    """Enough splits that batch * kv_heads * splits fills the device, but each split keeps at
-    least _MIN_CHUNKS_PER_SPLIT chunks of work. ``max_len`` is an upper bound (from the block
+    """:func:`num_splits_for` on ``device``. ``max_len`` is an upper bound (from the block
     table's width), so no device sync is needed."""
-    programs = max(1, batch * kv_heads)
-    want = triton.cdiv(_num_programs_to_fill(device), programs)
-    useful = triton.cdiv(max_len, block_n * _MIN_CHUNKS_PER_SPLIT)
-    return max(1, min(want, useful, _MAX_SPLITS))
+    return num_splits_for(batch, kv_heads, max_len, block_n, _num_programs_to_fill(device))
 
 
 def _launch_config(head_dim: int, group: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
