@@ -287,13 +287,13 @@ def run_compile_check(arch: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from radixray.kernels import triton_decode, triton_extend, triton_store
+    from radixray.kernels import triton_decode, triton_extend, triton_rope_store, triton_store
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     target = GPUTarget("cuda", arch, 32)
     tl_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
-    def compile_one(fn, types: dict, consts: dict, num_warps: int) -> str:
+    def compile_one(fn, types: dict, consts: dict, num_warps: int, **options) -> str:
         signature = {n: types.get(n, "i32") for n in fn.arg_names}
         signature.update(dict.fromkeys(consts, "constexpr"))
         attrs = {
@@ -303,7 +303,7 @@ def run_compile_check(arch: int) -> None:
         }
         constexprs = {(fn.arg_names.index(n),): v for n, v in consts.items()}
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        kernel = triton.compile(src, target=target, options={"num_warps": num_warps})
+        kernel = triton.compile(src, target=target, options={"num_warps": num_warps, **options})
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(kernel.asm["cubin"])
         usage = subprocess.run(
@@ -341,6 +341,23 @@ def run_compile_check(arch: int) -> None:
         consts = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}
         res = compile_one(triton_store._store_kv_kernel, types, consts, 4)
         print(f"| store_kv | {t} | 128 | {res} |")
+        _compile_rope_store(compile_one, triton_rope_store, t)
+
+
+def _compile_rope_store(compile_one, rs, t: str) -> None:
+    """RoPE + KV store at SmolLM2's heads (9/3 x 64), Qwen3-8B's with its qk-norm (32/8 x 128)
+    and 64 query heads (two inner head blocks), as the wrapper launches it (no FMA)."""
+    types = dict.fromkeys(("qkv_ptr", "q_norm_ptr", "k_norm_ptr", "q_out_ptr"), f"*{t}")
+    types |= dict.fromkeys(("k_cache_ptr", "v_cache_ptr"), f"*{t}")
+    types |= dict.fromkeys(("positions_ptr", "slot_mapping_ptr"), "*i64")
+    types |= {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "eps": "fp32"}
+    for Hq, Hkv, D, qk_norm in ((9, 3, 64, False), (32, 8, 128, True), (64, 8, 128, False)):
+        block_h, block_half, num_warps = rs.launch_config(max(Hq, Hkv), D)
+        consts = {"NUM_Q_HEADS": Hq, "NUM_KV_HEADS": Hkv, "HALF": D // 2, "PAGE_SIZE": 16}
+        consts |= {"QK_NORM": qk_norm, "BLOCK_H": block_h, "BLOCK_HALF": block_half}
+        res = compile_one(rs._rope_store_kernel, types, consts, num_warps, enable_fp_fusion=False)
+        what = f"rope_store {Hq}/{Hkv} heads{' qk-norm' if qk_norm else ''}"
+        print(f"| {what} | {t} | {D} | {res} |")
 
 
 def main() -> None:

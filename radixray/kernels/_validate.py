@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_cache", "check_decode", "check_extend", "check_store", "check_window"]
+__all__ = [
+    "check_cache",
+    "check_decode",
+    "check_extend",
+    "check_rope_store",
+    "check_store",
+    "check_window",
+]
 
 
 def _fail(msg: str) -> None:
@@ -95,6 +102,44 @@ def check_store(k, v, k_cache, v_cache, slot_mapping) -> None:
         if t.stride(-1) != 1:
             _fail(f"{name} must have a contiguous last (head_dim) axis, strides {t.stride()}")
     _check_int_vector("slot_mapping", slot_mapping, k.shape[0], k_cache.device)
+
+
+def check_rope_store(
+    qkv, positions, slot_mapping, cos, sin, k_cache, v_cache, num_heads, q_norm, k_norm
+) -> tuple[int, int]:
+    """triton_rope_store.rope_store's arguments; returns (Hkv, D), the pool's."""
+    _, _, Hkv, D = check_cache(k_cache, v_cache)
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads % Hkv:
+        _fail(f"num_heads must be a positive multiple of the cache's Hkv={Hkv}, got {num_heads!r}")
+    width = (num_heads + 2 * Hkv) * D
+    if qkv.dim() != 2 or qkv.shape[1] != width:
+        _fail(f"qkv must be [T, (num_heads={num_heads} + 2 * Hkv={Hkv}) * D={D}] = [T, {width}], "
+              f"got {tuple(qkv.shape)}")  # fmt: skip
+    if qkv.dtype != k_cache.dtype or qkv.device != k_cache.device:
+        _fail(f"qkv must be {k_cache.dtype} on {k_cache.device} (the cache's), got {qkv.dtype} "
+              f"on {qkv.device}")  # fmt: skip
+    if qkv.stride(-1) != 1:
+        _fail(f"qkv must have a contiguous last axis, strides {qkv.stride()}")
+    if D % 2:
+        _fail(f"head_dim must be even for rotate-half RoPE, got {D}")
+    T = qkv.shape[0]
+    _check_int_vector("positions", positions, T, qkv.device)
+    _check_int_vector("slot_mapping", slot_mapping, T, qkv.device)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 2 or t.shape[1] != D // 2 or t.dtype != torch.float32:
+            _fail(f"{name} must be float32 [max_positions, D/2={D // 2}], got {t.dtype} "
+                  f"{tuple(t.shape)}")  # fmt: skip
+        if t.device != qkv.device or t.stride(-1) != 1:
+            _fail(f"{name} must be on {qkv.device} with a contiguous last axis")
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        _fail(f"sin {tuple(sin.shape)} must be laid out as cos {tuple(cos.shape)}")
+    if (q_norm is None) != (k_norm is None):
+        _fail("q_norm and k_norm must both be given (qk_norm) or both be None")
+    for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if w is not None and (w.shape != (D,) or w.dtype != qkv.dtype or w.device != qkv.device):
+            _fail(f"{name} must be [{D}] {qkv.dtype} on {qkv.device}, got {tuple(w.shape)} "
+                  f"{w.dtype} on {w.device}")  # fmt: skip
+    return Hkv, D
 
 
 def check_window(window) -> None:
