@@ -32,7 +32,7 @@ from radixray.protocol import (
     WorkerCounters,
 )
 
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import Detokenizers
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
 from .live import Live, LiveRequests, Sink
@@ -93,6 +93,7 @@ class Engine:
         self.broken: str | None = None  # why the engine stopped for good (state unknown)
         self._live = LiveRequests(self.meter, self.sampler)  # what it serves, by sample id
         self._stop_ids = stop_ids
+        self._detokenizer = Detokenizers(tokenizer, mcfg.vocab_size)  # a request's text
         self.structured = StructuredOutput(tokenizer, mcfg.vocab_size)
         self.loop = EngineLoop(self)
         self.overlap = OverlapStepper(self, self.device) if config.overlapped(self.device) else None
@@ -106,10 +107,6 @@ class Engine:
         matcher = self.structured.matcher(req.params.grammar)  # a bad grammar is a 400 here
         self.scheduler.add(req)
         self._live.add(Live(req, self._detokenizer(req), sink, matcher=matcher))
-
-    def _detokenizer(self, req: Request) -> IncrementalDetokenizer:
-        decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: "")
-        return IncrementalDetokenizer(decode, req.params.stop, req.params.min_tokens)
 
     def add_request(
         self,
