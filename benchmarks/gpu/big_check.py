@@ -21,6 +21,9 @@ one run, on one card:
 - **ttft**: a 4k prompt cold, and with 90% of it cached.
 - **hf**: HF transformers on the same card and weights, decoding with a static cache at batch 1
   and 8 x 1k, beside radixray's figure (the peer of the same run; eager, no target).
+- **sim_timing**: the simulator's ``TimingModel`` fitted at the 8B shapes as ``radixray sim
+  calibrate`` fits it (``sim_timing.py``, ~75 s at most), written beside ``--json`` as
+  ``timing_<card>_<date>_<shapes>.json`` (``radixray sim --timing FILE`` reads it).
 - **offline** at Qwen3-0.6B's shapes: nano-vllm's ``bench.py`` workload (256 sequences of random
   ids, input and output lengths uniform in 100-1,024, temperature 0.6, EOS ignored): output
   tokens/s (issue 43: >= 13,000 on an H100).
@@ -47,6 +50,9 @@ from radixray.worker import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixray.worker.model.linear import pack_linears  # noqa: E402
 from radixray.worker.model.llama import LlamaModel  # noqa: E402
 from radixray.worker.model.loader import random_hf_state_dict  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sim_timing  # noqa: E402
 
 LLAMA_8B = ModelConfig(
     vocab_size=128256,
@@ -325,7 +331,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="CPU, tiny model, small sizes")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--steps", type=int, default=24, help="decode steps measured a row")
+    ap.add_argument("--timing-dir", type=Path, help="the timing JSON's folder (--json's)")
     args = ap.parse_args()
+    args.timing_dir = args.timing_dir or (args.json.parent if args.json else None)
     device = "cpu" if args.quick else "cuda"
     big = tiny_config() if args.quick else LLAMA_8B
     small = tiny_config(tie_word_embeddings=True) if args.quick else QWEN3_06B
@@ -367,6 +375,14 @@ def main() -> int:
         f"({t['cached']['cached_tokens']} tokens cached)",
         flush=True,
     )
+    print(f"\n{big.name}: the simulator's timing model", flush=True)
+    try:  # the fit's failure is recorded; the rest still runs
+        t = sim_timing.fit_and_write(loaded, device, args.quick, args.timing_dir or Path.cwd())
+        out["sim_timing"] = t
+        print(sim_timing.report(t), flush=True)
+    except Exception as e:
+        out["sim_timing"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"sim timing failed: {out['sim_timing']['error']}", flush=True)
     del loaded
     if device == "cuda":
         torch.cuda.empty_cache()

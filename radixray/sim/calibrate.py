@@ -19,18 +19,22 @@ how the copies meet the forward (``overlap_layers``: the model's layers on CUDA,
 
 Each probe runs once to warm up, then is measured (``--quick``, for tests: the fastest of three
 runs, the least disturbed on a busy machine). The output is a JSON file of
-``TimingModel`` fields plus a fit report; ``radixray sim --timing FILE`` reads it.
+``TimingModel`` fields plus a fit report; ``radixray sim --timing FILE`` reads it. The GPU kit
+(``benchmarks/gpu/sim_timing.py``) runs the same probes and fit at an 8B model's shapes on a
+card (``PROBES["gpu"]``, with a deadline past which the probes left are skipped).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from radixray.settings import add_arguments, from_args
 from radixray.worker.engine_config import EngineConfig
@@ -41,9 +45,35 @@ from .timing import TimingModel
 _ENGINE_FLAGS = ("model", "max_batch_tokens", "max_running", "cpu_threads", "device", "host_pages")
 _PROBE_HOST_PAGES = 64  # the host tier a calibration gives the engine unless told
 
-__all__ = ["fit_timing", "main", "probe_engine", "probe_copies"]
+__all__ = ["PROBES", "ProbeSizes", "fit_timing", "main", "probe_and_fit", "probe_engine",
+           "probe_copies", "timing_record"]  # fmt: skip
 
 Sample = tuple[int, int, int, int, float]
+
+
+class ProbeSizes(NamedTuple):
+    """What :func:`probe_engine` runs: cold prefills of ``lengths`` tokens (and 64 new tokens on
+    each but the first cached), decode batches of ``batches`` x ``contexts`` for
+    ``decode_tokens`` tokens; each probe measured ``runs`` times (the fastest kept)."""
+
+    lengths: tuple[int, ...]
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    decode_tokens: int
+    runs: int
+
+
+PROBES = {
+    # still four prefill sizes, so that one disturbed measurement cannot decide the per-token
+    # slope; and the fastest of three runs (the least disturbed on a busy machine)
+    "quick": ProbeSizes((64, 256, 512, 1024), (1, 4), (64,), 8, 3),
+    "full": ProbeSizes((64, 256, 512, 1024, 2048), (1, 4, 8, 16, 32), (64, 512), 16, 1),
+    # an 8B model on one GPU (benchmarks/gpu/big_check.py, ~1 minute): prompts to 6k (its
+    # context is 8k), decode batches to 32 over 512 and 2k tokens (a step at 8B is ~10 ms: the
+    # terms show above its fixed cost only at such sizes); one run each, as a GPU is not shared.
+    # Most of the time is the decode probes' prompts: ~260k prefill tokens in all
+    "gpu": ProbeSizes((256, 1024, 2048, 4096, 6144), (1, 8, 32), (512, 2048), 16, 1),
+}
 
 
 def fit_timing(
@@ -93,12 +123,19 @@ def fit_timing(
 
 
 def probe_engine(
-    engine, quick: bool = False, progress: Callable[[str], None] | None = None
+    engine,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+    sizes: ProbeSizes | None = None,
+    deadline: float | None = None,
 ) -> list[Sample]:
-    """Drive ``engine`` (an idle ``radixray.worker.Engine``) through the probes; return the step
-    samples of each probe's measured run (after a warm-up run)."""
+    """Drive ``engine`` (an idle ``radixray.worker.Engine``) through the probes (``sizes``, else
+    ``PROBES["quick"]`` or ``["full"]``); return the step samples of each probe's measured runs
+    (after a warm-up run). Past ``deadline`` (``time.monotonic()``) the probes left are skipped:
+    they alternate prefill and decode, so a cut list still spans both."""
     from radixray.protocol import SamplingParams
 
+    sizes = sizes or PROBES["quick" if quick else "full"]
     vocab = engine.model_config.vocab_size
     limit = engine.max_model_len - 32
     rng = random.Random(0)
@@ -106,37 +143,36 @@ def probe_engine(
     def fresh(n: int) -> list[int]:  # token ids no earlier prompt started with: no cache hits
         return [rng.randrange(10, vocab) for _ in range(min(n, limit))]
 
-    # quick: still four prefill sizes, so that one disturbed measurement cannot decide the
-    # per-token slope; and the fastest of three runs (the least disturbed on a busy machine)
-    lengths = (64, 256, 512, 1024) if quick else (64, 256, 512, 1024, 2048)
-    runs = 3 if quick else 1
-    batches = (1, 4) if quick else (1, 4, 8, 16, 32)
-    contexts = (64,) if quick else (64, 512)
     one = SamplingParams(max_tokens=1, temperature=0.0)
-    decode = SamplingParams(max_tokens=8 if quick else 16, temperature=0.0, ignore_eos=True)
-    probes: list[tuple[str, Callable[[], None]]] = []
-    for n in lengths:
-        probes.append((f"prefill {n}", lambda n=n: engine.generate_batch([fresh(n)], one)))
-    for n in lengths[1:]:
+    decode = SamplingParams(max_tokens=sizes.decode_tokens, temperature=0.0, ignore_eos=True)
+    prefills: list[tuple[str, Callable[[], None]]] = []
+    for n in sizes.lengths:
+        prefills.append((f"prefill {n}", lambda n=n: engine.generate_batch([fresh(n)], one)))
+    for n in sizes.lengths[1:]:
 
         def cached(n=n):
             prefix = fresh(n)
             engine.generate_batch([prefix], one)
             engine.generate_batch([prefix + fresh(64)], one)
 
-        probes.append((f"64 new on {n} cached", cached))
-    for b in batches:
-        for ctx in contexts:
-            probes.append(
-                (f"decode {b} x {ctx}", lambda b=b, ctx=ctx: engine.generate_batch(
-                    [fresh(ctx) for _ in range(b)], decode)),
-            )  # fmt: skip
+        prefills.append((f"64 new on {n} cached", cached))
+    decodes = [
+        (f"decode {b} x {ctx}", lambda b=b, ctx=ctx: engine.generate_batch(
+            [fresh(ctx) for _ in range(b)], decode))
+        for b in sizes.batches for ctx in sizes.contexts
+    ]  # fmt: skip
+    # alternated (the same probes as one list after the other, in another order)
+    probes = [p for pair in itertools.zip_longest(prefills, decodes) for p in pair if p]
     samples: list[Sample] = []
     log = engine.meter.step_log
-    for name, run in probes:
+    for i, (name, run) in enumerate(probes):
+        if deadline is not None and time.monotonic() > deadline:
+            if progress:
+                progress(f"out of time: {len(probes) - i} of {len(probes)} probes skipped")
+            break
         run()  # warm-up
         best: tuple[float, list[Sample]] | None = None
-        for _ in range(runs):
+        for _ in range(sizes.runs):
             log.clear()
             t0 = time.perf_counter()
             run()
@@ -187,23 +223,34 @@ def probe_copies(engine, quick: bool = False) -> dict[str, float]:
     }
 
 
+def timing_record(timing: TimingModel, report: dict, samples: Sequence, **about) -> dict:
+    """The JSON that ``radixray sim --timing FILE`` reads: ``timing``'s fields, the fit's report
+    with ``about`` (what was measured, where and when) and the step samples it was fitted to."""
+    return timing.to_dict() | {"fit": report | about, "samples": [list(s) for s in samples]}
+
+
 _ROUNDS = 3  # measurements of every probe before a fit that still fails is an error
 
 
-def _probe_and_fit(engine, args) -> tuple[list[Sample], TimingModel, dict]:
-    """Probe ``engine`` and fit; measure again (up to ``_ROUNDS`` in all) when the samples fit
-    no positive cost per prefill token: on a busy machine another process's burst can outweigh
-    the slope between prefill sizes, and a later round usually sees it. The last round's
-    ValueError stands."""
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+def probe_and_fit(
+    engine,
+    sizes: ProbeSizes,
+    say: Callable[[str], None],
+    deadline: float | None = None,
+) -> tuple[list[Sample], TimingModel, dict]:
+    """Probe ``engine`` and fit (with its config's batch limits); measure again (up to
+    ``_ROUNDS`` in all) when the samples fit no positive cost per prefill token: on a busy
+    machine another process's burst can outweigh the slope between prefill sizes, and a later
+    round usually sees it. The last round's ValueError stands."""
+    limits = engine.config.max_batch_tokens, engine.config.max_running
     for attempt in range(1, _ROUNDS):
-        samples = probe_engine(engine, args.quick, say)
+        samples = probe_engine(engine, progress=say, sizes=sizes, deadline=deadline)
         try:
-            return samples, *fit_timing(samples, args.max_batch_tokens, args.max_running)
+            return samples, *fit_timing(samples, *limits)
         except ValueError as e:
             say(f"{e} (a busy machine?): measuring again, round {attempt + 1} of {_ROUNDS}")
-    samples = probe_engine(engine, args.quick, say)
-    return samples, *fit_timing(samples, args.max_batch_tokens, args.max_running)
+    samples = probe_engine(engine, progress=say, sizes=sizes, deadline=deadline)
+    return samples, *fit_timing(samples, *limits)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,20 +270,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = dataclasses.replace(config, host_pages=_PROBE_HOST_PAGES)
     engine = Engine(config)
     try:
-        samples, model, report = _probe_and_fit(engine, args)
+        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        sizes = PROBES["quick" if args.quick else "full"]
+        samples, model, report = probe_and_fit(engine, sizes, say)
         model = model.with_(**probe_copies(engine, args.quick))
     finally:
         engine.shutdown()
-    out = model.to_dict() | {
-        "fit": report
-        | {
-            "model": args.model,
-            "machine": engine.perf_class,
-            "cpu": cpu_model(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        },
-        "samples": [list(s) for s in samples],
-    }
+    out = timing_record(
+        model,
+        report,
+        samples,
+        model=args.model,
+        machine=engine.perf_class,
+        cpu=cpu_model(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(

@@ -20,8 +20,16 @@ Presets:
   per prefill token. The attention terms are small estimates (135M parameters, 30 layers of 576
   wide: the matmuls dominate at these lengths).
 - ``gpu`` -- illustrative numbers for an 8B model (Llama-3.1-8B, 32 layers) on one modern
-  datacenter GPU (~12k prefill tokens/s, 12 ms decode steps growing slowly with batch). Not
-  measured here: for shape, not for claims.
+  datacenter GPU (~12k prefill tokens/s, 12 ms decode steps growing slowly with batch), taken
+  from published specifications and typical serving figures, not measured by this project: for
+  shape, not for claims. The GPU kit measures them: ``bash benchmarks/gpu/run.sh big`` fits
+  this model to radixray's engine at Llama-3.1-8B's shapes on the lent card
+  (``benchmarks/gpu/sim_timing.py``: ``sim calibrate``'s probes and fit) and leaves
+  ``timing_<card>_<date>_<shapes>.json`` in $OUT. To make it the preset, replace the five step
+  coefficients and ``load_bytes_per_s`` / ``load_overhead_s`` below with the file's (its
+  ``kv_bytes_per_token`` and ``overlap_layers`` are these), keep the batch limits (the fit ran
+  with the probes' 8192 tokens and 32 sequences; the coefficients do not depend on them), and
+  name the card and the date here. Until then, ``radixray sim --timing FILE`` uses the file.
 
 The host tier (docs/host_tier.md): a step that demotes or loads back pages first copies them, as
 the engine does before its forward, for ``load_overhead_s + bytes / load_bytes_per_s`` (the cost
@@ -154,6 +162,7 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         load_overhead_s=5e-5,
         overlap_layers=0,  # copy, then forward: the CPU engine's copies are synchronous
     ),
+    # not measured: see the module docstring for the kit's fit that replaces these figures
     "gpu": TimingModel(
         step_overhead_s=0.012,
         decode_seq_s=0.00015,
