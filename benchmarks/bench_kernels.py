@@ -9,7 +9,8 @@ GPU: decode for batch 1/16/64/256 x context 512/4k/32k, GQA 32/8 heads x 128, bf
 Each shape is first checked against the float32 reference (where it fits), then timed with CUDA
 events (median of --reps, L2 flushed before each rep). Achieved bandwidth = K/V bytes read / time,
 against a device-to-device copy (read + write bytes / time) measured in the same run. The same
-shapes go through vLLM's flash-attn fork or flash-attn when it imports.
+shapes go through vLLM's flash-attn fork or flash-attn when it imports. Then few long sequences by
+split count, eager and in a CUDA graph replay (``gpu/split_kv.py``).
 
 CPU: the torch reference's time per decode step for the worker's default model (SmolLM2-135M:
 30 layers, 9 query / 3 KV heads, head_dim 64, page 16), batch 1/8/16 x context 512/2048, as the
@@ -124,42 +125,12 @@ def run_gpu(reps: int, check: bool) -> None:
         )
     print()
     try:  # after the main table: a failure here loses nothing above
-        split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs)
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+        import split_kv  # the split count eager and in a CUDA graph replay, few long sequences
+
+        split_kv.sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs)
     except Exception as e:
         print(f"split sweep failed: {type(e).__name__}: {e}")
-
-
-SPLIT_SHAPES = ((1, 4096), (1, 32768), (4, 32768), (16, 32768))
-SPLIT_COUNTS = (8, 16, 32, 64)
-
-
-def split_sweep(k_cache, v_cache, num_pages, gen, scale, reps, flush, copy_gbs) -> None:
-    """The decode kernel's time by split count where few sequences leave SMs idle: the choice
-    (``choose_num_splits``) against fixed counts, % of a device copy's bandwidth."""
-    from radixray.kernels.triton_decode import (
-        _launch_config,
-        choose_num_splits,
-        paged_decode_attention,
-    )
-
-    block_n = _launch_config(GPU_D, GPU_HQ // GPU_HKV, torch.bfloat16)[1]
-
-    print("| batch | context | chosen splits | " + " | ".join(f"{n} splits" for n in SPLIT_COUNTS))
-    print("|---:|---:|---:|" + "---:|" * len(SPLIT_COUNTS))
-    for batch, ctx in SPLIT_SHAPES:
-        perm = torch.randperm(num_pages, generator=gen, device=k_cache.device)
-        block_table = perm[: batch * (ctx // GPU_P)].view(batch, -1).to(torch.int32)
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=k_cache.device)
-        q = torch.randn(batch, GPU_HQ, GPU_D, dtype=torch.bfloat16, device=k_cache.device)
-        kv_bytes = 2 * batch * ctx * GPU_HKV * GPU_D * k_cache.element_size()
-        args, cells = (q, k_cache, v_cache, block_table, seq_lens, scale), []
-        for n in (None, *SPLIT_COUNTS):
-            ms = _cuda_time_ms(
-                lambda n=n, a=args: paged_decode_attention(*a, num_splits=n), reps, flush
-            )
-            cells.append(f"{ms:.3f} ms, {100 * kv_bytes / ms / 1e6 / copy_gbs:.0f}%")
-        chosen = choose_num_splits(batch, GPU_HKV, ctx, block_n, k_cache.device)
-        print(f"| {batch} | {ctx} | {chosen}: {cells[0]} | " + " | ".join(cells[1:]) + " |")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ CASES = {
     "gpu/big_check.py": (["--json", "{out}/big.json"], "nano-vllm's offline workload", ()),
     "gpu/state_kernels.py": ([], "compiled ssd_decode (fp32) for sm_90", ()),
     "gpu/sim_timing.py": (["--out", "{out}"], "radixray sim --timing", ()),
+    "gpu/split_kv.py": ([], "chosen splits at 132 SMs", ()),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/live_regimes.py": (["--out", "{out}"], "| mooncake@4 | radixray", (integration,)),
