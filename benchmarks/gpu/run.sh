@@ -89,7 +89,8 @@ finish() {
     exit $status
 }
 
-# `run.sh big`: the engine at 8B and 0.6B shapes against the card's limits, on its own
+# `run.sh big`: the engine at 8B and 0.6B shapes against the card's limits, on its own; also
+# the simulator's timing fitted at 8B (~75 s), timing_<card>_<date>_<shapes>.json in $OUT
 if [ "${1:-all}" = big ]; then
     if [ "$DRY" = 1 ]; then
         step big_check 120 "$PY" benchmarks/gpu/big_check.py --quick --json "$OUT/big_check.json"
