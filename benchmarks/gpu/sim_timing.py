@@ -34,6 +34,7 @@ from radixray.sim.calibrate import (  # noqa: E402
     ProbeSizes,
     probe_and_fit,
     probe_copies,
+    step_clock,
     timing_record,
 )
 from radixray.sim.timing import load_timing  # noqa: E402
@@ -94,6 +95,7 @@ def fit_and_write(loaded, device: str, quick: bool, out_dir: Path, budget_s: flo
         device=card,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         config={k: getattr(mcfg, k) for k in ("num_layers", "hidden_size", "num_kv_heads")},
+        clock=step_clock(engine),  # on CUDA each step's period: see step_clock
         probes=sizes._asdict(),
         seconds=round(time.monotonic() - t0, 1),
     )

@@ -111,3 +111,25 @@ def test_calibrate_measures_again_when_a_round_fits_no_prefill_cost(monkeypatch,
     monkeypatch.setattr(calibrate, "probe_engine", lambda *a, **k: noisy)
     with pytest.raises(ValueError, match="positive cost per prefill token"):
         calibrate.main(["--model", "tiny", "--quick", "--out", str(out)])
+
+
+def test_probes_time_steps_by_the_period_where_the_forward_only_queues(monkeypatch):
+    """On CUDA (step_clock "period") a sample's seconds are each step's period, not the clock
+    of its forward, which stops once the kernels are queued; probes are skipped past a
+    deadline."""
+    import radixray.sim.calibrate as calibrate
+
+    sizes = calibrate.ProbeSizes((16, 32), (1,), (16,), 2, 1)
+    tiny = Engine(EngineConfig(model="tiny", enable_events=False))
+    try:
+        assert calibrate.step_clock(tiny) == "forward"
+        forward = calibrate.probe_engine(tiny, sizes=sizes)
+        log = list(tiny.meter.step_log)  # the last probe's measured run
+        assert log and forward[-len(log) :] == [s[:5] for s in log]
+        monkeypatch.setattr(calibrate, "step_clock", lambda engine: "period")
+        period = calibrate.probe_engine(tiny, sizes=sizes)
+        log = list(tiny.meter.step_log)
+        assert period[-len(log) :] == [(*s[:4], s[5]) for s in log]
+        assert calibrate.probe_engine(tiny, sizes=sizes, deadline=0.0) == []
+    finally:
+        tiny.shutdown()
