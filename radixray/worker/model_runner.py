@@ -19,7 +19,7 @@ from radixray.kernels import make_backend
 
 from .batch import DecodeRows
 from .cuda_graph import DecodeGraphs, graph_unsupported
-from .fused import fuse_activations, fuse_norms
+from .fused import fuse_activations, fuse_norms, fuse_rope
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
 from .model.state_metadata import StateBatch, StateMetadata
@@ -85,6 +85,7 @@ class ModelRunner:
         model.set_attention_backend(self.attention)
         self.fused_norms = fuse_norms(model, device)  # why not, or None: fused on this device
         self.fused_act = fuse_activations(model, device)  # (likewise: kernels/triton_act.py)
+        self.fused_rope = fuse_rope(model, device)  # (likewise: kernels/triton_rope_store.py)
         self.graphs: DecodeGraphs | None = None  # use_graphs: decode steps replay CUDA graphs
         self.graphs_off: str | None = None  # why decode steps run eagerly, when they do
 

@@ -207,3 +207,44 @@ def test_bad_arguments_name_the_argument(change, match):
     with pytest.raises(ValueError, match=match):
         check_rope_store(**_args(**change))
     assert check_rope_store(**_args()) == (2, 8)
+
+
+@case
+def test_case_a_fused_engine_keeps_pytorchs_logits(monkeypatch):
+    """worker/fused.fuse_rope on a tiny bf16 Qwen3-like model (qk-norm; layer 0 a sliding
+    window, with its own pool and slots, and its own RoPE table) on the Triton backend (the
+    interpreter here; the device check waived): its start-up check passes, every attention layer
+    takes the kernel, and a prompt's and two decode steps' logits are within bf16's rounding of
+    the same engine with the PyTorch path."""
+    import dataclasses
+
+    from radixray.model_meta import tiny_config
+    from radixray.worker import Engine, EngineConfig, SamplingParams, fused
+    from radixray.worker.model.llama import Attention, LlamaModel
+    from radixray.worker.model.loader import random_hf_state_dict
+
+    cfg = dataclasses.replace(
+        tiny_config(), qk_norm=True, layer_windows=(8, None), layer_rope=((1e4, 1.0), (1e6, 1.0))
+    )
+    logits = []
+    for on in (True, False):
+        model = LlamaModel(cfg, DEVICE, F32)
+        model.load_hf_state_dict(random_hf_state_dict(cfg, 0))
+        ecfg = EngineConfig(
+            model="tiny", device=DEVICE, dtype="float32", attention_backend="triton",
+            page_size=4, num_pages=64, seed=0, cuda_graph_max_batch=0,
+        )  # fmt: skip
+        e = Engine(ecfg, loaded=(model, cfg, None))
+        assert e.runner.fused_rope == "not a 16-bit model on CUDA (cpu, torch.float32)"
+        if on:  # the norms and SwiGLU keep PyTorch's path: the interpreter is slow
+            monkeypatch.setattr(fused, "_unfusable", lambda model, device: None)
+            assert fused.fuse_rope(model, torch.device(DEVICE)) is None
+            monkeypatch.undo()
+        attns = [m for m in model.modules() if isinstance(m, Attention)]
+        assert all((m.fused_rope is not None) == on for m in attns)
+        run = e.runner.run
+        e.runner.run = lambda b, run=run: logits.append(run(b).clone()) or logits[-1]
+        e.generate_batch([list(range(3, 15))], SamplingParams(max_tokens=2, temperature=0.0))
+    half = len(logits) // 2
+    for got, want in zip(logits[:half], logits[half:], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -28,7 +28,7 @@ llama.cpp's q/k permutation before the weights get here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -52,12 +52,21 @@ __all__ = ["LlamaModel"]
 @dataclass(frozen=True)
 class Step:
     """What every layer of one forward step shares: the backend and its plan, the step's
-    metadata (for window layers) and the RoPE tables of the positions, per (theta, factor)."""
+    metadata (for window layers), its positions and the model's RoPE tables per (theta, factor).
+    :meth:`rope` gathers a table's rows at the positions on first use (a layer whose RoPE is
+    fused, worker/fused.py, reads the whole table by position instead: no per-step gather)."""
 
     backend: AttentionBackend
     plan: object
     attn: AttentionMetadata
-    rope: dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]
+    positions: torch.Tensor
+    ropes: dict[tuple[float, float], RotaryEmbedding]
+    _rows: dict = field(default_factory=dict)  # (theta, factor) -> (cos, sin) at the positions
+
+    def rope(self, key: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        if key not in self._rows:
+            self._rows[key] = self.ropes[key](self.positions)
+        return self._rows[key]
 
 
 class Attention(nn.Module):
@@ -86,13 +95,31 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, cfg.norm_offset)
+        # worker/fused.py's RopeStore once the model runner has checked it (a 16-bit model on
+        # CUDA, the Triton backend's pool): q/k norms, RoPE and the K/V store in one kernel
+        self.fused_rope = None
 
     def forward(
         self, h: torch.Tensor, step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        T, Hq, Hkv, D = h.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        T = h.shape[0]
         qkv = self.qkv_proj(h)
-        cos, sin = step.rope[self.rope] if self.rope is not None else (None, None)
+        if self.fused_rope is not None and step.backend.name == "triton":  # its pool layout
+            q = self.fused_rope(qkv, step, k_cache, v_cache)
+        else:
+            q = self._rope_store(qkv, step, k_cache, v_cache)
+        if self.softcap is None:  # every backend takes the layer's window (None: full)
+            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale, self.window)
+        else:  # soft-capped scores (Gemma 2), which the kernels do not do: window.py
+            out = windowed_attention(
+                q, k_cache, v_cache, step.attn, self.scale, self.window, self.softcap
+            )
+        return self.o_proj(out.reshape(T, self.q_size))
+
+    def _rope_store(self, qkv, step: Step, k_cache, v_cache) -> torch.Tensor:
+        """PyTorch's path: q/k norms, RoPE, then the backend's store; returns q."""
+        T, Hq, Hkv, D = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = step.rope(self.rope) if self.rope is not None else (None, None)
         if self.q_norm is None and cos is not None:  # q and k rotated together: one set of kernels
             qk = qkv[:, : self.q_size + self.kv_size].view(T, Hq + Hkv, D)
             qk = apply_rope(qk, cos, sin)
@@ -106,13 +133,7 @@ class Attention(nn.Module):
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         step.backend.store(step.plan, k, v, k_cache, v_cache)
-        if self.softcap is None:  # every backend takes the layer's window (None: full)
-            out = step.backend.attend(step.plan, q, k_cache, v_cache, self.scale, self.window)
-        else:  # soft-capped scores (Gemma 2), which the kernels do not do: window.py
-            out = windowed_attention(
-                q, k_cache, v_cache, step.attn, self.scale, self.window, self.softcap
-            )
-        return self.o_proj(out.reshape(T, self.q_size))
+        return q
 
 
 class DecoderLayer(nn.Module):
@@ -121,7 +142,10 @@ class DecoderLayer(nn.Module):
     ``post_attention_layernorm`` norms the attention's output, not the MLP's input). A state
     layer has ``mixer`` (state_layers.py) in place of ``self_attn``; with a
     ``residual_multiplier`` (Granite) each block's output is scaled before its residual add
-    (no family has both a multiplier and sandwich norms; the multiplier's path has none)."""
+    (no family has both a multiplier and sandwich norms; the multiplier's path has none).
+    The MLP's residual add is left to the next layer: ``forward`` takes and returns ``(h,
+    pending)``, the hidden state being ``h + pending``, and adds them in its input norm's
+    kernel (``RMSNorm.add``; the model adds the last layer's before its final norm)."""
 
     def __init__(self, cfg: ModelConfig, index: int, device=None) -> None:
         super().__init__()
@@ -144,8 +168,11 @@ class DecoderLayer(nn.Module):
             else MLP(cfg.hidden_size, cfg.intermediate_size, device, cfg.hidden_act)
         )
 
-    def forward(self, h, step: Step, k_cache, v_cache, state: StateBatch | None = None):
-        x = self.input_layernorm(h)
+    def forward(self, h, step: Step, k_cache, v_cache, state=None, pending=None):
+        if pending is None:
+            x = self.input_layernorm(h)
+        else:  # pending + h: the sum as h + pending (IEEE addition commutes)
+            h, x = self.input_layernorm.add(pending, h)
         a = (
             self.self_attn(x, step, k_cache, v_cache)
             if self.mixer is None
@@ -153,12 +180,12 @@ class DecoderLayer(nn.Module):
         )
         if self.scale != 1.0:
             h, normed = self.post_attention_layernorm.add(h, a * self.scale)
-            return h + self.mlp(normed) * self.scale
+            return h, self.mlp(normed) * self.scale
         if not self.sandwich:
             h, normed = self.post_attention_layernorm.add(h, a)
-            return h + self.mlp(normed)
+            return h, self.mlp(normed)
         h = h + self.post_attention_layernorm(a)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return h, self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class LlamaModel(nn.Module):
@@ -285,38 +312,38 @@ class LlamaModel(nn.Module):
         if cfg.embed_scale != 1.0:
             h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         steps, pools = self._steps(attn, positions, k_cache, v_cache, window)
+        pending = None  # the last MLP's output, added in the next layer's input norm
         for i, (layer, (in_window, s)) in enumerate(zip(self.layers, slots, strict=True)):
             if in_window is None:  # a state layer: no KV
-                h = layer(h, None, None, None, state)
+                h, pending = layer(h, None, None, None, state, pending)
                 continue
             if before_layer is not None:
                 before_layer(i)
             k, v = pools[in_window]
-            h = layer(h, steps[in_window], k[s], v[s])
+            h, pending = layer(h, steps[in_window], k[s], v[s], None, pending)
+        h = h + pending
         if logits_indices is None:
             logits_indices = attn.last_token_indices()
         return self._logits(h[logits_indices])
 
     def _steps(self, attn, positions, k_cache, v_cache, window) -> tuple[list[Step], list]:
         """The step's shared state per pool (the main one, and the window layers' if any):
-        the backend's plan, prepared once for all layers, and the RoPE tables."""
+        the backend's plan, prepared once for all layers, the positions and the RoPE tables."""
         # Where the batch's tokens sit in the pool is the same for every layer: the backend
         # works it out once per step.
         backend = self._attention_for(k_cache)
         plan = backend.prepare(
             attn.slot_mapping, attn.block_table, attn.cu_seqlens_q, attn.seq_lens, attn.max_seqlen_q
         )
-        rope = {
-            key: table(positions) for key, table in zip(self._rope_keys, self.ropes, strict=True)
-        }
-        steps = [Step(backend, plan, attn, rope)]
+        ropes, rows = dict(zip(self._rope_keys, self.ropes, strict=True)), {}
+        steps = [Step(backend, plan, attn, positions, ropes, rows)]
         pools = [(k_cache, v_cache)]
         if window is not None:  # the window layers read their own pool's pages
             w = window.attn
             wplan = backend.prepare(
                 w.slot_mapping, w.block_table, w.cu_seqlens_q, w.seq_lens, w.max_seqlen_q
             )
-            steps.append(Step(backend, wplan, w, rope))
+            steps.append(Step(backend, wplan, w, positions, ropes, rows))
             pools.append((window.k_cache, window.v_cache))
         return steps, pools
 
