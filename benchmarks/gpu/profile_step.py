@@ -150,6 +150,10 @@ def main() -> int:
     text = count_kernels(e, device, ps, args.max_tokens, mcfg.num_layers)
     (args.out / "kernels.txt").write_text(text)
     print(text, flush=True)
+    print(
+        f"summary: {text.splitlines()[0]}; fused: norms {e.runner.fused_norms or 'on'}, "
+        f"activation {e.runner.fused_act or 'on'}, rope+store {e.runner.fused_rope or 'on'}"
+    )
     return 0
 
 
@@ -162,12 +166,24 @@ def count_kernels(e, device: str, ps, max_tokens: int, layers: int) -> str:
     with profile(activities=acts) as prof:
         steps = decode(e, ps, max_tokens)
         sync(device)
-    kernels = sum(ev.count for ev in prof.key_averages() if ev.device_type == DeviceType.CUDA)
-    per_step = kernels / max(steps, 1)
-    return (
+    by_name: dict[str, int] = {}
+    for ev in prof.key_averages():
+        if ev.device_type == DeviceType.CUDA:
+            by_name[ev.key] = by_name.get(ev.key, 0) + ev.count
+    steps = max(steps, 1)
+    per_step = sum(by_name.values()) / steps
+    # a kernel launched at least once a layer belongs to the layers (the step's own, embedding,
+    # final norm, LM head, sampling and copies, run fewer times than there are layers)
+    in_layers = {k: n / steps / layers for k, n in by_name.items() if n / steps >= layers}
+    lines = [
         f"eager decode, {steps} steps: {per_step:.1f} device kernels a step, "
-        f"{per_step / layers:.1f} a layer ({layers} layers)\n"
-    )
+        f"{per_step / layers:.1f} a layer on average ({layers} layers); "
+        f"per layer {sum(in_layers.values()):.1f} (tests/worker/test_fused_norms.py: <= 10)"
+    ]
+    lines += ["## a step's kernels by name: per step, per layer"]
+    for name, n in sorted(by_name.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{n / steps:8.1f} {n / steps / layers:6.2f}  {name[:100]}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
