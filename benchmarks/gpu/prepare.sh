@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs HERE (needs PyPI), from anywhere: downloads the cp312 manylinux wheels that the GPU
 # machine lacks (benchmarks/gpu/wheels.txt) into the ignored folder .whl/ of the repository,
-# checks that each needs nothing more and that all of them stay under the carry budget, and
-# prints the device call to make (benchmarks/README.md, "Running on a GPU").
+# packs Ray trimmed (ray_site.sh, ray_trim.txt: .whl/ray-trimmed.tar.xz, ~28 MB, a minute of
+# xz), checks that each needs nothing more and that all of it stays under the carry budget,
+# and prints the device call to make (benchmarks/README.md, "Running on a GPU").
 #
 #     benchmarks/gpu/prepare.sh            # PYTHON=... to choose the interpreter whose pip runs
 set -euo pipefail
@@ -34,9 +35,17 @@ if [ "$count" -ne "${#pins[@]}" ]; then
 fi
 known=$(sed -e 's/#.*//' -e 's/[=<>].*//' benchmarks/gpu/image_packages.txt benchmarks/gpu/wheels.txt |
     tr 'A-Z_.' 'a-z--' | grep -v '^ *$')
-for w in .whl/*.whl; do
+# Ray, unpacked and trimmed into a scratch folder, packed into the carry
+ray_tmp=$(mktemp -d)
+trap 'rm -rf "$ray_tmp"' EXIT
+PYTHON=$PY bash benchmarks/gpu/ray_site.sh 3.12 "$ray_tmp" .whl/ray-trimmed.tar.xz || status=1
+metadata() { # the METADATA of a wheel, or of the unpacked Ray
+    if [ -d "$1" ]; then cat "$1"/ray-*.dist-info/METADATA
+    else unzip -p "$1" "*.dist-info/METADATA"; fi
+}
+for w in .whl/*.whl "$ray_tmp"; do
     # each Requires-Dist (no extras; markers ignored) must be in the image or in the kit
-    for need in $(unzip -p "$w" '*.dist-info/METADATA' | grep '^Requires-Dist' |
+    for need in $(metadata "$w" | grep '^Requires-Dist' |
         grep -v 'extra ==' | sed -E 's/^Requires-Dist: *([A-Za-z0-9._-]+).*/\1/' |
         tr 'A-Z_.' 'a-z--'); do
         if ! grep -qx "$need" <<<"$known"; then
@@ -46,12 +55,12 @@ for w in .whl/*.whl; do
     done
 done
 
-bytes=$(du -cb .whl/*.whl | tail -1 | cut -f1)
+bytes=$(du -cb .whl/* | tail -1 | cut -f1) # the wheels and Ray's archive
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-echo "wheels: $count files, $(mib "$bytes") MiB; tracked tree $(mib "$tree") MiB"
+echo "wheels ($count) and Ray: $(mib "$bytes") MiB; tracked tree $(mib "$tree") MiB"
 if [ "$bytes" -gt $((BUDGET_MIB * 1048576)) ]; then
-    echo "the wheels exceed ${BUDGET_MIB} MiB: the call could not carry them" >&2
+    echo ".whl/ exceeds ${BUDGET_MIB} MiB: the call could not carry it" >&2
     status=1
 fi
 ls -1 .whl

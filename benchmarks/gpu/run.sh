@@ -9,7 +9,8 @@
 # Here, without CUDA (or with RADIXRAY_GPU_DRY=1), it runs the CPU-safe parts with .venv's
 # python and no install, marks the CUDA ones skipped and writes to $OUT or a new /tmp folder:
 # a check of the script itself. Files back: log, summary.txt, env.txt, pytest_gpu.xml,
-# bench_kernels.txt, state_kernels.txt, engine_check.json (the device tool returns at most 8).
+# bench_kernels.txt, state_kernels.txt, engine_check.json, serve_check.json (the device tool
+# returns at most 8).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} RAY_AUTH_MODE=disabled
@@ -36,6 +37,8 @@ else
         --target /tmp/site .whl/*.whl; then
         echo "install rc=1" >>"$SUMMARY"
     fi
+    # Ray, trimmed (prepare.sh, ray_site.sh): for step (g), radixray serve
+    tar -xJf .whl/ray-trimmed.tar.xz -C /tmp/site || echo "install_ray rc=1" >>"$SUMMARY"
     export PYTHONPATH=/tmp/site:$PWD
 fi
 
@@ -148,6 +151,15 @@ if [ "$DRY" = 1 ]; then
     step profile_step 60 "$PY" benchmarks/gpu/profile_step.py --quick --out "$(mktemp -d)"
 else
     step profile_step 90 "$PY" benchmarks/gpu/profile_step.py --batch 8 --out /tmp/profile
+fi
+
+# (g) radixray serve: Ray, one worker actor (num_gpus=1), the router; streamed chat requests,
+# two sharing a prefix (cached tokens reported), at Qwen3-0.6B's shapes with random weights
+if [ "$DRY" = 1 ]; then
+    step serve_check_quick 90 "$PY" benchmarks/gpu/serve_check.py --quick \
+        --json "$OUT/serve_check.json"
+else
+    step serve_check 120 "$PY" benchmarks/gpu/serve_check.py --json "$OUT/serve_check.json"
 fi
 
 finish

@@ -190,3 +190,97 @@ def test_profile_step_quick_splits_the_step_and_profiles_it(tmp_path):
     # no device kernels on the CPU: the count reads 0 (on CUDA, issue 43's per-layer figure)
     kernels = (tmp_path / "kernels.txt").read_text()
     assert re.match(r"eager decode, 5 steps: 0\.0 device kernels a step, 0\.0 a layer", kernels)
+
+
+# --- step (g): radixray serve through Ray (serve_check.py, ray_site.sh, ray_trim.txt). The real
+# serve (Ray, an actor, the router) takes 20-40 s here: run by hand (benchmarks/README.md).
+
+
+def _serve_check():
+    spec = importlib.util.spec_from_file_location("serve_check", KIT / "serve_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ray_trim_drops_only_what_radixray_never_imports():
+    """Each dropped path has a reason and is in the installed Ray of ray_site.sh's version (the
+    list matches the wheel), and no module of radixray imports from it."""
+    md = pytest.importorskip("importlib.metadata")
+    ray_version = re.search(r"^RAY_VERSION=(\S+)", (KIT / "ray_site.sh").read_text(), re.M)[1]
+    assert md.version("ray") == ray_version
+    site = Path(md.distribution("ray").locate_file(""))
+    dropped = []
+    for line in (KIT / "ray_trim.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            path, _, reason = line.partition("#")
+            assert reason.strip(), f"no reason given for {path.strip()}"
+            assert (site / path.strip()).exists(), path
+            dropped.append(path.strip().replace("/", "."))
+    assert "ray.jars" in dropped
+    code = "\n".join(p.read_text() for p in (REPO / "radixray").rglob("*.py"))
+    for module in dropped:
+        assert not re.search(rf"\b(from|import) {re.escape(module)}\b", code), module
+
+
+def test_rays_own_dependencies_are_in_the_image_or_the_kit():
+    md = pytest.importorskip("importlib.metadata")
+    reqs = [r for r in md.requires("ray") or [] if "extra ==" not in r]  # ray, not ray[serve]
+    needs = {re.sub(r"[-_.]+", "-", re.split(r"[=<>!~;\[\s(]", r)[0]).lower() for r in reqs}
+    assert "jsonschema" in needs and needs <= set(IMAGE) | set(WHEELS), needs - set(IMAGE)
+
+
+def test_serve_check_model_folder_loads_with_the_byte_tokenizers_ids(tmp_path):
+    from radixray.model_meta import ByteTokenizer, load_model_meta
+    from radixray.worker.model.loader import load_model
+
+    sc = _serve_check()
+    sc.write_model(tmp_path / "m", quick=True, device="cpu")
+    meta = load_model_meta(str(tmp_path / "m"))
+    assert meta.config.architecture == "qwen3" and meta.config.qk_norm
+    assert meta.vocab_size == 512 and meta.config.tie_word_embeddings
+    text = meta.tokenizer.apply_chat_template([{"role": "user", "content": "hé [300]"}])
+    assert meta.tokenizer.encode(text) == ByteTokenizer().encode(text)
+    assert meta.tokenizer.decode([104, 105, 300, 511]) == "hi[300][511]"
+    assert 258 in meta.tokenizer.stop_token_ids  # <|im_end|> ends a sequence
+    loaded = load_model(str(tmp_path / "m"))
+    assert loaded.model.embed_tokens.weight.shape == (512, 64)
+
+
+def test_serve_check_full_vocab_tokenizer_and_cli_flags():
+    """The fillers reach the last id of the vocab; both command lines parse."""
+    from tokenizers import Tokenizer
+
+    from radixray.cli import build_parser
+
+    sc = _serve_check()
+    tok = Tokenizer.from_str(sc.tokenizer_files(1000, 4096)["tokenizer.json"])
+    assert tok.get_vocab_size() == 1000 and tok.id_to_token(258) == "<|im_end|>"
+    assert tok.decode([999]) == "[999]"
+    for quick, device in ((True, "cpu"), (False, "cuda")):
+        argv = sc.serve_command(Path("/m"), 8000, "t", quick)
+        args = build_parser().parse_args(argv[3:])
+        assert (args.cmd, args.workers, args.device) == ("serve", 1, device)
+        assert (args.host, args.port, args.admin_token) == ("127.0.0.1", 8000, "t")
+
+
+def test_serve_check_reads_streams_and_judges_them():
+    sc = _serve_check()
+    lines = ['data: {"choices": []}', "", ": keep-alive", "data: [DONE]", 'data: {"x": 1}']
+    assert list(sc.sse_chunks(lines)) == [{"choices": []}]
+    with pytest.raises(ValueError, match="DONE"):
+        list(sc.sse_chunks(['data: {"choices": []}']))
+    req = {"finish_reason": "length", "completion_tokens": 8, "cached_tokens": 0}
+    reqs = {"warm_up": req, "shared_a": req, "shared_b": req | {"cached_tokens": 320}}
+    assert sc.checks(reqs, ["cuda:0"], "cuda") == dict.fromkeys(
+        ("streams_complete", "second_shared_prefix_cached", "worker_on_device"), True
+    )
+    cold = sc.checks(reqs | {"shared_b": req}, ["cpu"], "cuda")
+    assert not cold["second_shared_prefix_cached"] and not cold["worker_on_device"]
+    assert not sc.checks(reqs | {"warm_up": req | {"finish_reason": None}}, [], "cpu")[
+        "streams_complete"
+    ]
+    prompts = sc.prompts(quick=True)
+    a, b = prompts["shared_a"], prompts["shared_b"]
+    shared = len(os.path.commonprefix([a, b]))
+    assert shared >= sc.SHARED_PREFIX_CHARS[True] and a != b
