@@ -9,6 +9,9 @@ functions by own time and by cumulative time) and under torch.profiler (``torch_
 operators by self CPU time, kernels by device time, and the count of each runtime call, the
 synchronising ones among them). ``split.txt`` times a decode step's parts with a device sync
 around each: the runner's inputs and forward, sampling, the rest (scheduler, bookkeeping).
+``kernels.txt`` counts an eager decode step's device kernels by name, a step and a layer, with
+every fusion on (worker/fused.py) and again on PyTorch's path; the summary lines give both
+counts a layer and both eager steps' wall time.
 """
 
 from __future__ import annotations
@@ -147,14 +150,43 @@ def main() -> int:
 
     kw["cuda_graph_max_batch"] = 0  # eager: every kernel launched on its own, counted
     e, ps = fresh(4)
-    text = count_kernels(e, device, ps, args.max_tokens, mcfg.num_layers)
+    fused = count_kernels(e, device, ps, args.max_tokens, mcfg.num_layers)
+    fusions = (
+        f"fused: norms {e.runner.fused_norms or 'on'}, activation {e.runner.fused_act or 'on'}, "
+        f"rope+store {e.runner.fused_rope or 'on'}"
+    )
+    e, ps = fresh(5)
+    unfuse(e)
+    unfused = count_kernels(e, device, ps, args.max_tokens, mcfg.num_layers)
+    text = f"{fused}\n# PyTorch's path (every fusion off)\n{unfused}"
     (args.out / "kernels.txt").write_text(text)
     print(text, flush=True)
-    print(
-        f"summary: {text.splitlines()[0]}; fused: norms {e.runner.fused_norms or 'on'}, "
-        f"activation {e.runner.fused_act or 'on'}, rope+store {e.runner.fused_rope or 'on'}"
-    )
+    ms = [eager_ms(fresh, device, args.max_tokens, on) for on in (True, False)]
+    print(f"summary: {fused.splitlines()[0]}; {fusions}")
+    print(f"summary: PyTorch's path: {unfused.splitlines()[0]}")
+    print(f"summary: eager ms/step fused {ms[0]:.2f}, PyTorch's path {ms[1]:.2f}")
     return 0
+
+
+def eager_ms(fresh, device: str, max_tokens: int, fused: bool) -> float:
+    """Wall ms a step of an eager decode run (a first run warms up), fused or PyTorch's path."""
+    for seed in (6, 7):
+        e, ps = fresh(seed)
+        if not fused:
+            unfuse(e)
+        sync(device)
+        t0 = time.perf_counter()
+        steps = decode(e, ps, max_tokens)
+        sync(device)
+    return 1000 * (time.perf_counter() - t0) / steps
+
+
+def unfuse(e) -> None:
+    """Every fused kernel off in ``e``'s model (worker/fused.py): PyTorch's path."""
+    for m in e.runner.model.modules():
+        for name in ("fused", "fused_add", "fused_act", "fused_rope"):
+            if getattr(m, name, None) is not None:
+                setattr(m, name, None)
 
 
 def count_kernels(e, device: str, ps, max_tokens: int, layers: int) -> str:
