@@ -11,6 +11,7 @@ Per layer and step::
       -> [q_norm, k_norm per head]  (qk_norm)
       -> RoPE(q, k at positions)
       -> backend.store(plan, k, v, k_cache[l], v_cache[l])     new K/V into pages
+         (norms, RoPE and store: one kernel where fused, ``Attention.fused_rope``)
       -> backend.attend(plan, q, k_cache[l], v_cache[l])       cached + new context
 
 ``backend`` is the attention backend chosen once (radixray.kernels.make_backend; the model runner
