@@ -41,6 +41,31 @@ def test_a_cpu_engine_keeps_pytorchs_norms_and_says_why():
     assert e.runner.fused_act == "not a 16-bit model on CUDA (cpu, torch.bfloat16)"
 
 
+@pytest.mark.parametrize(
+    "change,backend,why",
+    [
+        ({}, "cpu", "the cpu attention backend's store (the kernel writes the Triton one's pool)"),
+        ({"use_rope": False}, "triton", "no attention layer with RoPE and offset-0 (or no) q/k"),
+        ({"qk_norm": True, "norm_offset": 1.0}, "triton", "no attention layer with RoPE and"),
+    ],
+)
+def test_fuse_rope_says_why_not_where_it_cannot_run(monkeypatch, change, backend, why):
+    """Past the device check (waived here): the backend must be Triton's, and NoPE layers and
+    Gemma's 1 + w q/k norms keep PyTorch's path; nothing is fused then."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from radixray.model_meta import tiny_config
+    from radixray.worker import fused
+    from radixray.worker.model.llama import LlamaModel
+
+    model = LlamaModel(dataclasses.replace(tiny_config(), **change))
+    model.attention = SimpleNamespace(name=backend)
+    monkeypatch.setattr(fused, "_unfusable", lambda model, device: None)
+    assert fused.fuse_rope(model, torch.device("cpu")).startswith(why)
+    assert all(m.fused_rope is None for m in model.modules() if isinstance(m, Attention))
+
+
 @pytest.mark.gpu
 def test_bf16_on_cuda_fuses_every_norm_and_activation_and_keeps_the_logits():
     """Every norm, residual add and SwiGLU fused; a prompt's logits within bf16's rounding of
