@@ -25,11 +25,11 @@ Presets:
   shape, not for claims. The GPU kit measures them: ``bash benchmarks/gpu/run.sh big`` fits
   this model to radixray's engine at Llama-3.1-8B's shapes on the lent card
   (``benchmarks/gpu/sim_timing.py``: ``sim calibrate``'s probes and fit) and leaves
-  ``timing_<card>_<date>_<shapes>.json`` in $OUT. To make it the preset, replace the five step
-  coefficients and ``load_bytes_per_s`` / ``load_overhead_s`` below with the file's (its
-  ``kv_bytes_per_token`` and ``overlap_layers`` are these), keep the batch limits (the fit ran
-  with the probes' 8192 tokens and 32 sequences; the coefficients do not depend on them), and
-  name the card and the date here. Until then, ``radixray sim --timing FILE`` uses the file.
+  ``timing_<card>_<date>_<shapes>.json`` in $OUT (``radixray sim --timing FILE`` reads it as it
+  is). To make it the preset, copy the file into this folder and change one line below,
+  ``"gpu": _GPU_SPECIFIED`` to ``"gpu": measured_preset(_GPU_SPECIFIED, "<the file's name>")``
+  (:func:`measured_preset`: the file's five step coefficients and load-back figures, these
+  batch limits and layers; the name says the card and the date).
 
 The host tier (docs/host_tier.md): a step that demotes or loads back pages first copies them, as
 the engine does before its forward, for ``load_overhead_s + bytes / load_bytes_per_s`` (the cost
@@ -59,7 +59,14 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-__all__ = ["TimingModel", "TIMING_PRESETS", "DEFAULT_TIMING", "load_timing", "timing_preset"]
+__all__ = [
+    "TimingModel",
+    "TIMING_PRESETS",
+    "DEFAULT_TIMING",
+    "load_timing",
+    "measured_preset",
+    "timing_preset",
+]
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,58 @@ class TimingModel:
         return asdict(self)
 
 
+_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions",
+             "overlap_layers")  # fmt: skip
+
+
+def _read_timing_file(path: Path) -> TimingModel:
+    """The TimingModel of a JSON file of its fields (extra keys, as a fit's report, ignored)."""
+    if not path.is_file():
+        raise ValueError(f"no such timing file: {path}")
+    data = json.loads(path.read_text())
+    names = [f.name for f in fields(TimingModel)]
+    # the host tier's fields have defaults: files written before it still load
+    missing = [n for n in names if n not in data and n not in _OPTIONAL]
+    if missing:
+        raise ValueError(f"{path}: a timing model needs the fields {missing}")
+    return TimingModel(**{n: data[n] for n in names if n in data})
+
+
+_MEASURED = ("step_overhead_s", "decode_seq_s", "decode_ctx_s", "prefill_token_s",
+             "prefill_attn_s", "load_bytes_per_s", "load_overhead_s")  # fmt: skip
+
+
+def measured_preset(base: TimingModel, file: str | Path) -> TimingModel:
+    """``base`` with the step coefficients and load-back figures of a fitted timing file (a
+    name is looked up in this folder: ``benchmarks/gpu/sim_timing.py``'s file, copied here);
+    its batch limits, bytes a token and overlapped layers stay ``base``'s, and the file must
+    have been fitted at the same bytes a token (the same model's shapes)."""
+    path = Path(file) if Path(file).is_absolute() else Path(__file__).with_name(str(file))
+    fit = _read_timing_file(path)
+    if fit.kv_bytes_per_token != base.kv_bytes_per_token:
+        raise ValueError(
+            f"{path.name}: fitted at kv_bytes_per_token={fit.kv_bytes_per_token}, the preset "
+            f"models {base.kv_bytes_per_token} (another model's shapes)"
+        )
+    return base.with_(**{name: getattr(fit, name) for name in _MEASURED})
+
+
+# The gpu preset as specified (module docstring), not measured
+_GPU_SPECIFIED = TimingModel(
+    step_overhead_s=0.012,
+    decode_seq_s=0.00015,
+    decode_ctx_s=2e-8,
+    prefill_token_s=1 / 12000,
+    prefill_attn_s=2e-10,
+    max_batch_tokens=8192,
+    max_running=256,
+    kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
+    load_bytes_per_s=50e9,
+    load_overhead_s=2e-5,
+    overlap_layers=32,  # Llama-3.1-8B's layers: copies on their own stream, layer by layer
+)
+
+
 # The presets' batch limits are part of what they model, not the engine's defaults: the cpu
 # preset's 512 tokens and 32 sequences per step are the measured HF setup above, and every
 # simulator figure in benchmarks/README.md was run with them (what `radixray sim` has always
@@ -162,20 +221,8 @@ TIMING_PRESETS: dict[str, TimingModel] = {
         load_overhead_s=5e-5,
         overlap_layers=0,  # copy, then forward: the CPU engine's copies are synchronous
     ),
-    # not measured: see the module docstring for the kit's fit that replaces these figures
-    "gpu": TimingModel(
-        step_overhead_s=0.012,
-        decode_seq_s=0.00015,
-        decode_ctx_s=2e-8,
-        prefill_token_s=1 / 12000,
-        prefill_attn_s=2e-10,
-        max_batch_tokens=8192,
-        max_running=256,
-        kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
-        load_bytes_per_s=50e9,
-        load_overhead_s=2e-5,
-        overlap_layers=32,  # Llama-3.1-8B's layers: copies on their own stream, layer by layer
-    ),
+    # not measured (module docstring): a GPU kit's fit replaces it here in one line
+    "gpu": _GPU_SPECIFIED,
 }
 
 
@@ -188,23 +235,12 @@ def load_timing(spec: str) -> TimingModel:
     the file, not in the model)."""
     if spec in TIMING_PRESETS:
         return TIMING_PRESETS[spec]
-    path = Path(spec)
-    if not path.is_file():
+    if not Path(spec).is_file():
         raise ValueError(
             f"timing must be a preset ({', '.join(sorted(TIMING_PRESETS))}) or a JSON file "
             f"written by `radixray sim calibrate`; no such file: {spec}"
         )
-    data = json.loads(path.read_text())
-    names = [f.name for f in fields(TimingModel)]
-    # the host tier's fields have defaults: files written before it still load
-    missing = [n for n in names if n not in data and n not in _OPTIONAL]
-    if missing:
-        raise ValueError(f"{spec}: a timing model needs the fields {missing}")
-    return TimingModel(**{n: data[n] for n in names if n in data})
-
-
-_OPTIONAL = ("kv_bytes_per_token", "load_bytes_per_s", "load_overhead_s", "charge_demotions",
-             "overlap_layers")  # fmt: skip
+    return _read_timing_file(Path(spec))
 
 
 def timing_preset(name: str, **overrides) -> TimingModel:

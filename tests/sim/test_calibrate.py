@@ -133,3 +133,23 @@ def test_probes_time_steps_by_the_period_where_the_forward_only_queues(monkeypat
         assert calibrate.probe_engine(tiny, sizes=sizes, deadline=0.0) == []
     finally:
         tiny.shutdown()
+
+
+def test_a_gpu_kit_file_makes_the_gpu_preset_measured(tmp_path):
+    """measured_preset (timing.py's one-line change): the file's step and load-back figures, the
+    preset's batch limits, bytes a token and layers; a file of other shapes is refused."""
+    from radixray.sim.calibrate import timing_record
+    from radixray.sim.timing import TIMING_PRESETS, measured_preset
+
+    gpu = TIMING_PRESETS["gpu"]
+    fitted = TimingModel(0.004, 2e-5, 3e-9, 4e-5, 1e-11, 8192, 32, gpu.kv_bytes_per_token,
+                         40e9, 1e-5, overlap_layers=32)  # fmt: skip
+    path = tmp_path / "timing_NVIDIA-H100_2026-12-07_llama-3.1-8b-shapes.json"
+    path.write_text(json.dumps(timing_record(fitted, {"samples": 40}, [], device="H100")))
+    got = measured_preset(gpu, path)
+    assert got == fitted.with_(max_running=gpu.max_running)  # 256, the preset's
+    path.write_text(json.dumps(fitted.with_(kv_bytes_per_token=46080).to_dict()))
+    with pytest.raises(ValueError, match="kv_bytes_per_token=46080, the preset models 131072"):
+        measured_preset(gpu, path)
+    with pytest.raises(ValueError, match=r"no such timing file: .*radixray/sim/nope\.json"):
+        measured_preset(gpu, "nope.json")  # a bare name: the file copied beside timing.py
