@@ -19,6 +19,7 @@ from radixray.kernels import make_backend
 
 from .batch import DecodeRows
 from .cuda_graph import DecodeGraphs, graph_unsupported
+from .decode_inputs import DecodeInputs
 from .fused import fuse_activations, fuse_norms, fuse_rope
 from .memory_pool import KVPool
 from .model.attention import AttentionMetadata, WindowKV
@@ -88,6 +89,8 @@ class ModelRunner:
         self.fused_rope = fuse_rope(model, device)  # (likewise: kernels/triton_rope_store.py)
         self.graphs: DecodeGraphs | None = None  # use_graphs: decode steps replay CUDA graphs
         self.graphs_off: str | None = None  # why decode steps run eagerly, when they do
+        pages = pool.k_cache.shape[1]
+        self.decode_inputs = DecodeInputs(pool.page_size, pages, device)  # one copy a step
 
     def use_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> None:
         """Decode steps of up to ``max_batch`` requests replay CUDA graphs, captured now (on CUDA
@@ -187,23 +190,15 @@ class ModelRunner:
         return rows.on_device, [pending_rows[id(batch.items[i].req)] for i in rows.on_device]
 
     def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int] | None) -> Prepared:
-        """``prepare`` for a step of one sampled token per item (a decode step): one pass over
-        the items and one tensor for ids, positions and slots (the general path builds each
-        from lists of lists, a third of the host's time at batch 64)."""
-        rows = batch.decode_rows(self.pool.page_size)
-        table = [r + [0] * (rows.width - len(r)) for r in rows.pages]
-        vec = upload([rows.ids, rows.positions, rows.slots], torch.int64, self.device)
-        m = len(rows.ids)
-        meta = AttentionMetadata(
-            slot_mapping=vec[2],
-            block_table=upload(table, torch.int32, self.device),
-            cu_seqlens_q=torch.arange(m + 1, dtype=torch.int32, device=self.device),
-            seq_lens=(vec[1] + 1).to(torch.int32),
-            max_seqlen_q=1,
+        """``prepare`` for a step of one sampled token per item (a decode step): ids,
+        positions, slots, lengths and block table in one host tensor and one copy
+        (``decode_inputs.py``; the general path builds each from lists of lists)."""
+        step = self.decode_inputs.build(batch.items)
+        m = len(batch.items)
+        fix = self._fix(batch, step, pending_rows)
+        return Prepared(
+            batch, False, step.ids, step.positions, step.meta, None, step.every, [], m, fix
         )
-        every = torch.arange(m, dtype=torch.int64, device=self.device)
-        fix = self._fix(batch, rows, pending_rows)
-        return Prepared(batch, False, vec[0], vec[1], meta, None, every, [], m, fix)
 
     @torch.inference_mode()
     def forward(self, prep: Prepared, pending_ids: torch.Tensor | None = None) -> torch.Tensor:
