@@ -66,9 +66,9 @@ fi
 ls -1 .whl
 cat <<'EOF'
 
-device call (one command, ~3-6 minutes of device time with the machine's start):
+device call (one command, ~5-7 minutes of device time with the machine's start):
   carry:     [".whl"]
-  timeout_s: 540
+  timeout_s: 600
   command:   bash benchmarks/gpu/run.sh
 EOF
 exit $status

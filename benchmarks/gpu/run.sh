@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs THERE, on the device machine, from the repository root: one command, ~4 minutes (at most
-# ~8), every step time-boxed, everything under $OUT (benchmarks/README.md, "Running on a GPU"):
+# Runs THERE, on the device machine, from the repository root: one command, ~5 minutes (at most
+# ~10), every step time-boxed, everything under $OUT (benchmarks/README.md, "Running on a GPU"):
 #
 #     bash benchmarks/gpu/run.sh        # carry [".whl"] (benchmarks/gpu/prepare.sh made it)
 #     bash benchmarks/gpu/run.sh big    # a second call: the machine, then big_check.py (8B and

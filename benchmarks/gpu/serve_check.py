@@ -235,6 +235,30 @@ def worker_devices(url: str, token: str) -> list[str]:
     return [w["info"]["device"] for w in r.json()["workers"]]
 
 
+_RAY_GPUS = """
+import json, ray
+ray.init(address="auto", log_to_driver=False)  # the cluster under this RAY_TMPDIR
+total, free = ray.cluster_resources().get("GPU", 0), ray.available_resources().get("GPU", 0)
+print(json.dumps({"gpus": total, "gpus_held": total - free}))
+"""
+
+
+def ray_gpus(env: dict) -> dict:
+    """The Ray cluster's GPUs and how many its actors hold (the worker asked for num_gpus=1), as
+    a second driver sees them; an error's text instead when it cannot connect."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAY_GPUS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": (proc.stdout + proc.stderr)[-500:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def stop(proc: subprocess.Popen, ray_tmp: str, grace_s: float = 30) -> dict:
     """SIGINT to the server (uvicorn stops, the CLI shuts Ray down), then SIGKILL to its process
     group; then any process still naming this run's RAY_TMPDIR, by pid. What was left."""
@@ -274,7 +298,7 @@ def prompts(quick: bool) -> dict[str, str]:
     }
 
 
-def checks(requests: dict[str, dict], devices: list[str], want: str) -> dict[str, bool]:
+def checks(requests: dict[str, dict], devices: list[str], want: str, gpus: dict) -> dict[str, bool]:
     a, b = requests["shared_a"], requests["shared_b"]
     return {
         "streams_complete": all(
@@ -283,6 +307,7 @@ def checks(requests: dict[str, dict], devices: list[str], want: str) -> dict[str
         ),
         "second_shared_prefix_cached": (b["cached_tokens"] or 0) > (a["cached_tokens"] or 0),
         "worker_on_device": len(devices) == 1 and devices[0].startswith(want),
+        "worker_holds_a_gpu_in_ray": gpus.get("gpus_held") == (1 if want == "cuda" else 0),
     }
 
 
@@ -292,7 +317,11 @@ def run(args, work: Path, ray_tmp: str) -> dict:
     config = write_model(work / "qwen3-0.6b-random", args.quick, device)
     written = time.perf_counter() - t0
     port, token = free_port(), os.urandom(8).hex()
-    env = os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": ray_tmp}
+    env = os.environ | {
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_TMPDIR": ray_tmp,
+        "RAY_USAGE_STATS_ENABLED": "0",  # no network there: nothing to report to
+    }
     log_path = work / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -310,12 +339,13 @@ def run(args, work: Path, ray_tmp: str) -> dict:
         result["startup_s"] = round(time.perf_counter() - t1, 2)
         result["model_write_s"] = round(written, 2)
         result["worker_devices"] = worker_devices(url, token)
+        result["ray"] = ray_gpus(env)
         reqs = {}
         for name, prompt in prompts(args.quick).items():
             reqs[name] = stream_chat(url, "qwen3-0.6b-random", prompt, args.max_tokens)
             print(name, json.dumps(reqs[name]), flush=True)
         result["requests"] = reqs
-        result["checks"] = checks(reqs, result["worker_devices"], device)
+        result["checks"] = checks(reqs, result["worker_devices"], device, result["ray"])
     except Exception as e:  # reported in the JSON; the server is stopped either way
         result["error"] = f"{type(e).__name__}: {e}"
     finally:

@@ -272,13 +272,17 @@ def test_serve_check_reads_streams_and_judges_them():
         list(sc.sse_chunks(['data: {"choices": []}']))
     req = {"finish_reason": "length", "completion_tokens": 8, "cached_tokens": 0}
     reqs = {"warm_up": req, "shared_a": req, "shared_b": req | {"cached_tokens": 320}}
-    assert sc.checks(reqs, ["cuda:0"], "cuda") == dict.fromkeys(
-        ("streams_complete", "second_shared_prefix_cached", "worker_on_device"), True
+    names = ("streams_complete", "second_shared_prefix_cached", "worker_on_device")
+    held = {"gpus": 1, "gpus_held": 1}
+    assert sc.checks(reqs, ["cuda:0"], "cuda", held) == dict.fromkeys(
+        (*names, "worker_holds_a_gpu_in_ray"), True
     )
-    cold = sc.checks(reqs | {"shared_b": req}, ["cpu"], "cuda")
-    assert not cold["second_shared_prefix_cached"] and not cold["worker_on_device"]
-    assert not sc.checks(reqs | {"warm_up": req | {"finish_reason": None}}, [], "cpu")[
-        "streams_complete"
+    cold = sc.checks(reqs | {"shared_b": req}, ["cpu"], "cuda", {"gpus": 1, "gpus_held": 0})
+    assert list(cold.values()) == [True, False, False, False]
+    bad = reqs | {"warm_up": req | {"finish_reason": None}}
+    assert not sc.checks(bad, ["cpu"], "cpu", {"gpus": 0, "gpus_held": 0})["streams_complete"]
+    assert not sc.checks(reqs, ["cuda:0"], "cuda", {"error": "no cluster"})[
+        "worker_holds_a_gpu_in_ray"
     ]
     prompts = sc.prompts(quick=True)
     a, b = prompts["shared_a"], prompts["shared_b"]
