@@ -288,3 +288,25 @@ def test_serve_check_reads_streams_and_judges_them():
     a, b = prompts["shared_a"], prompts["shared_b"]
     shared = len(os.path.commonprefix([a, b]))
     assert shared >= sc.SHARED_PREFIX_CHARS[True] and a != b
+
+
+def test_image_only_refuses_what_the_image_lacks(tmp_path):
+    """benchmarks/gpu/image_only on PYTHONPATH: a package the image lacks (openai) is missing,
+    the image's (yaml), the kit's (msgspec) and ray are found; the refusal is logged."""
+    code = (
+        "import importlib.util as u, sys\n"
+        "try:\n    import openai\nexcept ImportError:\n    print('refused')\n"
+        "import msgspec, yaml\n"
+        "print(u.find_spec('ray') is not None, u.find_spec('jsonschema') is not None)\n"
+    )
+    log = tmp_path / "refused.txt"
+    env = os.environ | {
+        "PYTHONPATH": f"{KIT / 'image_only'}{os.pathsep}{REPO}",
+        "RADIXRAY_IMAGE_ONLY_LOG": str(log),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["refused", "True", "True"]
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["openai"]
