@@ -3,9 +3,10 @@ the model runs without it: ``layers.RMSNorm`` per head (qk_norm), ``layers.apply
 ``RotaryEmbedding``'s per-step tables, ``reference.store_kv``.
 
 The ``case_`` tests use tiny shapes and run in one subprocess (:func:`test_cases_in_a_subprocess`)
-under TRITON_INTERPRET=1 on a CPU, compiled on CUDA: Triton decides "compiled or interpreted"
-when a kernel module is imported, so the flag must not be set in the test process (as
-test_triton.py and test_triton_state.py do). The argument checks run here, without Triton.
+under TRITON_INTERPRET=1 on a CPU, compiled on CUDA (where the GPU kit runs them, through
+:func:`test_cases_compiled_on_cuda`): Triton decides "compiled or interpreted" when a kernel
+module is imported, so the flag must not be set in the test process (as test_triton.py and
+test_triton_state.py do). The argument checks run here, without Triton.
 
 Tolerances, stated:
 
@@ -62,6 +63,11 @@ def test_cases_in_a_subprocess():
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}"
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.gpu  # the GPU kit runs the marked tests: the same cases, compiled on CUDA
+def test_cases_compiled_on_cuda():
+    test_cases_in_a_subprocess()
 
 
 def _inputs(dtype, T, Hq, Hkv, D, P, qk_norm, seed, pad=0):
@@ -232,10 +238,10 @@ def test_case_a_fused_engine_keeps_pytorchs_logits(monkeypatch):
         model.load_hf_state_dict(random_hf_state_dict(cfg, 0))
         ecfg = EngineConfig(
             model="tiny", device=DEVICE, dtype="float32", attention_backend="triton",
-            page_size=4, num_pages=64, seed=0, cuda_graph_max_batch=0,
+            page_size=4, num_pages=64, seed=0, cuda_graph_max_batch=0, host_pages=0,
         )  # fmt: skip
         e = Engine(ecfg, loaded=(model, cfg, None))
-        assert e.runner.fused_rope == "not a 16-bit model on CUDA (cpu, torch.float32)"
+        assert e.runner.fused_rope == f"not a 16-bit model on CUDA ({DEVICE}, torch.float32)"
         if on:  # the norms and SwiGLU keep PyTorch's path: the interpreter is slow
             monkeypatch.setattr(fused, "_unfusable", lambda model, device: None)
             assert fused.fuse_rope(model, torch.device(DEVICE)) is None
