@@ -144,8 +144,8 @@ def test_case_against_the_unfused_path(dtype, T, Hq, Hkv, D, P, qk_norm):
     elif dtype == F32:
         for a, b in pairs:
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    elif not qk_norm:
-        assert max(_ulps(a, b, b) for a, b in pairs) <= 1
+    elif not qk_norm:  # bit for bit where the cast rounds (CUDA), a unit where it truncates
+        assert max(_ulps(a, b, b) for a, b in pairs) <= (1 if INTERPRET else 0)
     else:  # units of each head's largest value
         units = 3 if INTERPRET else 2
         q_max = want.float().abs().amax(-1, keepdim=True).expand_as(want)
