@@ -310,3 +310,19 @@ def test_image_only_refuses_what_the_image_lacks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["refused", "True", "True"]
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["openai"]
+
+
+def test_serve_check_config_is_big_checks_qwen3_06b(tmp_path):
+    """The served folder's config.json reads as the Qwen3-0.6B shapes big_check.py measures
+    (only the token ids differ: the byte tokenizer's end-of-sequence)."""
+    from radixray.model_meta import HFMetadata
+
+    spec = importlib.util.spec_from_file_location("big_check", KIT / "big_check.py")
+    big = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(big)
+    (tmp_path / "config.json").write_text(json.dumps(_serve_check().QWEN3_06B))
+    got, want = HFMetadata(tmp_path).config(), big.QWEN3_06B
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads")
+    fields += ("num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_embeddings")
+    assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+    assert (got.architecture, got.qk_norm, got.eos_token_id) == ("qwen3", True, 258)
