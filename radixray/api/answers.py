@@ -86,6 +86,11 @@ class Answer:
         """Whether choice ``index``'s next chunk is built as a dict (not the text template)."""
         return self.with_ids or self.lp is not None
 
+    def plain(self) -> bool:
+        """Whether every mid-stream chunk of every choice is its text alone (``text_event``):
+        no ids, logprobs, echo or tools; the per-token path then asks nothing else."""
+        return not self.with_ids and self.lp is None
+
     @staticmethod
     def _by_index(choices: list[tuple], finals: list[StreamChunk] | None) -> list[tuple]:
         """Each ``(index, text, token ids, finish reason)`` choice with its final chunk (None
@@ -125,6 +130,9 @@ class TextAnswer(Answer):
 
     def needs_dict(self, index: int) -> bool:
         return super().needs_dict(index) or (self.echo is not None and index not in self._echoed)
+
+    def plain(self) -> bool:
+        return super().plain() and self.echo is None
 
     def _logprobs(self, index: int, c: StreamChunk, echo: bool) -> dict | None:
         """The completions logprobs of chunk ``c`` (its prompt's first when ``echo``)."""
@@ -261,6 +269,9 @@ class ChatAnswer(Answer):
             out.append(oa.chat_choice(index, text, reason, ids, lps, calls))
         prompt = self.prompt_ids[0] if self.with_ids else None
         return oa.chat_response(self.id, self.model, out, use, prompt)
+
+    def plain(self) -> bool:
+        return super().plain() and self.tools is None
 
     def tool_event(self, index: int, text: str, reason: str | None, token_ids) -> bytes | None:
         """The events of one streamed chunk read for tool calls: content and tool-call deltas

@@ -166,7 +166,12 @@ async def sse_events(
         ends: list[StreamChunk] = []
         try:
             if len(streams) == 1:  # the common case, straight from the stream
+                plain = answer.plain()
                 async for c in streams[0]:
+                    if plain and c.finish_reason is None:  # a token's text: the per-token path
+                        if c.text:
+                            yield answer.text_event(c.text, c.index)
+                        continue
                     if (e := _render(answer, 0, c)) is not None:
                         yield e
                     if c.ended:

@@ -55,8 +55,12 @@ class Traffic:
         f = self.requests.get(request_id)
         if f is not None and n:
             f.context_tokens += n
-            if f.started:
-                self._count(active_decode_tokens=n)
+            if f.started:  # once per streamed chunk: ``_count`` for the one field, inlined
+                now = self.now
+                v = now["active_decode_tokens"] = now["active_decode_tokens"] + n
+                for peak in self.poll_peaks:
+                    if v > peak["active_decode_tokens"]:
+                        peak["active_decode_tokens"] = v
 
     def finish(self, request_id: str) -> None:
         f = self.requests.pop(request_id, None)

@@ -7,9 +7,11 @@ import json
 
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.responses import JSONResponse
 
 from radixray.api.answers import ChatAnswer, TextAnswer
 from radixray.api.answers import event as sse_event
+from radixray.api.openai_routes import json_answer
 
 
 @given(text=st.text(min_size=1, max_size=40), model=st.text(min_size=1, max_size=20))
@@ -44,3 +46,15 @@ def test_choice_index_is_prompt_index_times_n_plus_sample():
         (0, "x", [1]),
         (1, "y", [1]),
     ]
+
+
+@given(text=st.text(max_size=40), reason=st.sampled_from(["stop", "length", None]))
+def test_a_whole_answer_is_the_bytes_json_response_writes(text, reason):
+    """Without floats, the whole answer is written by msgspec (``json_answer``): byte for byte
+    what Starlette's ``JSONResponse`` (``json.dumps``) writes, escapes and non-ASCII included."""
+    use = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    for answer in (TextAnswer("tiny", [[1, 2]]), ChatAnswer("tiny")):
+        body = answer.response([(0, text, [7], reason)], use)
+        fast = json_answer(body, {"x-radixray-worker": "w0"}, floats=False)
+        slow = JSONResponse(body, headers={"x-radixray-worker": "w0"})
+        assert fast.body == slow.body and fast.raw_headers == slow.raw_headers
