@@ -120,10 +120,10 @@ def limits(device: str, quick: bool) -> dict:
     }
 
 
-def load(mcfg: ModelConfig, device: str):
+def load(mcfg: ModelConfig, device: str, dtype: torch.dtype = torch.bfloat16):
     """(model, config, None) with random bf16 weights made on ``device``."""
-    model = LlamaModel(mcfg, device=torch.device(device), dtype=torch.bfloat16)
-    model.load_hf_state_dict(random_hf_state_dict(mcfg, 0, device, torch.bfloat16))
+    model = LlamaModel(mcfg, device=torch.device(device), dtype=dtype)
+    model.load_hf_state_dict(random_hf_state_dict(mcfg, 0, device, dtype))
     pack_linears(model)
     return model.eval(), mcfg, None
 
@@ -326,6 +326,13 @@ def hf_decode(mcfg: ModelConfig, device: str, batch: int, ctx: int, new: int) ->
     }
 
 
+def save(path: Path | None, out: dict) -> None:
+    """The results so far into ``path`` (after each section: a run cut short by its time limit
+    still leaves what it measured)."""
+    if path:
+        path.write_text(json.dumps(out, indent=1) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="CPU, tiny model, small sizes")
@@ -360,6 +367,7 @@ def main() -> int:
                 f"{r['bytes_per_step'] / 1e9:.2f} | {r['roofline']:.0%} |",
                 flush=True,
             )
+    save(args.json, out)
     print(
         f"\n{big.name}: prefill\n| prompts | length | tokens/s | matmul share |\n|---|---|---|---|"
     )
@@ -369,6 +377,7 @@ def main() -> int:
         out["prefill"].append(r)
         print(f"| {n} | {length} | {r['tokens_per_s']:.0f} | {r['matmul_share']:.0%} |", flush=True)
     out["ttft"] = t = ttft(loaded, device, contexts[-1], 0.9)
+    save(args.json, out)
     print(
         f"\nTTFT of a {t['length']}-token prompt: cold {t['cold']['seconds'] * 1000:.1f} ms, "
         f"90% cached {t['cached']['seconds'] * 1000:.1f} ms "
@@ -377,12 +386,15 @@ def main() -> int:
     )
     print(f"\n{big.name}: the simulator's timing model", flush=True)
     try:  # the fit's failure is recorded; the rest still runs
-        t = sim_timing.fit_and_write(loaded, device, args.quick, args.timing_dir or Path.cwd())
+        # the dry run's tiny model in float32 (sim_timing.QUICK_PROBES says why)
+        fitted = load(big, device, torch.float32) if args.quick else loaded
+        t = sim_timing.fit_and_write(fitted, device, args.quick, args.timing_dir or Path.cwd())
         out["sim_timing"] = t
         print(sim_timing.report(t), flush=True)
     except Exception as e:
         out["sim_timing"] = {"error": f"{type(e).__name__}: {e}"}
         print(f"sim timing failed: {out['sim_timing']['error']}", flush=True)
+    save(args.json, out)
     del loaded
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -409,6 +421,7 @@ def main() -> int:
         )
         if device == "cuda":
             torch.cuda.empty_cache()
+    save(args.json, out)
     out["offline"] = o = offline(load(small, device), device, args.quick)
     print(
         f"\n{small.name}: nano-vllm's offline workload: {o['output_tokens']} tokens in "
@@ -416,7 +429,7 @@ def main() -> int:
         flush=True,
     )
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        save(args.json, out)
         print(f"wrote {args.json}")
     return 0
 

@@ -40,9 +40,12 @@ from radixray.sim.calibrate import (  # noqa: E402
 from radixray.sim.timing import load_timing  # noqa: E402
 from radixray.worker import Engine, EngineConfig  # noqa: E402
 
-# The dry run's probes: the tiny model on the CPU in a few seconds (four prefill sizes, so one
-# disturbed measurement cannot decide the per-token slope; the fastest of two runs)
-QUICK_PROBES = ProbeSizes((64, 256, 512, 1024), (1, 4), (64,), 4, 2)
+# The dry run's probes: the tiny model on the CPU in float32, a few seconds. Its per-token cost
+# is a few microseconds, so it shows only beside the decode probes' batched prompts (16 x 64
+# tokens: many tokens, little context). One round's fit found a positive per-token cost in 12
+# of 12 tries on a busy 2-core machine (in bf16, where the CPU's attention outweighs it, 6 of
+# 12; in float32 without batch 16, 10 of 12); probe_and_fit measures again up to 3 rounds
+QUICK_PROBES = ProbeSizes((64, 256, 512, 1024), (1, 4, 16), (64,), 4, 2)
 HOST_PAGES = 64  # the host tier the copies are timed on (as `radixray sim calibrate`'s)
 
 
@@ -66,10 +69,11 @@ def fit_and_write(loaded, device: str, quick: bool, out_dir: Path, budget_s: flo
     sizes = QUICK_PROBES if quick else PROBES["gpu"]
     # the probes' largest batch and chunk; pages for the decode probes' 32 x (2048 + 16)
     # tokens and the cached prefixes beside them (128 KiB a token at 8B: 12 GiB)
+    dtype = str(next(loaded[0].parameters()).dtype).removeprefix("torch.")
     config = EngineConfig(
         model=mcfg.name,
         device=device,
-        dtype="bfloat16",
+        dtype=dtype,
         page_size=16,
         num_pages=6000 if gpu else 512,
         host_pages=HOST_PAGES,
@@ -95,6 +99,7 @@ def fit_and_write(loaded, device: str, quick: bool, out_dir: Path, budget_s: flo
         device=card,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         config={k: getattr(mcfg, k) for k in ("num_layers", "hidden_size", "num_kv_heads")},
+        dtype=dtype,
         clock=step_clock(engine),  # on CUDA each step's period: see step_clock
         probes=sizes._asdict(),
         seconds=round(time.monotonic() - t0, 1),
@@ -130,7 +135,7 @@ def main() -> int:
     from radixray.model_meta import tiny_config
 
     device = "cpu" if args.quick else "cuda"
-    loaded = load(tiny_config() if args.quick else LLAMA_8B, device)
+    loaded = load(tiny_config(), device, torch.float32) if args.quick else load(LLAMA_8B, device)
     r = fit_and_write(loaded, device, args.quick, args.out, args.budget)
     print(report(r))
     return 0

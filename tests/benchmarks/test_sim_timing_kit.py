@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 KIT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
 
 
@@ -35,14 +37,16 @@ def test_the_dry_runs_timing_file_is_what_radixray_sim_reads(tmp_path, capsys):
     from radixray.sim.sim_cli import main as sim_main
 
     big = _kit("big_check")
-    got = big.sim_timing.fit_and_write(big.load(tiny_config(), "cpu"), "cpu", True, tmp_path)
+    loaded = big.load(tiny_config(), "cpu", torch.float32)  # as big_check.py --quick
+    got = big.sim_timing.fit_and_write(loaded, "cpu", True, tmp_path)
     path = Path(got["file"])
     assert path.parent == tmp_path and path.name.startswith("timing_cpu_")
     data = json.loads(path.read_text())
     assert data["fit"]["model"] == "tiny" and data["fit"]["device"] == "cpu"
+    assert data["fit"]["dtype"] == "float32" and data["fit"]["clock"] == "forward"
     assert data["fit"]["samples"] == len(data["samples"]) >= 5
     assert data["prefill_token_s"] > 0 and data["kv_bytes_per_token"] > 0  # the host tier's too
-    assert data["max_batch_tokens"] == 1024 and data["max_running"] == 4  # as the engine ran
+    assert data["max_batch_tokens"] == 1024 and data["max_running"] == 16  # as the engine ran
     capsys.readouterr()
     argv = ["--workload", "hot_prefix", "--limit", "100", "--workers", "2", "--no-progress"]
     assert sim_main([*argv, "--policies", "ttft", "--timing", str(path)]) == 0
