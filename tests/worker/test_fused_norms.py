@@ -88,9 +88,10 @@ def test_bf16_on_cuda_fuses_every_norm_and_activation_and_keeps_the_logits():
     torch.testing.assert_close(logits[0], logits[1], rtol=0.05, atol=0.05)
 
 
-def _gpu_engine(cfg, fused: bool, device: str = "cuda", **kw):
-    """A bf16 engine on CUDA with the Triton backend (whose pool the RoPE kernel writes), random
-    weights for ``cfg``; with ``fused`` False every layer takes PyTorch's RoPE and store."""
+def _gpu_engine(cfg, fused: bool, device: str = "cuda", graphs: int = 0, **kw):
+    """A bf16 engine on CUDA, random weights for ``cfg``; with ``fused`` False every layer takes
+    PyTorch's RoPE and store. Decode steps of up to ``graphs`` requests replay CUDA graphs,
+    captured after that choice (a graph replays the kernels it was captured with)."""
     from radixray.worker import Engine, EngineConfig
     from radixray.worker.model.llama import LlamaModel
     from radixray.worker.model.loader import random_hf_state_dict
@@ -99,13 +100,15 @@ def _gpu_engine(cfg, fused: bool, device: str = "cuda", **kw):
     model = LlamaModel(cfg, device, dtype)
     model.load_hf_state_dict(random_hf_state_dict(cfg, 0))
     ecfg = {"model": "random", "device": device, "dtype": str(dtype).split(".")[1], "seed": 0}
-    ecfg |= {"page_size": 16, "host_pages": 0, "overlap": "off"} | kw
+    ecfg |= {"page_size": 16, "host_pages": 0, "overlap": "off", "cuda_graph_max_batch": 0} | kw
     e = Engine(EngineConfig(**ecfg), loaded=(model.eval(), cfg, None))
     if device == "cuda":
         assert e.runner.fused_rope is None and all(m.fused_rope is not None for m in _attns(e))
     if not fused:
         for m in _attns(e):
             m.fused_rope = None
+    if graphs:
+        e.runner.use_graphs(graphs, e.max_model_len)
     return e
 
 
@@ -118,8 +121,9 @@ def _logits_fused_and_not(cfg, device="cuda", **kw) -> tuple[list, list]:
         run, out = e.runner.run, logits[fused]
         e.runner.run = lambda b, run=run, out=out: out.append(run(b).clone()) or out[-1]
         e.generate_batch([list(range(3, 40)), list(range(50, 61))], params)
-        if device == "cuda" and not cfg.layer_windows:
-            assert e.runner.graphs is not None, e.runner.graphs_off  # decode in CUDA graphs
+        if kw.get("graphs"):  # the decode steps replayed graphs captured on this path
+            assert e.runner.graphs is not None, e.runner.graphs_off
+            assert e.runner.graphs.replays == len(out) - 1
     return logits[True], logits[False]
 
 
@@ -130,8 +134,7 @@ def test_bf16_on_cuda_fused_rope_and_store_give_pytorchs_logits_bit_for_bit():
     bit (the same float32 products and sums, no FMA, one rounding to bf16)."""
     from radixray.model_meta import tiny_config
 
-    kw = {"attention_backend": "triton", "cuda_graph_max_batch": 4}
-    got, want = _logits_fused_and_not(tiny_config(), **kw)
+    got, want = _logits_fused_and_not(tiny_config(), attention_backend="triton", graphs=4)
     assert len(got) == len(want) == 5
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b), (a - b).abs().max()
@@ -149,7 +152,7 @@ def test_bf16_on_cuda_fused_qk_norm_rope_and_store_in_a_window_layer_keep_the_lo
     cfg = dataclasses.replace(
         tiny_config(), qk_norm=True, layer_windows=(8, None), layer_rope=((1e4, 1), (1e6, 1))
     )
-    got, want = _logits_fused_and_not(cfg, attention_backend="triton", cuda_graph_max_batch=4)
+    got, want = _logits_fused_and_not(cfg, attention_backend="triton")
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0.02, atol=0.02 * b.abs().max().item())
 
@@ -177,7 +180,7 @@ def decode_kernels_a_layer(device: str = "cuda", steps: int = 6) -> dict[str, fl
     for layers in (2, 4):
         cfg = dataclasses.replace(base, num_layers=layers)
         kw = {"attention_backend": "triton"} if device == "cuda" else {}
-        e = _gpu_engine(cfg, True, device, cuda_graph_max_batch=0, **kw)
+        e = _gpu_engine(cfg, True, device, **kw)
         for i in range(8):
             e.add_request([3 + i] * 40, SamplingParams(max_tokens=steps + 4, temperature=0.0))
         for _ in range(3):  # the prefill, then decode steps
