@@ -18,10 +18,11 @@ Requests (streamed, usage included; the official ``openai`` client when installe
 one warm-up, then two that share a long prefix, one after the other. Checks: every stream ends
 with a finish reason and tokens; the second shared-prefix request reports cached prompt tokens
 (``usage.prompt_tokens_details.cached_tokens``) and more than the first; the worker runs on the
-asked device (``/admin/workers``: the worker's own ``WorkerInfo.device``). The JSON holds each
-request's TTFT, tokens and cached tokens, the device and the start-up time. Exit status 1 when
-a check fails. Everything started is stopped by pid (the server's process group, then any
-process left holding this run's RAY_TMPDIR).
+asked device (``/admin/workers``: the worker's own ``WorkerInfo.device``); and Ray, asked by a
+second driver, counts the GPUs its actors hold: 1 on CUDA (the worker's ``num_gpus=1``), 0 on the
+CPU. The JSON holds each request's TTFT, tokens and cached tokens, the device, Ray's GPU count
+and the start-up time. Exit status 1 when a check fails. Everything started is stopped by pid
+(the server's process group, then any process left holding this run's RAY_TMPDIR).
 """
 
 from __future__ import annotations
@@ -299,6 +300,7 @@ def prompts(quick: bool) -> dict[str, str]:
 
 
 def checks(requests: dict[str, dict], devices: list[str], want: str, gpus: dict) -> dict[str, bool]:
+    """Each check by name: True when it passed (the module docstring says what each asks)."""
     a, b = requests["shared_a"], requests["shared_b"]
     return {
         "streams_complete": all(
