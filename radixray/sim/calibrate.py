@@ -146,9 +146,8 @@ def probe_engine(
     cut list still spans both."""
     from radixray.protocol import SamplingParams
 
-    col = STEP_FIELDS.index("seconds" if step_clock(engine) == "forward" else "period_s")
-
     sizes = sizes or PROBES["quick" if quick else "full"]
+    col = STEP_FIELDS.index("seconds" if step_clock(engine) == "forward" else "period_s")
     vocab = engine.model_config.vocab_size
     limit = engine.max_model_len - 32
     rng = random.Random(0)
