@@ -77,8 +77,8 @@ class Batch(NamedTuple):
     def shape(self) -> StepShape:
         decode = decode_ctx = prefill = ctx_sum = 0
         for it in self.items:
-            c, pos = it.num_tokens, it.start
-            if it.decode:
+            c, pos, req = it.num_tokens, it.start, it.req
+            if c == 1 and (req.output_ids or req.pending):  # it.decode, inlined (every step)
                 decode += 1
                 decode_ctx += pos + 1
             else:  # a prefill chunk: token j attends to pos + j + 1 positions

@@ -50,8 +50,12 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         if self._bytes is not None:
-            self.text += self._bytes.text(output_ids[self._read :])
+            new = self._bytes.text(output_ids, self._read)
             self._read = len(output_ids)
+            self.text += new
+            if not self.stop:  # nothing is held back: all of it goes (the common case, short)
+                self.emitted = len(self.text)
+                return new
         else:
             self._decode_window(output_ids)
         for s in self.stop if len(output_ids) > self.min_tokens else ():
@@ -80,7 +84,7 @@ class IncrementalDetokenizer:
         """Release everything (the request ended). With ``output_ids``, text still waiting in
         the window (e.g. an incomplete character at the very end) is decoded as it is."""
         if output_ids is not None and not self.stopped and self._bytes is not None:
-            self.text += self._bytes.text(output_ids[self._read :]) + self._bytes.end()
+            self.text += self._bytes.text(output_ids, self._read) + self._bytes.end()
             self._read = len(output_ids)
         elif output_ids is not None and not self.stopped and self._read < len(output_ids):
             window = self._decode(output_ids[self._prefix :])

@@ -148,7 +148,7 @@ class Scheduler:
                 budget -= self._continue(req, budget, items, scheduled)
             else:
                 budget -= self._decode(req, items, scheduled)
-        if one_order:
+        if one_order and (self.waiting or (order and order[-1][0])):  # a prompt to compute
             self._prefill_in_order(items, budget, scheduled, preemptions_before)
         # No admissions in a step that had to preempt: memory is short, and admitting now would
         # only evict what the preempted request just left in the cache.

@@ -45,42 +45,68 @@ _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ByteStream:
-    """One output's text from its token ids, a table look-up and an incremental UTF-8 decode a
-    token: an incomplete character waits inside the decoder for its next bytes."""
+    """One output's text from its token ids, a table look-up a token: a token whose bytes are
+    whole characters (most) is its text; one that leaves or completes an incomplete character
+    goes through a UTF-8 decode with the bytes still waiting."""
 
-    __slots__ = ("_table", "_decode")
+    __slots__ = ("_table", "_texts", "_waiting")
 
-    def __init__(self, table: Sequence[bytes | None]):
-        self._table = table
-        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    def __init__(self, table: TokenBytes):
+        self._table, self._texts = table.table, table.texts
+        self._waiting = b""  # the bytes of an incomplete character so far
 
-    def text(self, ids: Sequence[int]) -> str:
-        """The text the tokens ``ids`` (the next ones of the output) complete."""
-        table, decode, out = self._table, self._decode, ""
-        for i in ids:
-            b = table[i]
-            out += decode(b"", True) if b is BREAK else decode(b)
+    def text(self, ids: Sequence[int], start: int = 0) -> str:
+        """The text the tokens ``ids[start:]`` (the next ones of the output) complete."""
+        out = ""
+        for k in range(start, len(ids)):
+            i = ids[k]
+            if not self._waiting:
+                whole = self._texts[i]
+                if whole is not None:
+                    out += whole
+                    continue
+            b = self._table[i]
+            if b is BREAK:
+                out += self.end()
+            else:
+                data = self._waiting + b
+                text, used = codecs.utf_8_decode(data, "replace", False)
+                self._waiting = data[used:]
+                out += text
         return out
 
     def end(self) -> str:
-        """The output ended: bytes still waiting (an incomplete character) as U+FFFD."""
-        return self._decode(b"", True)
+        """The output ended (or a ``BREAK``): bytes still waiting as U+FFFD."""
+        text = codecs.utf_8_decode(self._waiting, "replace", True)[0] if self._waiting else ""
+        self._waiting = b""
+        return text
 
 
 class TokenBytes:
     """A tokenizer's id -> bytes table (``BREAK`` where a token ends a run of bytes), checked
-    against its ``decode``. ``stream()`` starts one output's decode."""
+    against its ``decode``; ``texts``: each id's text where its bytes decode whole on their own
+    (so whatever follows cannot change them), else None. ``stream()`` starts one output."""
 
     def __init__(self, table: list[bytes | None]):
         self.table = table
+        self.texts: list[str | None] = [_whole(b) for b in table]
 
     def stream(self) -> ByteStream:
-        return ByteStream(self.table)
+        return ByteStream(self)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The whole text of ``ids``, as a stream releases it (the check compares this)."""
         s = self.stream()
         return s.text(ids) + s.end()
+
+
+def _whole(b: bytes | None) -> str | None:
+    """``b``'s text if a UTF-8 decode takes all of it (no character left incomplete at its end);
+    a ``BREAK`` is no text (nothing waits before it when this is used)."""
+    if b is BREAK:
+        return ""
+    text, used = codecs.utf_8_decode(b, "replace", False)
+    return text if used == len(b) else None
 
 
 def token_bytes(tokenizer, vocab_size: int = 0) -> TokenBytes | None:
