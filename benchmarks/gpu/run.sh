@@ -118,7 +118,8 @@ gpu_pytest() {
     fi
     return $rc
 }
-step pytest_gpu 120 bash -c "$(declare -f gpu_pytest); PY=$PY OUT=$OUT gpu_tests='$gpu_tests' gpu_pytest"
+# 180 s: issue 43's fused-kernel GPU tests add three pairs of engines and a compiled subprocess
+step pytest_gpu 180 bash -c "$(declare -f gpu_pytest); PY=$PY OUT=$OUT gpu_tests='$gpu_tests' gpu_pytest"
 
 # (c) the decode kernels at realistic sizes (its markdown table; the script writes no JSON)
 if [ "$DRY" = 1 ]; then
