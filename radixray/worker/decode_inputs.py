@@ -60,12 +60,17 @@ class DecodeInputs:
         self._pin = device.type == "cuda"
         self._ranges: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # m -> (cu_seqlens, every)
 
-    def build(self, items) -> DecodeStep:
-        """The inputs of ``items``, each one token (``ScheduledItem``: its request and start)."""
+    def build(self, items) -> DecodeStep | None:
+        """The inputs of ``items`` (``ScheduledItem``: its request and start), or None unless
+        each is one token that samples (a decode step)."""
+        if not items:
+            return None
         P = self.P
         ids, pos, slots, lens, rows, on_device = [], [], [], [], [], []
         width = 1
         for i, it in enumerate(items):
+            if it.num_tokens != 1 or not it.sample:
+                return None
             req, p = it.req, it.start
             n = len(req.prompt_ids)
             if p < n:

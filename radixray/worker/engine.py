@@ -36,7 +36,7 @@ from .detokenizer import Detokenizers
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
 from .live import Live, LiveRequests, Sink
-from .logprobs import keep_prompt_logprobs, token_logprobs, with_logprobs
+from .logprobs import keep_prompt_logprobs, token_logprobs
 from .memory_pool import KVPool, cache_kind
 from .model_runner import ModelRunner, load_for_engine, resolve_device
 from .overlap import OverlapStepper
@@ -250,7 +250,7 @@ class Engine:
                 req.num_computed = computed
             self.scheduler.finish(req, reason)
             delta += live.detok.flush(req.output_ids)
-        return self._live.end(live, [tok], delta, reason, *with_logprobs(live, lp))
+        return self._live.token(live, tok, delta, reason, lp)
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
         """Start the other samples of each leader in ``reqs`` sampling its first token

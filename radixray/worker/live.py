@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from radixray.protocol import RequestError, StreamChunk
 
 from .detokenizer import IncrementalDetokenizer
+from .logprobs import with_logprobs
 from .request import Request
 from .samples import SampleGroup, follower, unforked_ends
 
@@ -106,6 +107,19 @@ class LiveRequests:
         while self._by_id:
             rid = next(iter(self._by_id))
             yield rid, self._by_id.pop(rid)
+
+    def token(self, live: Live, tok: int, text: str, reason: str | None, lp) -> StreamChunk:
+        """A sampled token's chunk: ``end`` with its logprobs (``with_logprobs``), the common
+        one (not the last, no logprobs) built here at once (every token of every request)."""
+        req = live.req
+        if reason is None and lp is None and req.params.prompt_logprobs is None:
+            chunk = StreamChunk(
+                [tok], text, req.cached_tokens, None, 0, 0, None, None, None, live.index
+            )
+            if live.sink is not None:
+                live.sink(chunk)
+            return chunk
+        return self.end(live, [tok], text, reason, *with_logprobs(live, lp))
 
     def end(
         self, live: Live, toks: list[int], text: str, reason: str | None, *lp: list | None

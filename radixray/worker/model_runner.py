@@ -131,13 +131,17 @@ class ModelRunner:
         ``forward`` copies in on the device."""
         P = self.pool.page_size
         items = batch.items
-        self._state_copies(batch.state_copies)  # checkpoints saved and restored, then:
-        state = self._state(items, batch.state_copies)  # checked first: nothing built if stale
+        state = None
+        if self.state is not None or batch.state_copies:
+            self._state_copies(batch.state_copies)  # checkpoints saved and restored, then:
+            state = self._state(items, batch.state_copies)  # checked first: nothing built if stale
         if self.replays(batch):  # the graphs' own buffers take the rows
             rows = batch.decode_rows(P)
             return Prepared(batch, True, rows=rows, fix=self._fix(batch, rows, pending_rows))
-        if self.pool.window_k is None and all(it.num_tokens == 1 and it.sample for it in items):
-            return self._prepare_decode(batch, pending_rows)._replace(state=state)
+        if self.pool.window_k is None:  # a decode step's own path, if it is one
+            decode = self._prepare_decode(batch, pending_rows, state)
+            if decode is not None:
+                return decode
         fix_dst, fix_src = [], []
         tables, cached, new = [], [], []
         for it in items:
@@ -189,15 +193,27 @@ class ModelRunner:
             return None
         return rows.on_device, [pending_rows[id(batch.items[i].req)] for i in rows.on_device]
 
-    def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int] | None) -> Prepared:
-        """``prepare`` for a step of one sampled token per item (a decode step): ids,
-        positions, slots, lengths and block table in one host tensor and one copy
+    def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int] | None, state):
+        """``prepare`` for a step of one sampled token per item (a decode step), else None:
+        ids, positions, slots, lengths and block table in one host tensor and one copy
         (``decode_inputs.py``; the general path builds each from lists of lists)."""
         step = self.decode_inputs.build(batch.items)
-        m = len(batch.items)
+        if step is None:
+            return None
         fix = self._fix(batch, step, pending_rows)
+        m = len(batch.items)
         return Prepared(
-            batch, False, step.ids, step.positions, step.meta, None, step.every, [], m, fix
+            batch,
+            False,
+            step.ids,
+            step.positions,
+            step.meta,
+            None,
+            step.every,
+            [],
+            m,
+            fix,
+            state=state,
         )
 
     @torch.inference_mode()

@@ -190,7 +190,8 @@ class Request:
     @property
     def in_prefill(self) -> bool:
         """True until KV exists for every token but the last (which the next step feeds)."""
-        return self.num_computed < self.num_tokens - 1
+        # (num_tokens, inlined: the scheduler asks for every running request every step)
+        return self.num_computed < len(self.prompt_ids) + len(self.output_ids) + self.pending - 1
 
     @property
     def private_pages(self) -> list[int]:

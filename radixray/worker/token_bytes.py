@@ -57,6 +57,10 @@ class ByteStream:
 
     def text(self, ids: Sequence[int], start: int = 0) -> str:
         """The text the tokens ``ids[start:]`` (the next ones of the output) complete."""
+        if start == len(ids) - 1 and not self._waiting:  # one token, nothing waiting: mostly
+            whole = self._texts[ids[start]]
+            if whole is not None:
+                return whole
         out = ""
         for k in range(start, len(ids)):
             i = ids[k]

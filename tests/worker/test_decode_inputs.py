@@ -79,6 +79,15 @@ def test_inputs_follow_every_change_of_a_requests_pages():
                 r.num_tree_pages = k
 
 
+def test_a_step_that_is_not_all_decodes_is_left_to_the_general_path():
+    inputs = DecodeInputs(P, 1000, torch.device("cpu"))
+    r = request(0, 5, 0, [1, 2])
+    assert inputs.build([]) is None
+    assert inputs.build([ScheduledItem(r, 0, 5, True)]) is None  # a prefill chunk
+    assert inputs.build([ScheduledItem(r, 4, 1, False)]) is None  # no sample
+    assert inputs.build([ScheduledItem(r, 4, 1, True)]).ids.tolist() == [104]
+
+
 def test_a_pool_past_int32_slots_is_refused():
     with pytest.raises(ValueError, match="num_pages \\* page_size = 4294967296 KV slots"):
         DecodeInputs(16, 2**28, torch.device("cpu"))
@@ -91,6 +100,9 @@ def test_engine_inputs_stay_right_under_pressure_forks_and_shared_prefixes():
 
     def build(items):
         step = real(items)
+        if step is None:  # not a decode step: the general path builds it
+            assert not items or any(it.num_tokens != 1 or not it.sample for it in items)
+            return None
         want = Batch(list(items)).decode_rows(e.page_size)
         table = step.meta.block_table.tolist()
         assert [row[: len(r)] for row, r in zip(table, want.pages, strict=True)] == want.pages
