@@ -50,7 +50,7 @@ class Batch(NamedTuple):
 
     @property
     def num_tokens(self) -> int:
-        return sum(it.num_tokens for it in self.items)
+        return sum([it.num_tokens for it in self.items])
 
     def decode_rows(self, page_size: int) -> DecodeRows:
         """The inputs of a step whose items are each one token (a decode step), in one pass."""

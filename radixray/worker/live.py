@@ -38,6 +38,7 @@ class Live:
     queued_at: float = field(default_factory=time.monotonic)  # when the engine took it
     prompt_logprobs: list = field(default_factory=list)  # until its first token (logprobs.py)
     index: int = 0  # which of its request's samples (samples.py)
+    cached: int | None = None  # its request's cached_tokens, read at its first chunk (fixed)
     group: SampleGroup | None = None  # its request's samples, when it has n > 1
 
 
@@ -111,11 +112,11 @@ class LiveRequests:
     def token(self, live: Live, tok: int, text: str, reason: str | None, lp) -> StreamChunk:
         """A sampled token's chunk: ``end`` with its logprobs (``with_logprobs``), the common
         one (not the last, no logprobs) built here at once (every token of every request)."""
-        req = live.req
+        req, cached = live.req, live.cached
         if reason is None and lp is None and req.params.prompt_logprobs is None:
-            chunk = StreamChunk(
-                [tok], text, req.cached_tokens, None, 0, 0, None, None, None, live.index
-            )
+            if cached is None:  # (set at admission, before any token, and never again)
+                cached = live.cached = req.cached_tokens
+            chunk = StreamChunk([tok], text, cached, None, 0, 0, None, None, None, live.index)
             if live.sink is not None:
                 live.sink(chunk)
             return chunk

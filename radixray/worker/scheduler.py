@@ -138,7 +138,7 @@ class Scheduler:
         one_order = self.config.prefill_order != "fcfs"  # running and waiting prefills together
         priced = self.config.packing == "priced"
         self._packing = StepPacking(self.step_costs if priced else None, budget)
-        order = sorted((r.in_prefill, r.arrival_step, i, r) for i, r in enumerate(self.running))
+        order = sorted([(r.in_prefill, r.arrival_step, i, r) for i, r in enumerate(self.running)])
         for in_prefill, _, _, req in order:
             if one_order and in_prefill:
                 break  # prefills are ordered with the waiting requests below
