@@ -134,7 +134,7 @@ class Scheduler:
         budget = self.config.max_batch_tokens
         items: list[ScheduledItem] = []
         scheduled: set[int] = set()
-        preemptions_before = self.num_preemptions
+        preemptions_before, running = self.num_preemptions, RequestStatus.RUNNING
         one_order = self.config.prefill_order != "fcfs"  # running and waiting prefills together
         priced = self.config.packing == "priced"
         self._packing = StepPacking(self.step_costs if priced else None, budget)
@@ -142,7 +142,7 @@ class Scheduler:
         for in_prefill, _, _, req in order:
             if one_order and in_prefill:
                 break  # prefills are ordered with the waiting requests below
-            if req.status is not RequestStatus.RUNNING or budget <= 0 or req.last_pending:
+            if req.status is not running or budget <= 0 or req.last_pending:
                 continue
             if in_prefill:
                 budget -= self._continue(req, budget, items, scheduled)
@@ -351,10 +351,10 @@ class Scheduler:
     def postprocess(self, batch: Batch) -> None:
         """Record computed tokens; hand finished prefill chunks to the cache so other requests
         can share them at once."""
-        window = self.pages.window is not None
+        window, running = self.pages.window is not None, RequestStatus.RUNNING
         for it in batch.items:
             req = it.req
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
             req.num_computed = it.start + it.num_tokens
             if it.num_tokens > 1:
