@@ -34,6 +34,7 @@ class IncrementalDetokenizer:
         (then ``decode`` is not called)."""
         self._decode = decode
         self._bytes = table.stream() if table is not None else None
+        self._texts = table.texts if table is not None else None  # (the common token, inline)
         self.stop = stop
         self.min_tokens = min_tokens  # no stop string ends an output of fewer tokens (vLLM's)
         self._hold = max((len(s) for s in stop), default=1) - 1
@@ -50,7 +51,11 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         if self._bytes is not None:
-            new = self._bytes.text(output_ids, self._read)
+            new = None
+            if self._read == len(output_ids) - 1 and not self._bytes.waiting:
+                new = self._texts[output_ids[-1]]  # one token of whole characters: mostly
+            if new is None:
+                new = self._bytes.text(output_ids, self._read)
             self._read = len(output_ids)
             self.text += new
             if not self.stop:  # nothing is held back: all of it goes (the common case, short)

@@ -49,22 +49,22 @@ class ByteStream:
     whole characters (most) is its text; one that leaves or completes an incomplete character
     goes through a UTF-8 decode with the bytes still waiting."""
 
-    __slots__ = ("_table", "_texts", "_waiting")
+    __slots__ = ("_table", "_texts", "waiting")
 
     def __init__(self, table: TokenBytes):
         self._table, self._texts = table.table, table.texts
-        self._waiting = b""  # the bytes of an incomplete character so far
+        self.waiting = b""  # the bytes of an incomplete character so far (others read it)
 
     def text(self, ids: Sequence[int], start: int = 0) -> str:
         """The text the tokens ``ids[start:]`` (the next ones of the output) complete."""
-        if start == len(ids) - 1 and not self._waiting:  # one token, nothing waiting: mostly
+        if start == len(ids) - 1 and not self.waiting:  # one token, nothing waiting: mostly
             whole = self._texts[ids[start]]
             if whole is not None:
                 return whole
         out = ""
         for k in range(start, len(ids)):
             i = ids[k]
-            if not self._waiting:
+            if not self.waiting:
                 whole = self._texts[i]
                 if whole is not None:
                     out += whole
@@ -73,16 +73,16 @@ class ByteStream:
             if b is BREAK:
                 out += self.end()
             else:
-                data = self._waiting + b
+                data = self.waiting + b
                 text, used = codecs.utf_8_decode(data, "replace", False)
-                self._waiting = data[used:]
+                self.waiting = data[used:]
                 out += text
         return out
 
     def end(self) -> str:
         """The output ended (or a ``BREAK``): bytes still waiting as U+FFFD."""
-        text = codecs.utf_8_decode(self._waiting, "replace", True)[0] if self._waiting else ""
-        self._waiting = b""
+        text = codecs.utf_8_decode(self.waiting, "replace", True)[0] if self.waiting else ""
+        self.waiting = b""
         return text
 
 
