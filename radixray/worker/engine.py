@@ -214,14 +214,7 @@ class Engine:
                 logits = logits[torch.tensor(rows, device=logits.device)]
                 if grammar:
                     grammar["grammar_mask"] = expand_mask(grammar["grammar_mask"], rows, len(items))
-        tokens = self.sampler.sample(
-            logits,
-            [r.request_id for r in reqs],
-            [r.params for r in reqs],
-            [r.prompt_ids for r in reqs],
-            [r.output_ids for r in reqs],
-            **grammar,
-        )
+        tokens = self.sampler.sample_requests(logits, reqs, **grammar)
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
         return [

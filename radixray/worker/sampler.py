@@ -42,6 +42,23 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows=None) 
         logits[idx] = masked
 
 
+class _Column(Sequence):
+    """One attribute of each of ``reqs``, read when a row is indexed."""
+
+    __slots__ = ("_reqs", "_name")
+
+    def __init__(self, reqs: Sequence, name: str):
+        self._reqs, self._name = reqs, name
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [getattr(r, self._name) for r in self._reqs[i]]
+        return getattr(self._reqs[i], self._name)
+
+
 class Sampler:
     """Samples one token per row of logits, on the logits' device, for the whole batch at once.
 
@@ -81,6 +98,18 @@ class Sampler:
                 params.seed % (1 << 64)
             )
         return gen
+
+    def sample_requests(self, logits: torch.Tensor, reqs: Sequence, **grammar) -> list[int]:
+        """``sample`` for the scheduler's requests (a row each): a row's request id, prompt and
+        output are read only where it needs them (a greedy row without controls: never)."""
+        return self.sample(
+            logits,
+            _Column(reqs, "request_id"),
+            [r.params for r in reqs],
+            _Column(reqs, "prompt_ids"),
+            _Column(reqs, "output_ids"),
+            **grammar,
+        )
 
     def sample(
         self,
