@@ -217,10 +217,8 @@ class Engine:
         tokens = self.sampler.sample_requests(logits, reqs, **grammar)
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
         now = time.monotonic()
-        return [
-            self._take(self._live[req.request_id], tok, lp, now)
-            for req, tok, lp in zip(reqs, tokens, lps, strict=True)
-        ]
+        take, lives = self._take, self._live.of(reqs)
+        return [take(live, tok, lp, now) for live, tok, lp in zip(lives, tokens, lps, strict=True)]
 
     def _take(self, live: Live, tok: int, lp, now: float, computed: int | None = None):
         """A sampled token into its request: its chunk, and the request's end if it ends.

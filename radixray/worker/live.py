@@ -59,6 +59,11 @@ class LiveRequests:
     def __getitem__(self, rid: str) -> Live:
         return self._by_id[rid]
 
+    def of(self, reqs: list[Request]) -> list[Live]:
+        """Each request's live sample (one call a step, not one a request)."""
+        by_id = self._by_id
+        return [by_id[r.request_id] for r in reqs]
+
     def get(self, rid: str) -> Live | None:
         return self._by_id.get(rid)
 
