@@ -72,6 +72,7 @@ CASES = {
     # the Ray target starts a Ray cluster (a minute here); `radixray serve` on Ray is tested in
     # tests/test_cli_serve.py
     "bench_router.py": (["--out", "{out}", "--targets", "smg", "http"], "|", (integration,)),
+    "bench_router_inproc.py": (["--out", "{out}"], "64-token stream", ()),
     "bench_fleet.py": (["--out", "{out}", "--no-smg"], "|", (integration,)),
     "bench_serving.py": (["--out-dir", "{out}"], "bench_serving.json", (integration,)),
     "bench_sim_vs_live.py": (
