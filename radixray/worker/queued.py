@@ -82,6 +82,14 @@ class QueuedPrefill:
         self._by_hash = by_hash
         self._kept = len(by_hash)
 
+    def in_flight_hashes(self) -> set[int]:
+        """Block hashes of prompt pages that running requests are computing right now."""
+        out: set[int] = set()
+        for r in self.running:
+            if r.in_prefill:
+                out.update(r.block_hashes[r.num_tree_pages : r.num_prompt // self.P])
+        return out
+
     def tokens(self) -> int:
         """Prefill tokens still to compute: each waiting request's estimate, and what the running
         prefills have left (the last token of a prompt is the first decode step's)."""

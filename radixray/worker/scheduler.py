@@ -146,6 +146,11 @@ class Scheduler:
                 continue
             if in_prefill:
                 budget -= self._continue(req, budget, items, scheduled)
+            elif req.num_computed < len(req.pages) * self.P:  # a decode with its page: inline
+                items.append(ScheduledItem(req, req.num_computed, 1, True))
+                scheduled.add(id(req))
+                self._packing.note(True, True)
+                budget -= 1
             else:
                 budget -= self._decode(req, items, scheduled)
         if one_order and (self.waiting or (order and order[-1][0])):  # a prompt to compute
@@ -175,7 +180,7 @@ class Scheduler:
 
     def _decode(self, req: Request, items: list, scheduled: set[int]) -> int:
         """``_continue`` for a request past its prefill: its next token (1), or 0 if it was
-        preempted itself. The one path every decode takes each step, kept short."""
+        preempted itself (``schedule`` takes one whose page is there inline, as this does)."""
         start = req.num_computed
         if start >= len(req.pages) * self.P and not self._ensure_pages(req, start + 1, scheduled):
             return 0
@@ -211,7 +216,7 @@ class Scheduler:
         remaining.update(self._uncached(self.waiting))
         order = sorted(running + self.waiting, key=self._prefill_rank(remaining))
         was_running = {id(r) for r in running}
-        in_flight = self._in_flight_hashes()
+        in_flight = self.queued.in_flight_hashes()
         admitting = True
         for req in order:
             if budget <= 0:
@@ -282,17 +287,9 @@ class Scheduler:
         young.sort(key=lambda r: -match_len[id(r)])  # stable: FCFS among equals
         return old + young
 
-    def _in_flight_hashes(self) -> set[int]:
-        """Block hashes of prompt pages that running requests are computing right now."""
-        out: set[int] = set()
-        for r in self.running:
-            if r.in_prefill:
-                out.update(r.block_hashes[r.num_tree_pages : r.num_prompt // self.P])
-        return out
-
     def _admit(self, items: list[ScheduledItem], budget: int, scheduled: set[int]) -> None:
         cfg = self.config
-        in_flight = self._in_flight_hashes()
+        in_flight = self.queued.in_flight_hashes()
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_running:
                 break
