@@ -141,6 +141,12 @@ class Request:
     queued_tokens: int = 0  # while waiting: the prefill it adds to the queue (QueuedPrefill)
     finish_reason: str | None = None
     first_token_time: float | None = None
+    # Greedy without logits controls (from ``params``, fixed): the sampler takes such rows'
+    # argmax without asking their params again each step (``Sampler.sample_requests``).
+    plain_greedy: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.plain_greedy = self.params.greedy and not self.params.uses_controls
 
     @property
     def all_ids(self) -> list[int]:

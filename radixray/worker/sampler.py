@@ -101,13 +101,15 @@ class Sampler:
 
     def sample_requests(self, logits: torch.Tensor, reqs: Sequence, **grammar) -> list[int]:
         """``sample`` for the scheduler's requests (a row each): a row's request id, prompt and
-        output are read only where it needs them (a greedy row without controls: never)."""
+        output are read only where it needs them (a greedy row without controls: never), and
+        a batch of such rows (``Request.plain_greedy``) skips asking each row's params."""
         return self.sample(
             logits,
             _Column(reqs, "request_id"),
             [r.params for r in reqs],
             _Column(reqs, "prompt_ids"),
             _Column(reqs, "output_ids"),
+            plain=all(r.plain_greedy for r in reqs),
             **grammar,
         )
 
@@ -119,14 +121,15 @@ class Sampler:
         prompt_ids: Sequence[Sequence[int]] | None = None,
         output_ids: Sequence[Sequence[int]] | None = None,
         grammar_mask: tuple[list[int], torch.Tensor] | None = None,
+        plain: bool = False,
     ) -> list[int]:
         """logits [n, vocab] (any device) -> n token ids. ``prompt_ids`` and ``output_ids``
         (each row's tokens so far) are needed only by the penalties (at a request's first
         sampled token: then its counts stay on the device) and ``min_tokens``.
         ``grammar_mask``: (rows, bitmask) of the rows under a grammar, applied after the
-        controls."""
+        controls. ``plain``: every row is greedy without controls (the caller knows)."""
         return self.sample_ids(
-            logits, request_ids, params, prompt_ids, output_ids, grammar_mask
+            logits, request_ids, params, prompt_ids, output_ids, grammar_mask, plain=plain
         ).tolist()
 
     def sample_ids(
@@ -138,14 +141,16 @@ class Sampler:
         output_ids: Sequence[Sequence[int]] | None = None,
         grammar_mask: tuple[list[int], torch.Tensor] | None = None,
         num_output: Sequence[int] | None = None,
+        plain: bool = False,
     ) -> torch.Tensor:
         """``sample``'s ids as an int64 tensor on the logits' device, with no wait for the
         device (they stay there, ``overlap.py``). ``num_output``: each row's output tokens so
-        far, those not read back yet included (default: ``len(output_ids[i])``)."""
+        far, those not read back yet included (default: ``len(output_ids[i])``). ``plain``: as
+        ``sample``'s."""
         given = logits
         logits = logits if logits.dtype == torch.float32 else logits.float()  # (a call less)
         counted = states = None
-        if any(p.uses_controls for p in params):
+        if not plain and any(p.uses_controls for p in params):
             empty = [()] * len(params)
             prompt_ids = empty if prompt_ids is None else prompt_ids
             output_ids = empty if output_ids is None else output_ids
@@ -163,7 +168,7 @@ class Sampler:
                 logits = logits.clone()
             apply_token_bitmask(logits, grammar_mask[1], grammar_mask[0])
         out = logits.argmax(dim=-1)
-        rows = [i for i, p in enumerate(params) if not p.greedy]
+        rows = [] if plain else [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             drawn = self._draw(
                 logits, rows, [request_ids[i] for i in rows], [params[i] for i in rows]

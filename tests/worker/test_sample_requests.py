@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from radixray.protocol import SamplingParams
+from radixray.worker.request import Request
 from radixray.worker.sampler import Sampler
 
 
@@ -21,6 +22,7 @@ def test_sample_requests_equals_sample_with_the_lists():
         SimpleNamespace(
             request_id=f"r{i}",
             params=kinds[i % 4],
+            plain_greedy=False,
             prompt_ids=[i, 7, 9],
             output_ids=[3, 3, i % 5],
         )
@@ -39,3 +41,16 @@ def test_sample_requests_equals_sample_with_the_lists():
         assert b.sample_requests(logits.clone(), reqs) == want
         for r, t in zip(reqs, want, strict=True):
             r.output_ids.append(t)
+
+
+def test_a_batch_of_plain_greedy_requests_takes_the_argmax():
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=1),
+        SamplingParams(temperature=0.0, min_tokens=2),
+        SamplingParams(temperature=0.5),
+    ]
+    reqs = [Request(f"r{i}", [1, 2], p, []) for i, p in enumerate(params)]
+    assert [r.plain_greedy for r in reqs] == [True, True, False, False]
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(1))
+    assert Sampler().sample_requests(logits, reqs[:2]) == logits.argmax(-1).tolist()

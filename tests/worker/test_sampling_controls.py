@@ -263,8 +263,8 @@ def test_engine_steps_take_the_argmax_of_the_reference(engine):
     seen = []
     real = engine.sampler.sample
 
-    def spy(lg, ids, params, prompts, outputs):
-        out = real(lg, ids, params, prompts, outputs)
+    def spy(lg, ids, params, prompts, outputs, **kw):
+        out = real(lg, ids, params, prompts, outputs, **kw)
         for i, p in enumerate(params):
             want = reference(lg[i].tolist(), p, prompts[i], outputs[i], engine.sampler.eos_ids)
             seen.append((out[i], int(np.argmax(want))))
