@@ -119,3 +119,26 @@ def test_engine_inputs_stay_right_under_pressure_forks_and_shared_prefixes():
     ref = engine()
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref.generate_batch(prompts, params)]
     assert e.scheduler.num_preemptions > 0 and max(built) > 1
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_step_is_one_copy_of_the_same_values():
+    """On CUDA the inputs arrive as views of one device tensor, equal to the CPU's build."""
+    rng = random.Random(1)
+    reqs = [
+        request(i, rng.randint(1, 9), rng.randint(1, 3), list(range(i, i + 5))) for i in range(6)
+    ]
+    items = [ScheduledItem(r, len(r.prompt_ids) + len(r.output_ids) - 1, 1, True) for r in reqs]
+    cpu = DecodeInputs(P, 1000, torch.device("cpu")).build(items)
+    dev = DecodeInputs(P, 1000, torch.device("cuda")).build(items)
+    torch.cuda.synchronize()
+    base = dev.meta.block_table.untyped_storage().data_ptr()
+    for a, b in (
+        (cpu.meta.block_table, dev.meta.block_table),
+        (cpu.meta.seq_lens, dev.meta.seq_lens),
+    ):
+        assert b.is_cuda and b.untyped_storage().data_ptr() == base  # one copy, views of it
+        assert torch.equal(a, b.cpu())
+    for a, b in ((cpu.ids, dev.ids), (cpu.positions, dev.positions)):
+        assert b.is_cuda and b.dtype == torch.int64 and torch.equal(a, b.cpu())
+    assert torch.equal(cpu.meta.slot_mapping, dev.meta.slot_mapping.cpu())
