@@ -10,7 +10,9 @@ tokens. Text that could still grow into a stop string is held back until it cann
 Where the tokenizer's ids map to bytes (``token_bytes.py``: checked at start-up to decode
 exactly as the tokenizer does), a token is a table look-up and an incremental UTF-8 decode
 instead of two ``decode`` calls: at batch 64 on the tiny model that was most of a step's
-emitting. ``Detokenizers`` picks the path once per tokenizer.
+emitting. SentencePiece tokenizers (Llama 2, Mistral, Gemma) take it too; there a run of byte
+pieces comes out when it ends, a stop string in it found then, at the latest by ``flush``.
+``Detokenizers`` picks the path once per tokenizer.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ __all__ = ["Detokenizers", "IncrementalDetokenizer"]
 
 
 class IncrementalDetokenizer:
+    """One output's text, released as it can be (``update`` each token, ``flush`` at the end).
+
+    The text is kept as released pieces in a list (joined only when ``text`` is read) and a short
+    ``_tail``: the part not yet released plus the longest stop string's length less one before it,
+    all that the stop search and the hold-back look at. So a token costs O(its text + the longest
+    stop), not a copy of the whole text (``text += piece`` was quadratic over a long output)."""
+
     def __init__(
         self,
         decode: Callable[[list[int]], str],
@@ -38,12 +47,21 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.min_tokens = min_tokens  # no stop string ends an output of fewer tokens (vLLM's)
         self._hold = max((len(s) for s in stop), default=1) - 1
-        self.text = ""  # decoded text so far (cut before a stop string once one is found)
+        self._done: list[str] = []  # the text before the tail, in pieces
+        self._done_len = 0  # its length in characters
+        self._tail = ""  # the text from _done_len on
         self.emitted = 0  # characters already released
         self.stopped = False
         self._prefix = 0  # token offsets of the decode window
         self._read = 0
         self._before = ""  # the text of output_ids[prefix:read]: unchanged until they move
+
+    @property
+    def text(self) -> str:
+        """The text so far, released or not (cut before a stop string once one is found)."""
+        if len(self._done) > 1:
+            self._done = ["".join(self._done)]
+        return (self._done[0] if self._done else "") + self._tail
 
     def update(self, output_ids: list[int]) -> str:
         """Take the output so far (one more token than last time, or more); return the text that
@@ -57,47 +75,68 @@ class IncrementalDetokenizer:
             if new is None:
                 new = self._bytes.text(output_ids, self._read)
             self._read = len(output_ids)
-            self.text += new
-            if not self.stop:  # nothing is held back: all of it goes (the common case, short)
-                self.emitted = len(self.text)
-                return new
         else:
-            self._decode_window(output_ids)
-        for s in self.stop if len(output_ids) > self.min_tokens else ():
-            # A new match can only start in the part not yet released (or overlap its end).
-            i = self.text.find(s, max(0, self.emitted - len(s) + 1))
-            if i != -1:
-                self.text = self.text[:i]
-                self.stopped = True
-                return self.flush()
-        end = len(self.text) - self._hold if self.stop else len(self.text)
+            new = self._decode_window(output_ids)
+        if not self.stop:  # nothing is held back: all of it goes (the common case, short)
+            self._done.append(new)
+            self._done_len += len(new)
+            self.emitted = self._done_len
+            return new
+        self._tail += new
+        if self._cut_at_stop(len(output_ids)):
+            return self.flush()
+        end = self._done_len + len(self._tail) - self._hold
         if end <= self.emitted:
             return ""
-        delta = self.text[self.emitted : end]
+        delta = self._tail[self.emitted - self._done_len : end - self._done_len]
         self.emitted = end
+        cut = end - self._hold - self._done_len  # what no stop search will look at again
+        if cut > 0:
+            self._done.append(self._tail[:cut])
+            self._done_len += cut
+            self._tail = self._tail[cut:]
         return delta
 
-    def _decode_window(self, output_ids: list[int]) -> None:
+    def _cut_at_stop(self, num_ids: int) -> bool:
+        """Cut the text before the first stop string found (``stopped``); False if none."""
+        if num_ids <= self.min_tokens:
+            return False
+        for s in self.stop:
+            # A new match can only start in the part not yet released (or overlap its end).
+            i = self._tail.find(s, max(0, self.emitted - len(s) + 1 - self._done_len))
+            if i != -1:
+                self._tail = self._tail[:i]
+                self.stopped = True
+                return True
+        return False
+
+    def _decode_window(self, output_ids: list[int]) -> str:
         before = self._before
         window = self._decode(output_ids[self._prefix :])
         if len(window) > len(before) and not window.endswith("\ufffd"):
-            self.text += window[len(before) :]
             self._prefix, self._read = self._read, len(output_ids)
             self._before = self._decode(output_ids[self._prefix : self._read])
+            return window[len(before) :]
+        return ""
 
     def flush(self, output_ids: list[int] | None = None) -> str:
-        """Release everything (the request ended). With ``output_ids``, text still waiting in
-        the window (e.g. an incomplete character at the very end) is decoded as it is."""
+        """Release everything (the request ended). With ``output_ids``, text still waiting (an
+        incomplete character at the very end, a run of byte pieces) is decoded as it is, and a
+        stop string in it cuts the text as in ``update``."""
+        rest = ""
         if output_ids is not None and not self.stopped and self._bytes is not None:
-            self.text += self._bytes.text(output_ids, self._read) + self._bytes.end()
+            rest = self._bytes.text(output_ids, self._read) + self._bytes.end()
             self._read = len(output_ids)
         elif output_ids is not None and not self.stopped and self._read < len(output_ids):
-            window = self._decode(output_ids[self._prefix :])
-            self.text += window[len(self._before) :]
+            rest = self._decode(output_ids[self._prefix :])[len(self._before) :]
             self._prefix = self._read = len(output_ids)
             self._before = ""
-        delta = self.text[self.emitted :]
-        self.emitted = len(self.text)
+        if rest:
+            self._tail += rest
+            if self.stop:
+                self._cut_at_stop(len(output_ids))
+        delta = self._tail[self.emitted - self._done_len :]
+        self.emitted = self._done_len + len(self._tail)
         return delta
 
 
