@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from radixray.numbers import Ewma
 
-from .base import Decision, Policy, RoutingRequest, WorkerState, healthy, register_policy
+from .base import (
+    Decision,
+    Policy,
+    RoutingRequest,
+    WorkerState,
+    healthy,
+    register_policy,
+    separating_term,
+)
 from .demand import PrefixDemand
 from .headroom import Headroom
 from .ttft_config import TTFTConfig
@@ -94,9 +102,9 @@ class PredictedTTFT(Policy):
     def choose(self, request: RoutingRequest, workers: Sequence[WorkerState], index) -> Decision:
         live = healthy(workers)
         weight, outside = self._weight(live)
-        P, n = index.page_size, request.num_tokens
+        config, P, n = self.config, index.page_size, request.num_tokens
         found = tiers = index.match_tiers(request.block_hashes) if request.block_hashes else {}
-        if not self.config.tiers:  # tier-blind: what index.match sees
+        if not config.tiers:  # tier-blind: what index.match sees
             tiers = {w: (dev, dev) for w, (dev, _) in tiers.items() if dev}
         # c_w: the prefix w can reuse, on its device or loaded back from its host tier (what
         # only an unhealthy worker holds is no one's to reuse)
@@ -106,16 +114,16 @@ class PredictedTTFT(Policy):
         key = self._observe_demand(request, tiers)
         reuse = self._reuse.update(longest / n) if n else self._reuse.value
         # a match under min_match of the prompt is inside the cost model's error: none
-        floor = self.config.min_match * n
-        least = max(floor, 1)
-        cached = {
-            w.worker_id: _held(w, reusable, tiers, P)
-            if reusable.get(w.worker_id, 0) >= least else (0, 0)
-            for w in live
-        }  # fmt: skip
-        depths = sorted((c for c, _ in cached.values()), reverse=True)
-        share = max(1, int(len(depths) * self.config.shared_share))
-        c_shared = depths[share] if len(depths) > 1 else 0
+        floor = config.min_match * n
+        least, c_shared = max(floor, 1), 0
+        if reusable:
+            cached = {w.worker_id: _held(w, c, tiers, P) if (c := reusable.get(w.worker_id, 0))
+                      >= least else (0, 0) for w in live}  # fmt: skip
+            depths = sorted((c for c, _ in cached.values()), reverse=True)
+            if len(depths) > 1:
+                c_shared = depths[max(1, int(len(depths) * config.shared_share))]
+        else:
+            cached = {w.worker_id: (0, 0) for w in live}
         evicted = _evicted_rate(workers, index, reuse)
         # a move leaves the holder's copy stale: once caches are full it takes room a cached
         # token would have, reused at the reuse share
@@ -133,8 +141,8 @@ class PredictedTTFT(Policy):
         pick = self.pick_tied(best, request.fleet, request.cache_key)
         pick, kept = self._keep(pick, live, cached, inputs.c_best, scores, key)
         c = reusable.get(pick.worker_id, 0)
-        self._observe_work(request, pick, n - _held(pick, reusable, tiers, P)[0], len(live))
-        decided = "margin" if kept else _decided_by(pick.worker_id, scores, terms)
+        self._observe_work(request, pick, n - _held(pick, c, tiers, P)[0], len(live))
+        decided = "margin" if kept else separating_term(pick.worker_id, scores, terms, TERMS)
         best_match = inputs.c_best and c == inputs.c_best
         reason = kept or ("ttft: best match" if best_match else "ttft: lowest cost")
         return Decision(pick.worker_id, reason, c, scores, headroom=self.headroom, tiers=found,
@@ -160,10 +168,10 @@ class PredictedTTFT(Policy):
         return (
             w.queued_prefill_tokens / rate,  # wait: the prefill queued ahead
             own,  # prefill: its own uncached tokens
-            w.load_time(c - d),  # load: what it loads back from the host tier
+            w.load_time(c - d) if c > d else 0.0,  # load: what it loads back from the host tier
             (p.weight + p.stale) * (p.c_best - cc) * token_s,  # recompute: held elsewhere
-            p.evicted * spill * token_s + p.reuse * w.load_time(demoted),  # evict
-            _decode_cost(w, p.answer),  # decode: its answer's steps, for those already there
+            p.evicted * spill * token_s + p.reuse * (w.load_time(demoted) if demoted else 0.0),
+            _decode_cost(w, p.answer) if p.answer else 0.0,  # decode: for those already there
         )
 
     def _observe_work(self, request, pick: WorkerState, uncached: int, workers: int) -> None:
@@ -203,25 +211,13 @@ class PredictedTTFT(Policy):
         return f"PredictedTTFT({self.config}, rho={self.rho:.3f}, headroom={self.headroom:.3f})"
 
 
-def _held(w: WorkerState, reusable: dict, tiers: dict, page_size: int) -> tuple[int, int]:
-    """(c_w, d_w): the tokens ``w`` reuses and those of them on its device; a worker without a
-    measured host tier recomputes what only its host holds."""
-    if not (c := reusable.get(w.worker_id, 0)):
+def _held(w: WorkerState, c: int, tiers: dict, page_size: int) -> tuple[int, int]:
+    """(c_w, d_w): of the ``c`` tokens ``w`` could reuse, those it reuses and those of them on
+    its device; a worker without a measured host tier recomputes what only its host holds."""
+    if not c:
         return 0, 0
     d = min(tiers[w.worker_id][0] * page_size, c)
     return (c, d) if w.load_tokens_per_s > 0 else (d, d)
-
-
-def _decided_by(winner, scores: dict, terms: dict) -> str:
-    """The term whose difference most separated ``winner`` from the runner-up (the next lowest
-    cost); "tie" when they cost the same, "alone" with one candidate."""
-    if not (others := [(s, k) for k, s in scores.items() if k != winner]):
-        return "alone"
-    _, runner = min(others, key=lambda sk: sk[0])
-    if scores[runner] == scores[winner]:
-        return "tie"
-    gaps = [b - a for a, b in zip(terms[winner], terms[runner], strict=True)]
-    return TERMS[max(range(len(gaps)), key=gaps.__getitem__)]
 
 
 def _evicted_rate(workers: Sequence[WorkerState], index, reuse: float) -> float:
