@@ -21,16 +21,20 @@ from collections.abc import Callable
 
 from .token_bytes import TokenBytes, token_bytes
 
-__all__ = ["Detokenizers", "IncrementalDetokenizer"]
+__all__ = ["TAIL_SLACK", "Detokenizers", "IncrementalDetokenizer"]
+
+# Released text the tail keeps past what a stop search needs before moving it to the list.
+TAIL_SLACK = 256
 
 
 class IncrementalDetokenizer:
     """One output's text, released as it can be (``update`` each token, ``flush`` at the end).
 
     The text is kept as released pieces in a list (joined only when ``text`` is read) and a short
-    ``_tail``: the part not yet released plus the longest stop string's length less one before it,
-    all that the stop search and the hold-back look at. So a token costs O(its text + the longest
-    stop), not a copy of the whole text (``text += piece`` was quadratic over a long output)."""
+    ``_tail``: the part not yet released plus the longest stop string's length less one before
+    it (and up to ``TAIL_SLACK`` more), all that the stop search and the hold-back look at. So a
+    token costs O(its text + the longest stop), not a copy of the whole text (``text += piece``
+    was quadratic over a long output)."""
 
     def __init__(
         self,
@@ -82,19 +86,25 @@ class IncrementalDetokenizer:
             self._done_len += len(new)
             self.emitted = self._done_len
             return new
-        self._tail += new
-        if self._cut_at_stop(len(output_ids)):
-            return self.flush()
-        end = self._done_len + len(self._tail) - self._hold
-        if end <= self.emitted:
-            return ""
-        delta = self._tail[self.emitted - self._done_len : end - self._done_len]
-        self.emitted = end
-        cut = end - self._hold - self._done_len  # what no stop search will look at again
-        if cut > 0:
-            self._done.append(self._tail[:cut])
-            self._done_len += cut
-            self._tail = self._tail[cut:]
+        tail, base = self._tail + new, self._done_len
+        if len(output_ids) > self.min_tokens:
+            for s in self.stop:
+                # A new match can only start in the part not yet released (or overlap its end).
+                i = tail.find(s, max(0, self.emitted - len(s) + 1 - base))
+                if i != -1:
+                    self._tail, self.stopped = tail[:i], True
+                    return self.flush()
+        end = base + len(tail) - self._hold
+        if end > self.emitted:
+            delta = tail[self.emitted - base : end - base]
+            self.emitted = end
+            cut = end - self._hold - base  # what no stop search looks at again: to the list
+            if cut > TAIL_SLACK:  # in batches: an item a token costs more than a short copy
+                self._done.append(tail[:cut])
+                self._done_len, tail = base + cut, tail[cut:]
+        else:
+            delta = ""
+        self._tail = tail
         return delta
 
     def _cut_at_stop(self, num_ids: int) -> bool:

@@ -228,7 +228,10 @@ def _build(tokenizer, size: int) -> TokenBytes | None:
     backend = getattr(tokenizer, "_tok", None)  # a BPETokenizer's tokenizers.Tokenizer
     if backend is None or backend.decoder is None:
         return None
-    spec = json.loads(backend.decoder.__getstate__())
+    try:
+        spec = json.loads(backend.decoder.__getstate__())
+    except Exception:  # a decoder that does not serialize (a custom one): no table for it
+        return None
     special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     if spec.get("type") != "ByteLevel":
         rules = _piece_rules(spec)

@@ -60,6 +60,7 @@ CASES = {
     "bench_structured.py": ([], "| llguidance |", ()),
     "bench_host_step.py": ([], "| 8 |", ()),
     "bench_overlap.py": ([], "| True |", ()),
+    "bench_detokenizer.py": ([], "| 256 | none |", ()),
     "bench_instructor.py": ([], "JSON_SCHEMA  closed (default)", (integration,)),
     "bench_lm_eval.py": ([], "max |Δ loglik| vs HF float32", (integration, needs_lm_eval)),
     "bench_samples.py": ([], "| n=4 |", ()),

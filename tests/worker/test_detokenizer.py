@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from radixray.worker.detokenizer import IncrementalDetokenizer
+from radixray.worker.detokenizer import TAIL_SLACK, IncrementalDetokenizer
 from radixray.worker.model import ByteTokenizer
 from radixray.worker.token_bytes import token_bytes
 
@@ -85,7 +85,7 @@ class StringText:
 def test_text_in_pieces_releases_as_one_string_did(seed):
     rng = random.Random(seed)
     tok = ByteTokenizer()
-    text = "".join(rng.choice("ab c✓") for _ in range(rng.randint(1, 120)))
+    text = "".join(rng.choice("ab c✓") for _ in range(rng.randint(1, 700)))
     ids = tok.encode(text)
     stop = tuple(
         text[rng.randrange(len(text)) :][: rng.randint(1, 6)] or "x"
@@ -98,7 +98,7 @@ def test_text_in_pieces_releases_as_one_string_did(seed):
     for n in range(1, len(ids) + 1):
         assert d.update(ids[:n]) == ref.update(stream.text(ids[:n], n - 1), n), (text, n)
         assert d.text == ref.text and d.emitted == ref.emitted
-        assert len(d._tail) <= 2 * max(map(len, stop), default=0) + 4  # a bounded tail
+        assert len(d._tail) <= 2 * max(map(len, stop), default=0) + TAIL_SLACK + 1  # bounded
         if d.stopped:
             break
     else:
