@@ -17,7 +17,50 @@ MAX_SAMPLES = 128  # n: OpenAI's limit
 
 def check_sampling_params(p) -> None:
     """Raise ``InvalidRequest`` for the first field of ``p`` out of its range; normalise the
-    containers (``stop``, ``stop_token_ids``, ``logit_bias``) to sorted tuples in place."""
+    containers (``stop``, ``stop_token_ids``, ``logit_bias``) to sorted tuples in place.
+
+    It runs for every request the router takes (and again where a worker decodes it): a request
+    whose every field is of its exact type, in range and with no container to normalise
+    (``_usual``: one straight-line test) is done at once, the others go through the checks field
+    by field (``_check_each``), which raise or normalise as they always did."""
+    bias = p.logit_bias
+    if not bias and (type(bias) is tuple or type(bias) is dict) and _usual(p):
+        if type(bias) is dict:  # the edge's empty {}: the tuple the checks would make
+            msgspec.structs.force_setattr(p, "logit_bias", ())
+        return
+    _check_each(p)
+
+
+def _usual(p) -> bool:
+    """True when ``_check_each`` would pass ``p`` (``logit_bias`` aside) and change nothing: each
+    number of its exact type (never a bool) and in range, the logits controls off, ``stop`` and
+    ``stop_token_ids`` tuples of valid items. False says only "check field by field"."""
+    m, t, top_p, k, seed, stop, ids = (
+        p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.stop_token_ids
+    )  # fmt: skip
+    return (
+        type(m) is int and m >= 1
+        and (type(t) is float or type(t) is int) and 0.0 <= t <= 100.0
+        and (type(top_p) is float or type(top_p) is int) and 0.0 < top_p <= 1.0
+        and type(k) is int and (k == -1 or k >= 1)
+        and (seed is None or type(seed) is int and -(2**63) <= seed < 2**63)
+        and type(stop) is tuple and (not stop or all(type(s) is str and s for s in stop))
+        and type(ids) is tuple and (not ids or all(type(i) is int and i >= 0 for i in ids))
+        and type(p.min_p) is float and p.min_p == 0.0
+        and type(p.presence_penalty) is float and p.presence_penalty == 0.0
+        and type(p.frequency_penalty) is float and p.frequency_penalty == 0.0
+        and type(p.repetition_penalty) is float and p.repetition_penalty == 1.0
+        and type(p.min_tokens) is int and 0 <= p.min_tokens <= m
+        and (p.logprobs is None or type(p.logprobs) is int and 0 <= p.logprobs <= MAX_LOGPROBS)
+        and (p.prompt_logprobs is None
+             or type(p.prompt_logprobs) is int and 0 <= p.prompt_logprobs <= MAX_LOGPROBS)
+        and type(p.n) is int and 1 <= p.n <= MAX_SAMPLES
+    )  # fmt: skip
+
+
+def _check_each(p) -> None:
+    """``check_sampling_params``' checks, field by field in its order: the first bad one
+    raises."""
 
     def bad(name: str, want: str):
         raise InvalidRequest(
