@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from .request import Request
 
-__all__ = ["Batch", "DecodeRows", "ScheduledItem", "StepShape"]
+__all__ = ["Batch", "DecodeRows", "ScheduledItem", "StepShape", "decode_rows"]
 
 
 class ScheduledItem(NamedTuple):
@@ -54,25 +54,7 @@ class Batch(NamedTuple):
 
     def decode_rows(self, page_size: int) -> DecodeRows:
         """The inputs of a step whose items are each one token (a decode step), in one pass."""
-        ids, pos, slots, pages, on_device = [], [], [], [], []
-        width = 1
-        for i, it in enumerate(self.items):
-            req, p = it.req, it.start
-            n = len(req.prompt_ids)
-            if p < n:
-                ids.append(req.prompt_ids[p])
-            elif p - n < len(req.output_ids):
-                ids.append(req.output_ids[p - n])
-            else:  # the token the last step sampled, still on the device (Request.pending)
-                ids.append(0)
-                on_device.append(i)
-            k = p // page_size + 1
-            row = req.pages[:k]
-            pos.append(p)
-            slots.append(row[-1] * page_size + p % page_size)
-            pages.append(row)
-            width = max(width, k)
-        return DecodeRows(ids, pos, slots, pages, width, on_device)
+        return decode_rows(self.items, page_size)
 
     def shape(self) -> StepShape:
         decode = decode_ctx = prefill = ctx_sum = 0
@@ -85,3 +67,32 @@ class Batch(NamedTuple):
                 prefill += c
                 ctx_sum += c * pos + c * (c - 1) // 2
         return StepShape(decode, decode_ctx, prefill, ctx_sum)
+
+
+def decode_rows(items, page_size: int, sampled: bool = False) -> DecodeRows | None:
+    """The rows of a decode step's ``items`` (each one token), in one pass: what the graph
+    replay (``Batch.decode_rows``) and the eager decode's one host tensor (``decode_inputs.py``)
+    are built from. ``sampled``: None unless each item is one token that samples (the caller
+    learns here whether the step is a decode step, without a pass of its own)."""
+    ids, pos, slots, pages, on_device = [], [], [], [], []
+    width = 1
+    for i, it in enumerate(items):
+        if sampled and (it.num_tokens != 1 or not it.sample):
+            return None
+        req, p = it.req, it.start
+        n = len(req.prompt_ids)
+        if p < n:
+            ids.append(req.prompt_ids[p])
+        elif p - n < len(req.output_ids):
+            ids.append(req.output_ids[p - n])
+        else:  # the token the last step sampled, still on the device (Request.pending)
+            ids.append(0)
+            on_device.append(i)
+        k = p // page_size + 1
+        row = req.pages[:k]
+        pos.append(p)
+        slots.append(row[-1] * page_size + p % page_size)
+        pages.append(row)
+        if k > width:
+            width = k
+    return DecodeRows(ids, pos, slots, pages, width, on_device)

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import torch
 
+from .batch import decode_rows
 from .model.attention import AttentionMetadata
 
 __all__ = ["DecodeInputs", "DecodeStep"]
@@ -65,31 +66,13 @@ class DecodeInputs:
         each is one token that samples (a decode step)."""
         if not items:
             return None
-        P = self.P
-        ids, pos, slots, lens, rows, on_device = [], [], [], [], [], []
-        width = 1
-        for i, it in enumerate(items):
-            if it.num_tokens != 1 or not it.sample:
-                return None
-            req, p = it.req, it.start
-            n = len(req.prompt_ids)
-            if p < n:
-                ids.append(req.prompt_ids[p])
-            elif p - n < len(req.output_ids):
-                ids.append(req.output_ids[p - n])
-            else:  # the token the last step sampled, still on the device (Request.pending)
-                ids.append(0)
-                on_device.append(i)
-            k = p // P + 1
-            pages = req.pages
-            pos.append(p)
-            lens.append(p + 1)
-            slots.append(pages[k - 1] * P + p % P)
-            rows.append(pages[:k])
-            if k > width:
-                width = k
-        m, w = len(ids), width
-        flat = ids + pos + slots + lens
+        got = decode_rows(items, self.P, sampled=True)
+        if got is None:
+            return None
+        ids, pos, slots, rows, w, on_device = got
+        m = len(ids)
+        flat = ids + pos + slots
+        flat += [p + 1 for p in pos]  # seq_lens
         zeros = [0] * w
         for r in rows:
             flat += r
@@ -108,6 +91,10 @@ class DecodeInputs:
             max_seqlen_q=1,
         )
         return DecodeStep(ids_t, pos_t, meta, every, on_device)
+
+    def rows(self, m: int) -> torch.Tensor:
+        """0 .. m - 1 (int64, on the device): an ``m``-row step's rows (made once per size)."""
+        return self._range(m)[1]
 
     def _range(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``cu_seqlens_q`` (0 .. m, int32) and each row's logits index (0 .. m - 1, int64) of
