@@ -33,6 +33,7 @@ from radixray.protocol import (
 )
 
 from .detokenizer import Detokenizers
+from .emit import take_all
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop
 from .live import Live, LiveRequests, Sink
@@ -216,32 +217,7 @@ class Engine:
                     grammar["grammar_mask"] = expand_mask(grammar["grammar_mask"], rows, len(items))
         tokens = self.sampler.sample_requests(logits, reqs, **grammar)
         lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
-        now = time.monotonic()
-        take, lives = self._take, self._live.of(reqs)
-        return [take(live, tok, lp, now) for live, tok, lp in zip(lives, tokens, lps, strict=True)]
-
-    def _take(self, live: Live, tok: int, lp, now: float, computed: int | None = None):
-        """A sampled token into its request: its chunk, and the request's end if it ends.
-        ``computed``: where a step already launched began computing it (``overlap.py``): an
-        end gives that step's work back."""
-        req = live.req
-        req.output_ids.append(tok)
-        if req.first_token_time is None:
-            req.first_token_time = now
-            if live.index == 0:  # a request's TTFT is its first sample's
-                self.meter.record_first_token(
-                    req.num_prompt, req.cached_tokens, now - live.queued_at
-                )
-        delta = live.detok.update(req.output_ids)
-        reason = req.ends_on(tok, live.detok.stopped, self._stop_ids, self.max_model_len)
-        if live.matcher is not None:
-            reason = self.structured.advance(live.matcher, req.request_id, tok, reason)
-        if reason:
-            if computed is not None:
-                req.num_computed = computed
-            self.scheduler.finish(req, reason)
-            delta += live.detok.flush(req.output_ids)
-        return self._live.token(live, tok, delta, reason, lp)
+        return take_all(self, self._live.of(reqs), tokens, lps, time.monotonic())
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
         """Start the other samples of each leader in ``reqs`` sampling its first token

@@ -40,6 +40,8 @@ class Live:
     index: int = 0  # which of its request's samples (samples.py)
     cached: int | None = None  # its request's cached_tokens, read at its first chunk (fixed)
     group: SampleGroup | None = None  # its request's samples, when it has n > 1
+    # (stop ids, output limit) once its tokens can take emit.take_all's common path, else None
+    steady: tuple[frozenset[int], int] | None = None
 
 
 class LiveRequests:
@@ -52,6 +54,7 @@ class LiveRequests:
         self._by_id: dict[str, Live] = {}
         self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
         self.ruled = 0  # samples under a grammar (none: a step skips the grammar's work)
+        self.prompt_lps = 0  # samples asking for prompt logprobs (none: overlap.serial_reason)
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_id or rid in self.groups
@@ -67,6 +70,11 @@ class LiveRequests:
     def get(self, rid: str) -> Live | None:
         return self._by_id.get(rid)
 
+    def find(self, reqs: list[Request]) -> list[Live | None]:
+        """Each request's live sample, or None where its id is not live (one call a step)."""
+        get = self._by_id.get
+        return [get(r.request_id) for r in reqs]
+
     def values(self) -> list[Live]:
         return list(self._by_id.values())
 
@@ -75,6 +83,7 @@ class LiveRequests:
         req = live.req
         self._by_id[req.request_id] = live
         self.ruled += live.matcher is not None
+        self.prompt_lps += req.params.prompt_logprobs is not None
         if live.group is not None:
             live.group.ids.append(req.request_id)
         elif req.params.n > 1:
@@ -109,7 +118,7 @@ class LiveRequests:
     def clear(self) -> Iterator[tuple[str, Live]]:
         """Forget everything (an engine failure); yields each live sample as it goes."""
         self.groups.clear()
-        self.ruled = 0
+        self.ruled = self.prompt_lps = 0
         while self._by_id:
             rid = next(iter(self._by_id))
             yield rid, self._by_id.pop(rid)
@@ -160,6 +169,7 @@ class LiveRequests:
         self.meter.record_answer(len(req.output_ids))
         del self._by_id[req.request_id]
         self.ruled -= live.matcher is not None
+        self.prompt_lps -= req.params.prompt_logprobs is not None
         chunks = [chunk]
         if group is not None and not group.forked:  # its other samples never started
             chunks += unforked_ends(group, req, reason)

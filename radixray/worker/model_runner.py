@@ -48,7 +48,8 @@ class Prepared(NamedTuple):
     logits_indices: torch.Tensor | None = None
     spans: list = []  # (request, first position, rows) of prompt logits, after the sampled rows
     num_rows: int = 0  # sampled rows
-    fix: tuple[list[int], list[int]] | None = None  # input positions, previous step's rows
+    # input rows, their rows of the previous step's ids (None: the same rows, every one)
+    fix: tuple[list[int], list[int] | None] | None = None
     rows: DecodeRows | None = None  # a graph replay's rows (``Batch.decode_rows``)
     state: StateBatch | None = None  # the state layers' slots (a hybrid model's)
 
@@ -188,10 +189,16 @@ class ModelRunner:
 
     @staticmethod
     def _fix(batch: Batch, rows, pending_rows: dict[int, int] | None):
-        """(input rows, previous step's rows) of a decode step's tokens still on the device."""
-        if not rows.on_device:
+        """(input rows, previous step's rows) of a decode step's tokens still on the device;
+        the latter None when every row is its own row of the previous step (no request ended or
+        joined in between: the previous step's ids are the inputs as they are, no gather)."""
+        dst = rows.on_device
+        if not dst:
             return None
-        return rows.on_device, [pending_rows[id(batch.items[i].req)] for i in rows.on_device]
+        src = [pending_rows[id(batch.items[i].req)] for i in dst]
+        if len(dst) == len(pending_rows) == len(batch.items) and src == list(range(len(dst))):
+            return dst, None  # every row is the previous step's same row (the steady state)
+        return dst, src
 
     def _prepare_decode(self, batch: Batch, pending_rows: dict[int, int] | None, state):
         """``prepare`` for a step of one sampled token per item (a decode step), else None:
@@ -224,19 +231,24 @@ class ModelRunner:
         nothing); around it run only copies into the step's own and the pools' tensors and views
         of the logits, which need no autograd state, and entering the mode here cost ~15 us of
         a decode step's host time on the CPU."""
-        fix = None
-        if prep.fix is not None:
+        fix, ids = None, prep.input_ids
+        if prep.fix is not None and prep.fix[1] is None:  # the previous step's ids, as they are
+            if prep.graphs:
+                fix = (self.decode_inputs.rows(len(prep.fix[0])), pending_ids.to(self.device))
+            else:
+                ids = pending_ids.to(self.device)  # (no copy: a torch op less)
+        elif prep.fix is not None:
             dst, src = upload(list(prep.fix), torch.int64, self.device)  # one transfer
             fix = (dst, pending_ids.to(self.device).index_select(0, src))
         if prep.graphs:
             self.prompt_logits = []
             return self.graphs.run(prep.rows, fix)
         if fix is not None:
-            prep.input_ids.index_copy_(0, *fix)
+            ids.index_copy_(0, *fix)
         if prep.batch.state_copies:  # before the forward, in the device's order of steps
             self.state.run_copies(_before(prep.batch.state_copies))
         logits = self.model(
-            prep.input_ids,
+            ids,
             prep.positions,
             prep.meta,
             self.pool.k_cache,

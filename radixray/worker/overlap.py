@@ -56,6 +56,7 @@ import torch
 from radixray.protocol import StreamChunk
 
 from .batch import Batch, ScheduledItem, StepShape
+from .emit import take_all
 from .logprobs import token_logprobs
 from .request import RequestStatus
 
@@ -122,8 +123,8 @@ class Launched:
     rows: list[ScheduledItem]  # the sampled items, in the order of the ids
     shape: StepShape
     start: float  # when its turn began (perf_counter)
+    reqs: list = field(default_factory=list)  # the rows' requests
     rows_of: dict[int, int] = field(default_factory=dict)  # id(request) -> its row
-    starts: dict[int, int] = field(default_factory=dict)  # id(request) -> first position
     ids: torch.Tensor | None = None  # the sampled ids, on the device (set by its job)
     future: Future | None = None  # (host ids, event or None, logprobs, forward seconds)
 
@@ -181,6 +182,9 @@ class OverlapStepper:
         e = self.engine
         if e.pool.window_k is not None:
             return "a sliding-window pool"
+        live = e._live
+        if not (live.ruled or live.prompt_lps or live.groups):
+            return None  # no sample a reason below could apply to (the loop's answer, sooner)
         for it in batch.items:
             req = it.req
             p = req.params
@@ -188,10 +192,10 @@ class OverlapStepper:
                 return "prompt logprobs"
             if not it.sample:
                 continue
-            live = e._live[req.request_id]
-            if live.matcher is not None:
+            sample = live[req.request_id]
+            if sample.matcher is not None:
                 return "a grammar"
-            if live.group is not None and not live.group.forked:
+            if sample.group is not None and not sample.group.forked:
                 return "a request forking its samples"
         return None
 
@@ -200,24 +204,19 @@ class OverlapStepper:
         e._note_admitted(batch)
         rows = [it for it in batch.items if it.sample]
         launched = Launched(batch, rows, batch.shape(), start)
-        launched.rows_of = {id(it.req): i for i, it in enumerate(rows)}
-        launched.starts = {id(it.req): it.start for it in rows}
+        launched.reqs = reqs = [it.req for it in rows]
+        launched.rows_of = {id(r): i for i, r in enumerate(reqs)}
         prep = e.runner.prepare(batch, prev.rows_of if prev is not None else None)
-        reqs = [it.req for it in rows]
-        ids, params = [r.request_id for r in reqs], [r.params for r in reqs]
-        counts = [p.logprobs for p in params]
-        prompts, outputs = [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]
-        num_output = [r.num_output for r in reqs]  # (before this step's token)
+        sample = self._sampling(reqs)
+        counts = [r.params.logprobs for r in reqs]
+        if counts.count(None) == len(counts):  # (no row asks for logprobs)
+            counts = None
 
         def job():
             t0 = time.perf_counter()
             logits = e.runner.forward(prep, prev.ids if prev is not None else None)
-            launched.ids = sampled = e.sampler.sample_ids(
-                logits, ids, params, prompts, outputs, num_output=num_output
-            )
-            lps = None
-            if any(c is not None for c in counts):
-                lps = token_logprobs(logits, counts, sampled.tolist())
+            launched.ids = sampled = sample(logits)
+            lps = None if counts is None else token_logprobs(logits, counts, sampled.tolist())
             event = None
             if sampled.device.type == "cuda":  # the ids come back without a wait here
                 host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
@@ -228,12 +227,27 @@ class OverlapStepper:
             return sampled, event, lps, time.perf_counter() - t0
 
         e.scheduler.postprocess(batch)
+        max_len = e.max_model_len
         for r in reqs:
             r.pending += 1
-            if r.num_output >= r.params.max_tokens or r.num_tokens >= e.max_model_len:
+            out = len(r.output_ids) + r.pending  # (num_output, num_tokens: inlined)
+            if out >= r.params.max_tokens or len(r.prompt_ids) + out >= max_len:
                 r.last_pending = True
         launched.future = self.queue.submit(job)
         return launched
+
+    def _sampling(self, reqs: list) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The launched step's sampling (its job's), with what it reads of ``reqs`` taken now:
+        for plain greedy rows (``Request.plain_greedy``) only the argmax, nothing per row."""
+        sampler = self.engine.sampler
+        if all(r.plain_greedy for r in reqs):
+            return lambda logits: sampler.sample_ids(logits, (), (), plain=True)
+        ids, params = [r.request_id for r in reqs], [r.params for r in reqs]
+        prompts, outputs = [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]
+        num_output = [r.num_output for r in reqs]  # (before this step's token)
+        return lambda logits: sampler.sample_ids(
+            logits, ids, params, prompts, outputs, num_output=num_output
+        )
 
     def _read(self, launched: Launched, nxt: Launched | None) -> list[StreamChunk]:
         """Take ``launched``'s ids (waiting for them) and emit them. A request that ends here
@@ -244,18 +258,20 @@ class OverlapStepper:
             event.synchronize()
         tokens = host.tolist()
         lps = lps or [None] * len(tokens)
-        back = nxt.starts if nxt is not None else {}
-        now = time.monotonic()
-        out = []
-        for it, tok, lp in zip(launched.rows, tokens, lps, strict=True):
-            req = it.req
+        finished, reqs = RequestStatus.FINISHED, launched.reqs
+        lives, dropped = e._live.find(reqs), []
+        for i, (req, live) in enumerate(zip(reqs, lives, strict=True)):
             req.pending -= 1
-            live = e._live.get(req.request_id)
-            if req.status is RequestStatus.FINISHED or live is None or live.req is not req:
+            if req.status is finished or live is None or live.req is not req:
                 if live is None:  # its job may have made it a generator after it ended
                     e.sampler.forget(req.request_id)
-                self.discarded += 1
-                continue  # computed past its end: dropped
-            out.append(e._take(live, tok, lp, now, back.get(id(req))))
+                dropped.append(i)  # computed past its end: dropped
+        if dropped:
+            self.discarded += len(dropped)
+            keep = [i for i in range(len(reqs)) if i not in dropped]
+            lives, tokens = [lives[i] for i in keep], [tokens[i] for i in keep]
+            lps = [lps[i] for i in keep]
+        starts = (nxt.rows_of, nxt.rows) if nxt is not None else None
+        out = take_all(e, lives, tokens, lps, time.monotonic(), starts)
         e._record_step(launched.shape, forward_s, launched.start)
         return out
