@@ -50,11 +50,14 @@ class BodyLimit:
 
 
 class CountRequests:
-    """Count responses by route template and status into the router's metrics."""
+    """Count responses by route template and status into the router's metrics. Each (route,
+    status) child is looked up once and kept: ``counter.labels`` checks and joins its labels
+    under a lock on every call (~1 us a request)."""
 
     def __init__(self, app, counter):
         self.app = app
         self.counter = counter
+        self._children: dict[tuple[str, int], object] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -69,5 +72,8 @@ class CountRequests:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            self.counter.labels(getattr(route, "path", "unmatched"), str(status["code"])).inc()
+            key = (getattr(scope.get("route"), "path", "unmatched"), status["code"])
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = self.counter.labels(key[0], str(key[1]))
+            child.inc()
