@@ -14,7 +14,8 @@ text back and searches it), for three detokenizers in the same process:
   table check refuses pays, as SentencePiece ones did before ``TokenPieces``.
 
 Each repeat runs every detokenizer once per case, in a rotated order; the figure is the median
-microseconds a token over the repeats (wall clock: ``time.perf_counter``), and after / before.
+microseconds a token over the repeats (this thread's CPU time, ``time.thread_time``: on shared
+cores the waits for a core are left out; ``--clock wall`` for the wall clock), and after / before.
 
     .venv/bin/python benchmarks/bench_detokenizer.py                # 1k and 16k tokens, 7 repeats
     .venv/bin/python benchmarks/bench_detokenizer.py --quick        # the byte tokenizer, 64/256
@@ -63,19 +64,19 @@ def load_detokenizer_at(rev: str):
     return module
 
 
-def time_one(make, ids: list[int]) -> float:
+def time_one(make, ids: list[int], clock=time.thread_time) -> float:
     """Microseconds a token: one output's updates, token by token, and its flush."""
     d = make()
     out: list[int] = []
-    t0 = time.perf_counter()
+    t0 = clock()
     for i in ids:
         out.append(i)
         d.update(out)
     d.flush(out)
-    return (time.perf_counter() - t0) / len(ids) * 1e6
+    return (clock() - t0) / len(ids) * 1e6
 
 
-def run(tok, table, before_cls, lengths, repeats) -> list[tuple]:
+def run(tok, table, before_cls, lengths, repeats, clock) -> list[tuple]:
     from radixray.worker.detokenizer import IncrementalDetokenizer
 
     base = tok.encode(TEXT)
@@ -92,7 +93,7 @@ def run(tok, table, before_cls, lengths, repeats) -> list[tuple]:
             times: dict[str, list[float]] = {k: [] for k in names}
             for r in range(repeats):
                 for k in names[r % 3 :] + names[: r % 3]:  # rotated: each first in turn
-                    times[k].append(time_one(makers[k], ids))
+                    times[k].append(time_one(makers[k], ids, clock))
             med = {k: statistics.median(v) for k, v in times.items()}
             rows.append((n, "2 (never met)" if stop else "none", med))
     return rows
@@ -103,6 +104,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rev", default="0993880^", help="git revision of the 'before' detokenizer")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 16384])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--clock", choices=["thread", "wall"], default="thread")
     ap.add_argument("--quick", action="store_true", help="the byte tokenizer, 64/256 tokens, 2x")
     args = ap.parse_args(argv)
     from radixray.worker.token_bytes import token_bytes
@@ -120,10 +122,14 @@ def main(argv=None) -> None:
 
     before = load_detokenizer_at(args.rev)
     before_cls = before.IncrementalDetokenizer if before else IncrementalDetokenizer
-    print(f"{type(tok).__name__}, table {'yes' if table else 'no'}, before = {args.rev}")
+    print(
+        f"{type(tok).__name__}, table {'yes' if table else 'no'}, before = {args.rev}, "
+        f"clock = {args.clock}"
+    )
     print("| tokens | stop strings | before us/token | after us/token | after / before | windows |")
     print("|---|---|---|---|---|---|")
-    for n, stop, med in run(tok, table, before_cls, lengths, repeats):
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    for n, stop, med in run(tok, table, before_cls, lengths, repeats, clock):
         ratio = med["after"] / med["before"]
         print(
             f"| {n} | {stop} | {med['before']:.2f} | {med['after']:.2f} | {ratio:.2f}x "

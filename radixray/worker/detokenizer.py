@@ -17,6 +17,7 @@ pieces comes out when it ends, a stop string in it found then, at the latest by 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .token_bytes import TokenBytes, token_bytes
@@ -51,6 +52,11 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.min_tokens = min_tokens  # no stop string ends an output of fewer tokens (vLLM's)
         self._hold = max((len(s) for s in stop), default=1) - 1
+        # Once searched, a new match ends in the new text: none of the stops' last characters
+        # in it, no search (most tokens). _searched: a search has run (min_tokens defers it).
+        ends = "".join(sorted({s[-1] for s in stop})) if stop and all(stop) else ""
+        self._ends = re.compile(f"[{re.escape(ends)}]") if ends else None
+        self._searched = False
         self._done: list[str] = []  # the text before the tail, in pieces
         self._done_len = 0  # its length in characters
         self._tail = ""  # the text from _done_len on
@@ -87,7 +93,10 @@ class IncrementalDetokenizer:
             self.emitted = self._done_len
             return new
         tail, base = self._tail + new, self._done_len
-        if len(output_ids) > self.min_tokens:
+        if len(output_ids) > self.min_tokens and (
+            not self._searched or self._ends is None or self._ends.search(new)
+        ):
+            self._searched = True
             for s in self.stop:
                 # A new match can only start in the part not yet released (or overlap its end).
                 i = tail.find(s, max(0, self.emitted - len(s) + 1 - base))

@@ -104,3 +104,13 @@ def test_text_in_pieces_releases_as_one_string_did(seed):
     else:
         assert d.flush(ids) == ref.update(stream.end(), len(ids), final=True)
     assert d.text == ref.text and d.emitted == ref.emitted
+
+
+def test_a_stop_held_back_before_min_tokens_is_found_once_they_are_reached():
+    # "abc" is complete at the 4th token, still held back (the longest stop is 6), but no search
+    # runs before min_tokens; the 5th token's "d" ends no stop, yet the search must run then
+    tok = ByteTokenizer()
+    d = IncrementalDetokenizer(tok.decode, ("abc", "zzzzzz"), min_tokens=4)
+    ids = tok.encode("xabcd")
+    assert [d.update(ids[:n]) for n in range(1, 6)] == ["", "", "", "", "x"]
+    assert d.stopped and d.text == "x"
