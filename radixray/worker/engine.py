@@ -204,19 +204,22 @@ class Engine:
             self.scheduler.check_integrity()
 
     def _emit(self, batch: Batch, logits: torch.Tensor, masks=None) -> list[StreamChunk]:
-        items = [it for it in batch.items if it.sample]
-        if not items:
+        reqs = [it.req for it in batch.items if it.sample]
+        if not reqs:
             return []
-        reqs = [it.req for it in items]
         grammar = self.structured.sampler_kwargs(masks)
         if self._live.groups:  # forks sample their first token from their leader's row
+            n = len(reqs)
             rows, reqs = self._fork(reqs)
-            if len(reqs) > len(items):
+            if len(reqs) > n:
                 logits = logits[torch.tensor(rows, device=logits.device)]
                 if grammar:
-                    grammar["grammar_mask"] = expand_mask(grammar["grammar_mask"], rows, len(items))
+                    grammar["grammar_mask"] = expand_mask(grammar["grammar_mask"], rows, n)
         tokens = self.sampler.sample_requests(logits, reqs, **grammar)
-        lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
+        if self._live.lps:  # (else no row asks: no pass over the rows for it)
+            lps = token_logprobs(logits, [r.params.logprobs for r in reqs], tokens)
+        else:
+            lps = [None] * len(tokens)
         return take_all(self, self._live.of(reqs), tokens, lps, time.monotonic())
 
     def _fork(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:

@@ -55,6 +55,7 @@ class LiveRequests:
         self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
         self.ruled = 0  # samples under a grammar (none: a step skips the grammar's work)
         self.prompt_lps = 0  # samples asking for prompt logprobs (none: overlap.serial_reason)
+        self.lps = 0  # samples asking for their tokens' logprobs (none: a step skips them)
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_id or rid in self.groups
@@ -84,6 +85,7 @@ class LiveRequests:
         self._by_id[req.request_id] = live
         self.ruled += live.matcher is not None
         self.prompt_lps += req.params.prompt_logprobs is not None
+        self.lps += req.params.logprobs is not None
         if live.group is not None:
             live.group.ids.append(req.request_id)
         elif req.params.n > 1:
@@ -118,7 +120,7 @@ class LiveRequests:
     def clear(self) -> Iterator[tuple[str, Live]]:
         """Forget everything (an engine failure); yields each live sample as it goes."""
         self.groups.clear()
-        self.ruled = self.prompt_lps = 0
+        self.ruled = self.prompt_lps = self.lps = 0
         while self._by_id:
             rid = next(iter(self._by_id))
             yield rid, self._by_id.pop(rid)
@@ -170,6 +172,7 @@ class LiveRequests:
         del self._by_id[req.request_id]
         self.ruled -= live.matcher is not None
         self.prompt_lps -= req.params.prompt_logprobs is not None
+        self.lps -= req.params.logprobs is not None
         chunks = [chunk]
         if group is not None and not group.forked:  # its other samples never started
             chunks += unforked_ends(group, req, reason)

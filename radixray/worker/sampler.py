@@ -4,6 +4,7 @@ min-p, top-k, top-p, with a per-request seed."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from operator import attrgetter
 
 import torch
 
@@ -18,6 +19,7 @@ _MIN_TEMPERATURE = 1e-5
 
 
 _BITS = torch.arange(32, dtype=torch.int32)
+_PLAIN = attrgetter("plain_greedy")  # Request.plain_greedy
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows=None) -> None:
@@ -103,13 +105,14 @@ class Sampler:
         """``sample`` for the scheduler's requests (a row each): a row's request id, prompt and
         output are read only where it needs them (a greedy row without controls: never), and
         a batch of such rows (``Request.plain_greedy``) skips asking each row's params."""
+        if all(map(_PLAIN, reqs)):  # (C-level: no generator frame a row)
+            return self.sample(logits, (), (), plain=True, **grammar)
         return self.sample(
             logits,
             _Column(reqs, "request_id"),
             [r.params for r in reqs],
             _Column(reqs, "prompt_ids"),
             _Column(reqs, "output_ids"),
-            plain=all(r.plain_greedy for r in reqs),
             **grammar,
         )
 
