@@ -129,3 +129,13 @@ def test_an_unknown_decoder_step_keeps_the_windows():
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Strip(" ", 1, 0)]
     )
     assert token_bytes(tok) is None
+
+
+def test_a_stop_string_in_a_run_closed_by_the_end_is_cut_at_flush():
+    tok = byte_fallback_bpe(True)
+    ids = [*tok.encode("the 🙂 rest"), tok.eos_token_id]  # 🙂: four byte pieces before "▁"
+    cut = ids.index(tok._tok.token_to_id("<0x82>")) + 1  # the output ends after the emoji
+    out = [*ids[:cut], tok.eos_token_id]  # (EOS is skipped: the run is still open)
+    detok = IncrementalDetokenizer(tok.decode, ("🙂",), table=token_bytes(tok))
+    steps = [detok.update(out[:n]) for n in range(1, len(out) + 1)]
+    assert "".join(steps) + detok.flush(out) == "the " and detok.stopped
