@@ -87,13 +87,8 @@ CASES = {
     "gpu/state_kernels.py": ([], "compiled ssd_decode (fp32) for sm_90", ()),
     "gpu/sim_timing.py": (["--out", "{out}"], "radixray sim --timing", ()),
     "gpu/split_kv.py": ([], "chosen splits at 132 SMs", ()),
-    # Ray, an actor and the router (~15-35 s here, over CI's margin): its parts are tested in
-    # test_gpu_kit.py, the whole of it by run.sh's dry run (benchmarks/README.md)
-    "gpu/serve_check.py": (
-        ["--json", "{out}/serve.json"],
-        "serve check: OK",
-        (integration, pytest.mark.skip(reason="starts Ray and a server: run.sh's dry run")),
-    ),
+    # Ray, an actor and the router on the embedded model (~12-20 s here): the kit's step (g)
+    "gpu/serve_check.py": (["--json", "{out}/serve.json"], "serve check: OK", (integration,)),
     "studies/bench_burst.py": ([], "| ttft | shared | 2 |", ()),
     "studies/live_speed_adjusted.py": ([], "ttft_p50_s: x", (integration,)),
     "studies/live_regimes.py": (["--out", "{out}"], "| mooncake@4 | radixray", (integration,)),
