@@ -77,13 +77,17 @@ def take(engine: Engine, live: Live, tok: int, lp, now: float, computed: int | N
 
 
 def _end(engine: Engine, live: Live, tok: int, text: str, reason, lp, computed) -> StreamChunk:
-    """``tok``'s chunk; with a ``reason``, the request finished first (its last text)."""
+    """``tok``'s chunk; with a ``reason``, the request finished first (its last text). The
+    last text can still complete a stop string (a SentencePiece run of byte pieces comes out
+    only when it ends): then the request ends on it, "stop", whatever else ended it."""
     if reason:
         req = live.req
+        text += live.detok.flush(req.output_ids)
+        if live.detok.stopped:
+            reason = "stop"
         if computed is not None:
             req.num_computed = computed
         engine.scheduler.finish(req, reason)
-        text += live.detok.flush(req.output_ids)
     return engine._live.token(live, tok, text, reason, lp)
 
 

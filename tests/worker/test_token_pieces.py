@@ -139,3 +139,28 @@ def test_a_stop_string_in_a_run_closed_by_the_end_is_cut_at_flush():
     detok = IncrementalDetokenizer(tok.decode, ("🙂",), table=token_bytes(tok))
     steps = [detok.update(out[:n]) for n in range(1, len(out) + 1)]
     assert "".join(steps) + detok.flush(out) == "the " and detok.stopped
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_a_stop_string_found_only_at_the_end_finishes_the_request_as_stop(overlap):
+    """A run of byte pieces comes out when it ends: an output that is one open run until
+    ``max_tokens`` shows its text (and the stop string in it) only at the flush. The request
+    then ends on the stop string, "stop", not "length", with the string cut from its text."""
+    from radixray.worker import Engine, EngineConfig, SamplingParams
+    from radixray.worker.detokenizer import Detokenizers
+
+    tok = byte_fallback_bpe(True)
+    lead = tok._tok.token_to_id("<0xC3>")  # a lead byte, never continued: U+FFFD at the end
+    e = Engine(EngineConfig(model="tiny", page_size=4, num_pages=64, device="cpu", overlap=overlap))
+    e._detokenizer = Detokenizers(tok)  # the tiny model's ids read by a SentencePiece tokenizer
+    params = SamplingParams(
+        temperature=0.0, max_tokens=4, ignore_eos=True, stop=["\ufffd"], logit_bias={lead: 100.0}
+    )
+    chunks = []
+    e.add(e.requests.build([5, 6, 7, 8], params, "r0", None), chunks.append)
+    while e.has_work():
+        e.step()
+    e.shutdown()
+    assert [c.token_ids for c in chunks] == [[lead]] * 4
+    assert "".join(c.text for c in chunks) == ""
+    assert [c.finish_reason for c in chunks] == [None, None, None, "stop"]
