@@ -10,6 +10,7 @@ import re
 import pytest
 
 from radixray.router.policies import RoutingRequest, WorkerState, make_policy
+from radixray.router.policies.base import separating_term
 from radixray.router.policies.ttft import TERMS
 from radixray.router.policies.ttft_config import TTFTConfig
 
@@ -149,3 +150,13 @@ def test_ttft_config_spec_and_the_parameters_a_spec_takes():
         message = f"policy 'ttft' has no parameter '{removed}'; its parameters: {valid}"
         with pytest.raises(ValueError, match=re.escape(message)):
             make_policy(f"ttft:{removed}=4")
+
+
+def test_separating_term_names_the_widest_gap_to_the_first_runner_up():
+    names = ("a", "b", "c")
+    terms = {"w": (1.0, 0.0, 0.0), "x": (1.0, 2.0, 2.0), "y": (1.0, 0.0, 4.0)}
+    scores = {k: sum(v) for k, v in terms.items()}
+    # runner-up of w: x and y both 5.0, x first (y would say c); gaps b and c both 2.0: b first
+    assert separating_term("w", scores, terms, names) == "b"
+    assert separating_term("w", {"w": 1.0, "x": 1.0}, terms, names) == "tie"
+    assert separating_term("w", {"w": 1.0}, terms, names) == "alone"
