@@ -6,7 +6,11 @@ non-contiguous; block-table entries past a sequence's last page are -1 (never to
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -83,3 +87,17 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     assert not torch.isnan(actual).any(), "output has NaN: an element was not written"
     torch.testing.assert_close(actual.float(), expected.float(), **TOLERANCE[dtype])
+
+
+def run_cases_in_subprocess(test_file: str, env_flag: str) -> None:
+    """Run ``test_file``'s ``case_`` tests in one fresh pytest process with ``env_flag`` set: on
+    CUDA compiled, else under ``TRITON_INTERPRET=1`` (which must be set before triton is first
+    imported, hence the process). Every case must pass, none skip."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {env_flag: "1"}
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", "case_"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}"
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,8 +36,8 @@ import torch
 from radixray.kernels import reference
 from radixray.kernels._validate import check_rope_store
 from radixray.worker.model.layers import RMSNorm, RotaryEmbedding, apply_rope
+from tests.kernels.cases import run_cases_in_subprocess
 
-ROOT = Path(__file__).resolve().parents[2]
 ENV = "RADIXRAY_ROPE_STORE_CASES"
 F32, BF16 = torch.float32, torch.bfloat16
 MAX_POS = 4096
@@ -56,13 +53,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 @pytest.mark.integration  # a subprocess, ~4 s under the interpreter: `make test` runs it
 @pytest.mark.parallel_safe  # CPU work only
 def test_cases_in_a_subprocess():
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {ENV: "1"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "case_"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}"
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+    run_cases_in_subprocess(__file__, ENV)
 
 
 @pytest.mark.gpu  # the GPU kit runs the marked tests: the same cases, compiled on CUDA

@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 import torch
@@ -41,9 +38,8 @@ from radixray.kernels.state_reference import (
     ssd_update,
 )
 from radixray.worker.model.state_metadata import StateMetadata
-from tests.kernels.cases import TOLERANCE
+from tests.kernels.cases import TOLERANCE, run_cases_in_subprocess
 
-ROOT = Path(__file__).resolve().parents[2]
 ENV = "RADIXRAY_STATE_CASES"
 F32, BF16 = torch.float32, torch.bfloat16
 NAN = float("nan")
@@ -60,13 +56,7 @@ DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 @needs_triton
 @pytest.mark.integration  # a subprocess, ~5 s under the interpreter: `make test` runs it
 def test_cases_in_a_subprocess():
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {ENV: "1"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "case_"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}"
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+    run_cases_in_subprocess(__file__, ENV)
 
 
 # ---------------------------------------------------------------------------------------------
