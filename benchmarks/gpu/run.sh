@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs THERE, on the device machine, from the repository root: one command, ~5 minutes (at most
-# ~10), every step time-boxed, everything under $OUT (benchmarks/README.md, "Running on a GPU"):
+# 570 s: RADIXRAY_GPU_BUDGET), every step time-boxed, everything under $OUT (benchmarks/README.md,
+# "Running on a GPU"):
 #
 #     bash benchmarks/gpu/run.sh        # carry [".whl"] (benchmarks/gpu/prepare.sh made it)
 #     bash benchmarks/gpu/run.sh big    # a second call: the machine, then big_check.py (8B and
@@ -44,9 +45,19 @@ fi
 
 # step NAME SECONDS CMD...: run CMD under `timeout`, record "NAME rc=N Ns" in summary.txt.
 # rc 124/137: it ran out of time.
+# The steps' limits add up to more than one device call may run (600 s): each step also stops
+# where the run's budget ends (RADIXRAY_GPU_BUDGET, 570 s less 20 s kept for the summary), so a
+# slow step costs the steps after it, never the summary and the files already in $OUT.
+BUDGET=${RADIXRAY_GPU_BUDGET:-570}
 step() {
-    local name=$1 limit=$2 start=$SECONDS rc
+    local name=$1 limit=$2 start=$SECONDS rc left
     shift 2
+    left=$((BUDGET - 20 - (SECONDS - T0)))
+    if [ "$left" -lt 10 ]; then
+        echo "$name skipped (out of time: ${left}s of the budget left)" | tee -a "$SUMMARY"
+        return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
     echo
     echo "=== $name (at most ${limit}s, $((SECONDS - T0))s into the run) ==="
     timeout -k 10 "$limit" "$@"
