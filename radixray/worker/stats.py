@@ -39,12 +39,12 @@ class EngineStats:
         # tokens a sequence decodes, over the last ~64 that ended (aborted ones included: what
         # they decoded took its steps)
         self.answer_tokens = Ewma(1 / 64)
-        self.step_time = Ewma()
         # The last steps as (decode_batch, decode_ctx, prefill_tokens, prefill_ctx_sum, seconds,
         # period_s): what a timing model for the simulator is fitted to (radixray.sim.calibrate).
-        # ``seconds`` is the forward pass; ``period_s`` the step's whole share of the engine's
-        # time (scheduling, sampling, streaming out, and the wait for the cores when the host is
-        # shared: from the previous step's end while the engine had work, else from its start).
+        # ``seconds`` is the forward pass (on CUDA only its launch: the kernels run on after it);
+        # ``period_s`` the step's whole share of the engine's time (scheduling, sampling,
+        # streaming out, and the wait for the cores when the host is shared: from the previous
+        # step's end while the engine had work, else from its start).
         self.step_log: deque[tuple[int, int, int, int, float, float]] = deque(maxlen=16384)
         # The last requests' (prompt_tokens, cached_tokens, seconds from the engine taking the
         # request to its first token): TTFT inside the engine, without the router, the network
@@ -72,7 +72,6 @@ class EngineStats:
         self.steps += 1
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
-        self.step_time.update(seconds)
         # The costs a router prices time with are of the step's whole period, not its forward:
         # a queued request waits for the scheduling, sampling and streaming out too, and the
         # rate the queue drains at is tokens per period (on the tiny CPU model past saturation
