@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-__all__ = ["Vocab", "vocab_of"]
+__all__ = ["Vocab", "byte_level_chars", "vocab_of"]
 
 
 class Vocab(NamedTuple):
@@ -22,8 +22,9 @@ class Vocab(NamedTuple):
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode, inverted: printable char -> the byte it stands for."""
+def byte_level_chars() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: printable char -> the byte it stands for (the
+    grammar's vocabulary and the detokenizer's byte table, ``token_bytes.py``, both read it)."""
     bs = list(range(ord("!"), ord("~") + 1))
     bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -49,7 +50,7 @@ def vocab_of(tokenizer, model_vocab_size: int | None = None) -> Vocab:
             tokens.append(names[i].encode())
             special.add(i)
     else:
-        decoder = _byte_decoder()
+        decoder = byte_level_chars()
         added = backend.get_added_tokens_decoder()
         for i in range(tokenizer.vocab_size):
             tok = backend.id_to_token(i)

@@ -37,6 +37,8 @@ import re
 import weakref
 from collections.abc import Callable, Sequence
 
+from .grammar_vocab import byte_level_chars
+
 __all__ = ["BREAK", "ByteStream", "PieceStream", "TokenBytes", "TokenPieces", "token_bytes"]
 
 log = logging.getLogger(__name__)
@@ -236,7 +238,7 @@ def _build(tokenizer, size: int) -> TokenBytes | None:
     if spec.get("type") != "ByteLevel":
         rules = _piece_rules(spec)
         return None if rules is None else _pieces(backend, size, special, *rules)
-    to_byte = _byte_level_chars()
+    to_byte = byte_level_chars()
     table: list[bytes | None] = []
     for i in range(size):
         tok = backend.id_to_token(i)
@@ -290,16 +292,6 @@ def _pieces(backend, size: int, special: set[int], space: str, byte_fallback: bo
         if first is not None:
             first.append(tok.replace(space, "") if tok is not None else "")
     return TokenPieces(table, lead, first)
-
-
-def _byte_level_chars() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 bytes are their own
-    character; the others (controls, space, 0x7F-0xA0, 0xAD) take 256, 257, ... in byte order."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {chr(b): b for b in keep}
-    others = [b for b in range(256) if b not in set(keep)]
-    chars.update({chr(256 + n): b for n, b in enumerate(others)})
-    return chars
 
 
 def _differs(tokenizer, table: TokenBytes, size: int, seed: int = 0) -> str | None:
